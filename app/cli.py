@@ -1,0 +1,102 @@
+"""The ``rag`` command: keys, serving, ingestion.
+
+rag keys create --tenant T --user U [--scopes chat,retrieve,ingest] [--key VALUE]
+rag keys revoke KEY
+rag serve [--host H] [--port P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from opentelemetry import trace
+
+from app.settings import get_settings
+from pipeline.keys import DEFAULT_SCOPES, ApiKeyStore
+from pipeline.kv import KeyValueStore, StoreUnavailable
+
+
+def _key_store() -> ApiKeyStore:
+    settings = get_settings()
+    kv = KeyValueStore.from_url(
+        settings.redis.url, trace.NoOpTracer(), timeout=max(settings.redis.timeout_seconds, 2.0)
+    )
+    return ApiKeyStore(kv, prefix=f"{settings.redis.key_prefix}apikey:")
+
+
+async def _create_key(args: argparse.Namespace) -> int:
+    store = _key_store()
+    scopes = frozenset(s.strip() for s in args.scopes.split(",") if s.strip())
+    try:
+        raw = await store.create(args.tenant, args.user, scopes, raw_key=args.key)
+    finally:
+        await store.kv.aclose()
+    print(raw)
+    return 0
+
+
+async def _revoke_key(args: argparse.Namespace) -> int:
+    store = _key_store()
+    try:
+        revoked = await store.revoke(args.key)
+    finally:
+        await store.kv.aclose()
+    print("revoked" if revoked else "no such key", file=sys.stderr)
+    return 0 if revoked else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = get_settings()
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=args.host or settings.server.host,
+        port=args.port or settings.server.port,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rag", description="RAG pipeline service tools.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="action", required=True
+    )
+    create = keys.add_parser("create", help="create a key and print it (shown only once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--user", required=True)
+    create.add_argument("--scopes", default=",".join(sorted(DEFAULT_SCOPES)))
+    create.add_argument("--key", help="use this value instead of a generated one")
+    create.set_defaults(run=_create_key)
+    revoke = keys.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key")
+    revoke.set_defaults(run=_revoke_key)
+
+    serve = commands.add_parser("serve", help="serve the API with uvicorn")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(run=_serve, sync=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "sync", False):
+            return int(args.run(args))
+        return int(asyncio.run(args.run(args)))
+    except (ValueError, StoreUnavailable) as exc:
+        print(f"rag: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

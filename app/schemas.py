@@ -1,0 +1,97 @@
+"""OpenAI chat-completions request schema, in OpenAI's field order, plus our one extra: ``rag``.
+
+Unknown OpenAI fields are accepted and ignored, so newer clients keep working. Fields we accept
+but cannot honour yet (``n`` > 1, ``tools``) are refused with a clear 400 rather than ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.context import ChatParams, RagOptions
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class RagRequestOptions(BaseModel):
+    """Server extension: how this request uses retrieval. Typos are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Retrieve passages for this request.")
+    top_k: int | None = Field(None, ge=1, le=50, description="Passages put into the prompt.")
+    filters: dict[str, Any] | None = Field(None, description="Metadata filter, see docs.")
+    explain: bool = Field(False, description="Return what each stage did and its duration.")
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str = Field(min_length=1)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=1, description="Only n=1 is supported.")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    tools: list[dict[str, Any]] | None = Field(None, max_length=0, description="Not yet supported.")
+    tool_choice: Any = None
+    user: str | None = None
+
+    # --- server extension ---
+    rag: RagRequestOptions = Field(default_factory=RagRequestOptions)
+
+    def sampling(self) -> dict[str, Any]:
+        """The parameters that decide the answer, exactly as vLLM will be given them."""
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        values = {
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": self.logit_bias,
+            "max_tokens": max_tokens,
+            "presence_penalty": self.presence_penalty,
+            "seed": self.seed,
+            "stop": self.stop,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    def to_params(self, default_top_k: int) -> ChatParams:
+        return ChatParams(
+            model=self.model,
+            messages=[m.model_dump(exclude_none=True) for m in self.messages],
+            stream=self.stream,
+            include_usage=bool(self.stream_options and self.stream_options.include_usage),
+            sampling=self.sampling(),
+            rag=RagOptions(
+                enabled=self.rag.enabled,
+                top_k=self.rag.top_k or default_top_k,
+                filters=self.rag.filters,
+                explain=self.rag.explain,
+            ),
+        )

@@ -1,0 +1,80 @@
+"""The long-lived collaborators of the app, built in the lifespan and closed there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+from opentelemetry import trace
+
+from app.settings import Settings
+from pipeline.keys import ApiKeyStore
+from pipeline.kv import KeyValueStore
+from pipeline.llm import LLMClient
+from pipeline.runner import Runner, Step
+from pipeline.stages.auth import Authenticate
+from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache
+from pipeline.stages.generate import Generate
+from pipeline.stages.validate import ValidateRequest
+
+
+@dataclass
+class Services:
+    settings: Settings
+    tracer: trace.Tracer
+    kv: KeyValueStore
+    keys: ApiKeyStore
+    llm: LLMClient
+    runner: Runner = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        steps: list[Step] = [
+            Authenticate(self.keys, scope="chat"),
+            ValidateRequest(models=settings.llm.models, context_length=settings.llm.context_length),
+        ]
+        cache = ResponseCache(
+            self.kv, ttl=settings.cache.ttl_seconds, prefix=f"{settings.redis.key_prefix}cache:"
+        )
+        if settings.cache.enabled:
+            steps.append(CacheLookup(cache))
+        steps.append(Generate(self.llm, self.tracer))
+        if settings.cache.enabled:
+            steps.append(CacheStore(cache))
+        self.runner = Runner(steps, self.tracer)
+
+    @classmethod
+    def build(cls, settings: Settings, tracer: trace.Tracer) -> Services:
+        kv = KeyValueStore.from_url(
+            settings.redis.url,
+            tracer,
+            timeout=settings.redis.timeout_seconds,
+            retry_after=settings.redis.retry_after_seconds,
+        )
+        keys = ApiKeyStore(
+            kv,
+            prefix=f"{settings.redis.key_prefix}apikey:",
+            cache_ttl=settings.auth.key_cache_seconds,
+            stale_ttl=settings.auth.key_stale_seconds,
+        )
+        llm = LLMClient(
+            settings.llm.base_url,
+            api_key=settings.llm.api_key,
+            connect_timeout=settings.llm.connect_timeout_seconds,
+            read_timeout=settings.llm.read_timeout_seconds,
+            max_connections=settings.llm.max_connections,
+        )
+        return cls(settings=settings, tracer=tracer, kv=kv, keys=keys, llm=llm)
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
+        await self.kv.aclose()
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]

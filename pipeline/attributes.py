@@ -1,0 +1,19 @@
+"""Span attribute keys of our own, all under the ``rag.`` prefix, in one place.
+
+GenAI and HTTP keys come from the OpenTelemetry semantic-conventions package instead.
+"""
+
+from typing import Final
+
+STAGE: Final = "rag.stage"
+TENANT: Final = "rag.tenant"
+CACHE_STATUS: Final = "rag.cache.status"
+CACHE_ERROR: Final = "rag.cache.error"
+AUTH_SOURCE: Final = "rag.auth.source"
+STREAM: Final = "rag.stream"
+DEADLINE_MS: Final = "rag.deadline_ms"
+RETRIEVAL_CANDIDATES: Final = "rag.retrieval.candidates"
+RETRIEVAL_ALLOWED: Final = "rag.retrieval.allowed"
+RETRIEVAL_RESULTS: Final = "rag.retrieval.results"
+RETRIEVAL_INDEX_VERSION: Final = "rag.retrieval.index_version"
+RETRIEVAL_TIMING_PREFIX: Final = "rag.retrieval.ms."

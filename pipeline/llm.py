@@ -1,0 +1,129 @@
+"""The client of vLLM's OpenAI-compatible server: pooled connections, timeouts, error mapping.
+
+httpx errors and upstream error responses are converted here into the pipeline's errors:
+cannot connect -> 503, no answer in time -> 504, the upstream refusing the request -> 400/404
+with its message, the upstream failing -> 502.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+
+from pipeline.errors import (
+    ContextTooLong,
+    DeadlineExceeded,
+    InvalidRequest,
+    NotFound,
+    PipelineError,
+    ServiceUnavailable,
+    UpstreamError,
+)
+
+
+def _upstream_message(body: bytes) -> str:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace")[:500]
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("detail") or error)[:2000]
+        return str(data.get("message") or data.get("detail") or error)[:2000]
+    return str(data)[:2000]
+
+
+def upstream_error(status: int, body: bytes) -> PipelineError:
+    message = _upstream_message(body)
+    if status == 404:
+        return NotFound(message, param="model", code="model_not_found")
+    if status in (400, 422):
+        if "context length" in message.lower() or "maximum context" in message.lower():
+            return ContextTooLong(message)
+        return InvalidRequest(message)
+    if 400 <= status < 500:
+        return InvalidRequest(f"upstream refused the request ({status}): {message}")
+    return UpstreamError(f"the model server failed ({status}): {message}")
+
+
+def convert_transport_error(exc: httpx.HTTPError, base_url: str) -> PipelineError:
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
+        return ServiceUnavailable(
+            f"The model server at {base_url} cannot be reached ({type(exc).__name__}).",
+            code="upstream_unavailable",
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return DeadlineExceeded(f"The model server did not answer in time ({type(exc).__name__}).")
+    return ServiceUnavailable(
+        f"The connection to the model server failed ({type(exc).__name__}).",
+        code="upstream_unavailable",
+    )
+
+
+class LLMClient:
+    """Streams chat completions from one OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 60.0,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+        )
+
+    async def stream_chat(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Yield the upstream's SSE chunks as dicts; raise a ``PipelineError`` on any failure."""
+        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    raise upstream_error(response.status_code, await response.aread())
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = orjson.loads(data)
+                    if "error" in chunk:
+                        raise UpstreamError(f"the model server failed mid-stream: {chunk['error']}")
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise convert_transport_error(exc, self.base_url) from exc
+
+    async def model_ids(self) -> list[str]:
+        try:
+            response = await self.client.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise convert_transport_error(exc, self.base_url) from exc
+        if response.status_code >= 400:
+            raise upstream_error(response.status_code, response.content)
+        return [str(m["id"]) for m in response.json().get("data", [])]
+
+    async def healthy(self, probe_timeout: float = 2.0) -> bool:
+        try:
+            response = await self.client.get("/health", timeout=probe_timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,263 @@
+"""The happy path against the real vLLM server and a real Redis: SDK, cache, tenancy, spans."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from app.main import create_app
+from tests.conftest import make_settings, unique_question
+from tests.support.servers import LiveService
+
+
+def body(question: str, **extra: object) -> dict:
+    return {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 12,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def sse_events(text: str) -> list[dict | str]:
+    events: list[dict | str] = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+@pytest.fixture
+async def harness(make_app, redis_server, vllm):
+    async with make_app(make_settings(redis_server.url, vllm.url)) as h:
+        yield h
+
+
+def test_openai_sdk_streams_and_gets_usage_through_the_service(redis_server, vllm) -> None:
+    app = create_app(make_settings(redis_server.url, vllm.url))
+    with LiveService(app) as live:
+        key = live.run(app.state.services.keys.create("sdk-tenant", "bob"))
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key=key, max_retries=0)
+
+        stream = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": unique_question()}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        pieces = [
+            c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+        ]
+        assert len(pieces) >= 2, "the answer arrives in several chunks, not one"
+        assert "".join(pieces).strip()
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        finish = [
+            c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+        ]
+        assert finish in (["stop"], ["length"])
+
+        completion = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16,
+            temperature=0,
+        )
+        # SmolLM2-135M's first tokens are near-ties ("The" / "L'"), so the words are not asserted.
+        assert completion.choices[0].message.content.strip()
+        assert completion.model == "smollm2"
+        assert completion.usage.prompt_tokens > 0
+        assert completion.usage.completion_tokens > 0
+        assert completion.usage.total_tokens == (
+            completion.usage.prompt_tokens + completion.usage.completion_tokens
+        )
+
+
+async def test_identical_request_is_a_cache_hit_without_calling_the_llm(harness) -> None:
+    key = await harness.key()
+    request = body(unique_question())
+    first = await harness.chat(key, request)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-cache"] == "miss"
+    harness.exporter.clear()
+
+    second = await harness.chat(key, request)
+    assert second.status_code == 200
+    assert second.headers["x-cache"] == "hit"
+    assert second.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+    assert second.json()["usage"] == first.json()["usage"]
+    names = [s.name for s in harness.exporter.get_finished_spans()]
+    assert not any(n.startswith("chat ") or n == "stage generate" for n in names), names
+
+
+async def test_cache_hit_is_replayed_as_sse_when_a_stream_is_asked(harness) -> None:
+    key = await harness.key()
+    question = unique_question()
+    plain = await harness.chat(key, body(question))
+    assert plain.headers["x-cache"] == "miss"
+    streamed = await harness.chat(
+        key, body(question, stream=True, stream_options={"include_usage": True})
+    )
+    assert streamed.headers["x-cache"] == "hit"
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]"
+    text = "".join(
+        e["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if isinstance(e, dict) and e["choices"]
+    )
+    assert text == plain.json()["choices"][0]["message"]["content"]
+    assert events[-2]["usage"] == plain.json()["usage"]
+
+
+async def test_a_streamed_answer_is_cached_when_its_stream_ends(harness) -> None:
+    key = await harness.key()
+    question = unique_question()
+    streamed = await harness.chat(key, body(question, stream=True))
+    assert streamed.headers["x-cache"] == "miss"
+    assert sse_events(streamed.text)[-1] == "[DONE]"
+    again = await harness.chat(key, body(question))
+    assert again.headers["x-cache"] == "hit"
+
+
+async def test_cache_hit_for_other_tenant_is_a_miss(harness) -> None:
+    request = body(unique_question())
+    first = await harness.chat(await harness.key(tenant="tenant-a"), request)
+    assert first.headers["x-cache"] == "miss"
+    other = await harness.chat(await harness.key(tenant="tenant-b"), request)
+    assert other.status_code == 200
+    assert other.headers["x-cache"] == "miss"
+    same_tenant_other_user = await harness.chat(
+        await harness.key(tenant="tenant-a", user="zed"), request
+    )
+    assert same_tenant_other_user.headers["x-cache"] == "hit"
+
+
+async def test_cache_control_no_cache_skips_lookup_and_no_store_skips_write(harness) -> None:
+    key = await harness.key()
+    request = body(unique_question())
+    first = await harness.chat(key, request, **{"Cache-Control": "no-store"})
+    assert first.headers["x-cache"] == "miss"
+    second = await harness.chat(key, request)
+    assert second.headers["x-cache"] == "miss", "no-store must not have written the entry"
+    third = await harness.chat(key, request, **{"Cache-Control": "no-cache"})
+    assert third.headers["x-cache"] == "miss", "no-cache must skip the lookup"
+    fourth = await harness.chat(key, request)
+    assert fourth.headers["x-cache"] == "hit"
+
+
+async def test_requests_are_answered_while_redis_is_down_and_caching_resumes(
+    make_app, vllm
+) -> None:
+    from tests.support.servers import RedisServer
+
+    redis = RedisServer()
+    redis.start()
+    settings = make_settings(redis.url, vllm.url, redis={"retry_after_seconds": 0.2})
+    try:
+        async with make_app(settings) as harness:
+            key = await harness.key()
+            warm = await harness.chat(key, body(unique_question()))
+            assert warm.status_code == 200
+
+            redis.stop()
+            request = body(unique_question())
+            down = await harness.chat(key, request)
+            assert down.status_code == 200, down.text
+            assert down.headers["x-cache"] == "miss"
+            assert down.json()["rag"]["cache"] == "error"
+            ready = await harness.client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["checks"] == {"redis": "down", "llm": "ok"}
+
+            redis.start()
+            ready = await harness.client.get("/readyz")
+            assert ready.status_code == 200 and ready.json()["checks"]["redis"] == "ok"
+            stored = await harness.chat(key, request)
+            assert stored.headers["x-cache"] == "miss"
+            hit = await harness.chat(key, request)
+            assert hit.headers["x-cache"] == "hit"
+    finally:
+        redis.stop()
+
+
+async def test_one_trace_per_request_with_a_span_per_stage_in_order(harness) -> None:
+    key = await harness.key()
+    harness.exporter.clear()
+    response = await harness.chat(key, body(unique_question()))
+    assert response.status_code == 200
+    spans = harness.exporter.get_finished_spans()
+    roots = [s for s in spans if s.parent is None]
+    assert [r.name for r in roots] == ["POST /v1/chat/completions"]
+    root = roots[0]
+    assert response.headers["x-trace-id"] == format(root.context.trace_id, "032x")
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    stages = sorted((s for s in spans if s.name.startswith("stage ")), key=lambda s: s.start_time)
+    assert [s.name for s in stages] == [
+        "stage auth",
+        "stage validate",
+        "stage cache_lookup",
+        "stage generate",
+        "stage cache_store",
+    ]
+    assert all(s.parent.span_id == root.context.span_id for s in stages)
+    chat = next(s for s in spans if s.name == "chat smollm2")
+    generate = next(s for s in stages if s.name == "stage generate")
+    assert chat.parent.span_id == generate.context.span_id
+    assert chat.attributes["gen_ai.operation.name"] == "chat"
+    assert chat.attributes["gen_ai.request.model"] == "smollm2"
+    assert chat.attributes["gen_ai.usage.input_tokens"] > 0
+    assert chat.attributes["gen_ai.usage.output_tokens"] > 0
+    assert chat.attributes["gen_ai.response.time_to_first_chunk"] > 0
+    assert root.resource.attributes["service.name"] == "rag-pipeline"
+
+
+async def test_explain_reports_each_stage_and_its_duration(harness) -> None:
+    key = await harness.key()
+    response = await harness.chat(key, body(unique_question(), rag={"explain": True}))
+    explain = response.json()["rag"]["explain"]
+    assert [s["name"] for s in explain["stages"]] == [
+        "auth",
+        "validate",
+        "cache_lookup",
+        "generate",
+        "cache_store",
+    ]
+    assert all(s["duration_ms"] >= 0 for s in explain["stages"])
+    generate = explain["stages"][3]
+    assert generate["info"]["ttft_ms"] > 0
+    assert explain["stages"][2]["info"]["cache.status"] == "miss"
+
+
+async def test_a_streamed_request_reaches_the_client_chunk_by_chunk(harness, vllm) -> None:
+    key = await harness.key()
+    async with harness.client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json=body("Count from one to ten in words.", max_tokens=24, stream=True),
+        headers={"Authorization": f"Bearer {key}", "Cache-Control": "no-cache, no-store"},
+    ) as response:
+        assert response.status_code == 200
+        events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    contents = [
+        json.loads(e[6:])["choices"][0]["delta"].get("content")
+        for e in events[:-1]
+        if json.loads(e[6:])["choices"]
+    ]
+    assert len([c for c in contents if c]) >= 3
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_vllm_refusing_a_prompt_too_long_is_a_400(harness) -> None:
+    key = await harness.key()
+    long_prompt = "word " * 2600
+    response = await harness.chat(key, body(long_prompt, max_tokens=8))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,199 @@
+"""Bad input and failing dependencies: always a 4xx/5xx in OpenAI's error shape, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from pipeline.llm import LLMClient
+from tests.conftest import make_settings
+from tests.support.servers import free_port
+
+BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def assert_openai_error(response: httpx.Response, status: int, error_type: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == error_type
+    assert body["error"]["message"]
+    return body["error"]
+
+
+@pytest.fixture
+async def harness(make_app, redis_server):
+    # No vLLM behind this one: the tests here never get as far as generating.
+    settings = make_settings(redis_server.url, f"http://127.0.0.1:{free_port()}")
+    async with make_app(settings) as h:
+        yield h
+
+
+async def test_missing_key_is_401(harness) -> None:
+    response = await harness.chat(None, BODY)
+    assert_openai_error(response, 401, "authentication_error")
+
+
+async def test_wrong_key_is_401(harness) -> None:
+    response = await harness.chat("rag-nope.not-a-key", BODY)
+    error = assert_openai_error(response, 401, "authentication_error")
+    assert error["code"] == "invalid_api_key"
+
+
+async def test_key_without_chat_scope_is_403(harness) -> None:
+    key = await harness.key(scopes="retrieve")
+    response = await harness.chat(key, BODY)
+    assert_openai_error(response, 403, "permission_error")
+
+
+async def test_models_lists_the_served_model_and_needs_a_key(harness) -> None:
+    assert (await harness.client.get("/v1/models")).status_code == 401
+    key = await harness.key()
+    response = await harness.client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200
+    assert [m["id"] for m in response.json()["data"]] == ["smollm2"]
+    missing = await harness.client.get(
+        "/v1/models/gpt-9", headers={"Authorization": f"Bearer {key}"}
+    )
+    assert assert_openai_error(missing, 404, "invalid_request_error")["code"] == "model_not_found"
+
+
+async def test_unknown_model_is_404_model_not_found(harness) -> None:
+    key = await harness.key()
+    response = await harness.chat(key, {**BODY, "model": "gpt-9"})
+    error = assert_openai_error(response, 404, "invalid_request_error")
+    assert error["code"] == "model_not_found"
+    assert error["param"] == "model"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "smollm2"}, "messages"),
+        ({"model": "smollm2", "messages": []}, "messages"),
+        ({"model": "smollm2", "messages": "hello"}, "messages"),
+        ({"model": "smollm2", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"model": 7, "messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({**BODY, "temperature": "hot"}, "temperature"),
+        ({**BODY, "max_tokens": -1}, "max_tokens"),
+        ({**BODY, "n": 3}, "n"),
+        ({**BODY, "stream": "yes please"}, "stream"),
+        ({**BODY, "rag": {"top_k": 0}}, "rag.top_k"),
+        ({**BODY, "rag": {"explian": True}}, "rag.explian"),
+    ],
+)
+async def test_invalid_bodies_are_400_naming_the_field(harness, body, param) -> None:
+    key = await harness.key()
+    response = await harness.chat(key, body)
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert error["param"] == param
+
+
+async def test_malformed_json_is_400(harness) -> None:
+    key = await harness.key()
+    response = await harness.client.post(
+        "/v1/chat/completions",
+        content=b'{"model": "smollm2", "messages": [',
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    assert assert_openai_error(response, 400, "invalid_request_error")["code"] == "invalid_json"
+
+
+async def test_max_tokens_beyond_the_context_is_400(harness) -> None:
+    key = await harness.key()
+    response = await harness.chat(key, {**BODY, "max_tokens": 100_000})
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert error["code"] == "context_length_exceeded"
+
+
+async def test_body_over_the_limit_is_413(make_app, redis_server) -> None:
+    settings = make_settings(
+        redis_server.url, "http://127.0.0.1:9", server={"max_body_bytes": 2000}
+    )
+    async with make_app(settings) as harness:
+        key = await harness.key()
+        big = {**BODY, "messages": [{"role": "user", "content": "x" * 5000}]}
+        response = await harness.chat(key, big)
+        assert_openai_error(response, 413, "invalid_request_error")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            # No content-length: the limit must hold on the bytes actually received.
+            yield b'{"model": "smollm2", "messages": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"y" * 500
+            yield b'"}]}'
+
+        streamed = await harness.client.post(
+            "/v1/chat/completions",
+            content=chunks(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        assert_openai_error(streamed, 413, "invalid_request_error")
+
+
+async def test_unknown_path_is_404_in_openai_shape(harness) -> None:
+    response = await harness.client.get("/v1/nothing-here")
+    assert_openai_error(response, 404, "invalid_request_error")
+
+
+async def test_llm_unreachable_is_503_quickly(harness) -> None:
+    key = await harness.key()
+    started = time.monotonic()
+    response = await harness.chat(key, BODY)
+    assert time.monotonic() - started < 3.0
+    assert assert_openai_error(response, 503, "service_unavailable")["code"] == (
+        "upstream_unavailable"
+    )
+
+
+@pytest.fixture
+async def silent_upstream() -> AsyncIterator[str]:
+    """A real TCP server that accepts the request and never answers: a hung model server."""
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(30)
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.close()
+
+
+async def test_llm_slower_than_the_deadline_is_504(make_app, redis_server, silent_upstream) -> None:
+    settings = make_settings(
+        redis_server.url, silent_upstream, server={"request_timeout_seconds": 1.0}
+    )
+    async with make_app(settings) as harness:
+        key = await harness.key()
+        started = time.monotonic()
+        response = await harness.chat(key, BODY)
+        assert time.monotonic() - started < 3.0
+        assert_openai_error(response, 504, "timeout")
+
+
+async def test_llm_read_timeout_is_504(make_app, redis_server, silent_upstream) -> None:
+    settings = make_settings(redis_server.url, silent_upstream, llm={"read_timeout_seconds": 0.5})
+    async with make_app(settings) as harness:
+        key = await harness.key()
+        response = await harness.chat(key, BODY)
+        assert_openai_error(response, 504, "timeout")
+
+
+async def test_llm_failing_with_500_is_502() -> None:
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(500, json={"error": {"message": "engine died"}})
+    )
+    client = LLMClient("http://llm", transport=transport)
+    from pipeline.errors import UpstreamError
+
+    with pytest.raises(UpstreamError, match="engine died"):
+        async for _ in client.stream_chat({"model": "m", "messages": []}):
+            pass
+    await client.aclose()

@@ -1,0 +1,95 @@
+"""Shared fixtures: real Redis and vLLM servers for the session, apps with in-memory span export."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from app.main import create_app
+from app.services import Services
+from app.settings import Settings
+from tests.support.servers import RedisServer, VLLMServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Iterator[VLLMServer]:
+    server = VLLMServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def make_settings(redis_url: str, llm_url: str, **groups: dict[str, Any]) -> Settings:
+    data: dict[str, Any] = {
+        "environment": "test",
+        "redis": {"url": redis_url, "key_prefix": f"t{uuid.uuid4().hex[:8]}:"},
+        "llm": {"base_url": llm_url},
+    }
+    for group, values in groups.items():
+        data[group] = {**data.get(group, {}), **values}
+    return Settings(**data)
+
+
+class AppHarness:
+    """An app with its lifespan running, an in-process client, and the spans it exported."""
+
+    def __init__(self, app: FastAPI, exporter: InMemorySpanExporter) -> None:
+        self.app = app
+        self.exporter = exporter
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://service", timeout=120
+        )
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.app.state.services
+        return services
+
+    async def key(self, tenant: str = "acme", user: str = "alice", scopes: str = "") -> str:
+        chosen = frozenset(scopes.split(",")) if scopes else frozenset({"chat", "retrieve"})
+        return await self.services.keys.create(tenant, user, chosen)
+
+    async def chat(self, key: str | None, body: dict[str, Any], **headers: str) -> httpx.Response:
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        return await self.client.post("/v1/chat/completions", json=body, headers=headers)
+
+
+AppFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def make_app() -> Callable[[Settings], Any]:
+    @asynccontextmanager
+    async def factory(settings: Settings) -> AsyncIterator[AppHarness]:
+        exporter = InMemorySpanExporter()
+        app = create_app(settings, span_processors=[SimpleSpanProcessor(exporter)])
+        async with app.router.lifespan_context(app):
+            harness = AppHarness(app, exporter)
+            try:
+                yield harness
+            finally:
+                await harness.client.aclose()
+
+    return factory
+
+
+def unique_question() -> str:
+    """A question no earlier test asked, so its first request is a cache miss."""
+    return f"In one short sentence, what is the capital of France? (ref {uuid.uuid4().hex[:6]})"

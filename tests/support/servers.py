@@ -1,0 +1,180 @@
+"""Real servers for the tests: a private redis-server, the vLLM server, the service itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(step)
+    raise TimeoutError(f"{what} did not become ready within {timeout:.0f} s")
+
+
+class RedisServer:
+    """A redis-server of the tests' own, on a free port, that a test may stop and start again."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed: `apt-get install redis-server` (make test does it)"
+            )
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="rag-test-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._answers, 10, f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+class VLLMServer:
+    """The real vLLM OpenAI-compatible server (CPU build), or one already running at a URL."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(tempfile.gettempdir()) / "rag-test-vllm.log"
+        given = os.environ.get("RAG_TEST_VLLM_URL")
+        self.url = given.rstrip("/") if given else ""
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start(self) -> None:
+        if self.url:
+            if not self._healthy():
+                raise RuntimeError(f"RAG_TEST_VLLM_URL={self.url} does not answer /health")
+            return
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        script = ROOT / "scripts" / "start-vllm.sh"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                ["bash", str(script), str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self._healthy():
+                return
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(
+                    "vLLM failed to start. Install it and build the model with "
+                    f"`make vllm model`, or set RAG_TEST_VLLM_URL. Log tail:\n{tail}"
+                )
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vLLM did not answer /health within 600 s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+            self.process = None
+
+
+class LiveService:
+    """The FastAPI app served by uvicorn on a free port, in a thread, for real HTTP clients."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self.server.serve())
+        self._loop.close()
+
+    def __enter__(self) -> LiveService:
+        self.thread.start()
+        wait_for(lambda: self.server.started, 30, "uvicorn")
+        return self
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the server's event loop (for its Redis-bound services)."""
+        loop = self.server_loop
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(30)
+
+    @property
+    def server_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
