@@ -11,12 +11,16 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from opentelemetry import trace
 
+from app.ingest_files import Skipped, read_documents
+from app.services import build_index_store
 from app.settings import get_settings
 from pipeline.keys import DEFAULT_SCOPES, ApiKeyStore
 from pipeline.kv import KeyValueStore, StoreUnavailable
+from retrieval import Document, DocumentError, Embedder, IndexStore
 
 
 def _key_store() -> ApiKeyStore:
@@ -62,6 +66,58 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_store() -> IndexStore:
+    return build_index_store(get_settings().retrieval, Embedder())
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    store = _index_store()
+    skipped = Skipped()
+    documents = chunks = 0
+    batch: list[Document] = []
+
+    def flush() -> None:
+        nonlocal documents, chunks
+        if batch:
+            try:
+                result = store.upsert(args.tenant, batch, progress=not args.quiet)
+            except DocumentError as exc:
+                skipped.add(f"batch ending {batch[-1].id}", str(exc))
+            else:
+                documents += result.documents
+                chunks += result.chunks
+                print(
+                    f"version {result.version}: +{result.documents} documents "
+                    f"({result.total_documents} in all, {result.total_chunks} chunks)",
+                    file=sys.stderr,
+                )
+            batch.clear()
+
+    for document in read_documents(path, skipped):
+        batch.append(document)
+        if len(batch) >= args.batch:
+            flush()
+    flush()
+    for problem in skipped.items:
+        print(f"skipped {problem}", file=sys.stderr)
+    print(
+        f"ingested {documents} documents ({chunks} chunks) for tenant {args.tenant}; "
+        f"skipped {len(skipped.items)}; index version {store.version(args.tenant)}"
+    )
+    return 0 if documents or not skipped.items else 1
+
+
+def _delete(args: argparse.Namespace) -> int:
+    result = _index_store().delete(args.tenant, args.document_ids)
+    print(
+        f"deleted {result.documents} documents ({result.chunks} chunks); version {result.version}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rag", description="RAG pipeline service tools.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -84,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=_serve, sync=True)
+
+    ingest = commands.add_parser(
+        "ingest", help="index documents: JSONL (BEIR corpus.jsonl too) or a folder of .txt/.md"
+    )
+    ingest.add_argument("path")
+    ingest.add_argument("--tenant", required=True)
+    ingest.add_argument("--batch", type=int, default=5000, help="documents per index version")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.set_defaults(run=_ingest, sync=True)
+
+    delete = commands.add_parser("delete", help="remove documents from a tenant's index")
+    delete.add_argument("--tenant", required=True)
+    delete.add_argument("document_ids", nargs="+")
+    delete.set_defaults(run=_delete, sync=True)
     return parser
 
 

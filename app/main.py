@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,22 +11,29 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, RequestTracing
-from app.routes import chat, health, models
+from app.routes import chat, health, models, retrieval
 from app.services import Services
 from app.settings import Settings, get_settings
 from app.telemetry import build_tracer_provider, tracer_from
+from retrieval import Embedder
 
 
 def create_app(
-    settings: Settings | None = None, *, span_processors: list[SpanProcessor] | None = None
+    settings: Settings | None = None,
+    *,
+    span_processors: list[SpanProcessor] | None = None,
+    embedder: Embedder | None = None,
 ) -> FastAPI:
+    """The app. ``embedder`` lets several apps (tests) share one loaded embedding model."""
     settings = settings or get_settings()
     provider = build_tracer_provider(settings, span_processors)
     tracer = tracer_from(provider)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        services = Services.build(settings, tracer)
+        services = Services.build(settings, tracer, embedder)
+        if services.retrieval is not None and settings.retrieval.warm_up:
+            await asyncio.to_thread(services.retrieval.store.embedder.warm_up)
         app.state.services = services
         try:
             yield
@@ -41,7 +49,7 @@ def create_app(
     )
     app.state.settings = settings
     install_error_handlers(app)
-    for router in (chat.router, models.router, health.router):
+    for router in (chat.router, models.router, retrieval.router, health.router):
         app.include_router(router)
     # Added last = outermost: the root span covers everything, including the size check.
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)

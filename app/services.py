@@ -8,15 +8,18 @@ from typing import Annotated
 from fastapi import Depends, Request
 from opentelemetry import trace
 
-from app.settings import Settings
+from app.settings import RetrievalSettings, Settings
 from pipeline.keys import ApiKeyStore
 from pipeline.kv import KeyValueStore
 from pipeline.llm import LLMClient
 from pipeline.runner import Runner, Step
+from pipeline.search import PassageSearch
 from pipeline.stages.auth import Authenticate
-from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache
+from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache, no_index
 from pipeline.stages.generate import Generate
+from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.validate import ValidateRequest
+from retrieval import Embedder, HybridRetriever, IndexStore, QueryBatcher
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Services:
     kv: KeyValueStore
     keys: ApiKeyStore
     llm: LLMClient
+    retrieval: PassageSearch | None = None
     runner: Runner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -38,14 +42,19 @@ class Services:
             self.kv, ttl=settings.cache.ttl_seconds, prefix=f"{settings.redis.key_prefix}cache:"
         )
         if settings.cache.enabled:
-            steps.append(CacheLookup(cache))
+            version = self.retrieval.version if self.retrieval is not None else no_index
+            steps.append(CacheLookup(cache, version))
+        if self.retrieval is not None:
+            steps.append(Retrieve(self.retrieval))
         steps.append(Generate(self.llm, self.tracer))
         if settings.cache.enabled:
             steps.append(CacheStore(cache))
         self.runner = Runner(steps, self.tracer)
 
     @classmethod
-    def build(cls, settings: Settings, tracer: trace.Tracer) -> Services:
+    def build(
+        cls, settings: Settings, tracer: trace.Tracer, embedder: Embedder | None = None
+    ) -> Services:
         kv = KeyValueStore.from_url(
             settings.redis.url,
             tracer,
@@ -65,11 +74,41 @@ class Services:
             read_timeout=settings.llm.read_timeout_seconds,
             max_connections=settings.llm.max_connections,
         )
-        return cls(settings=settings, tracer=tracer, kv=kv, keys=keys, llm=llm)
+        retrieval = None
+        if settings.retrieval.enabled:
+            retrieval = build_search(settings, tracer, embedder or Embedder())
+        return cls(settings=settings, tracer=tracer, kv=kv, keys=keys, llm=llm, retrieval=retrieval)
 
     async def aclose(self) -> None:
+        if self.retrieval is not None:
+            await self.retrieval.aclose()
         await self.llm.aclose()
         await self.kv.aclose()
+
+
+def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexStore:
+    return IndexStore(
+        config.index_dir,
+        embedder,
+        chunk_words=config.chunk_words,
+        overlap_words=config.overlap_words,
+        max_document_chars=config.max_document_chars,
+        approximate_above=config.approximate_above,
+    )
+
+
+def build_search(settings: Settings, tracer: trace.Tracer, embedder: Embedder) -> PassageSearch:
+    config = settings.retrieval
+    store = build_index_store(config, embedder)
+    retriever = (
+        HybridRetriever(store, candidates=config.candidates)
+        if config.candidates
+        else HybridRetriever(store)
+    )
+    queries = QueryBatcher(
+        embedder, max_batch=config.query_batch_max, window_ms=config.query_batch_window_ms
+    )
+    return PassageSearch(store, retriever, queries, tracer)
 
 
 def get_services(request: Request) -> Services:

@@ -76,12 +76,18 @@ class TelemetrySettings(BaseModel):
 class RetrievalSettings(BaseModel):
     enabled: bool = True
     index_dir: Path = Field(default_factory=lambda: default_home() / "indexes")
-    top_k: int = Field(4, ge=1, le=50)
-    max_top_k: int = Field(50, ge=1)
-    max_document_chars: int = Field(200_000, gt=0)
+    top_k: int = Field(4, ge=1, le=50, description="Passages put into the prompt by default.")
+    candidates: int | None = Field(
+        None, ge=1, description="BM25 candidates scored by vectors (None: the tuned default)."
+    )
+    chunk_words: int = Field(180, ge=16)
+    overlap_words: int = Field(30, ge=0)
+    max_document_chars: int = Field(1_000_000, gt=0)
     max_batch_documents: int = Field(1000, gt=0)
+    approximate_above: int = Field(200_000, gt=0)
     query_batch_window_ms: float = Field(2.0, ge=0)
     query_batch_max: int = Field(32, ge=1)
+    warm_up: bool = Field(True, description="Load the embedding model at start-up.")
 
 
 class Settings(BaseSettings):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from app.main import create_app
 from app.services import Services
 from app.settings import Settings
+from retrieval import Embedder
 from tests.support.servers import RedisServer, VLLMServer
 
 
@@ -36,10 +38,12 @@ def vllm() -> Iterator[VLLMServer]:
 
 
 def make_settings(redis_url: str, llm_url: str, **groups: dict[str, Any]) -> Settings:
+    """Settings of one test app: its own Redis key prefix and its own index directory."""
     data: dict[str, Any] = {
         "environment": "test",
         "redis": {"url": redis_url, "key_prefix": f"t{uuid.uuid4().hex[:8]}:"},
         "llm": {"base_url": llm_url},
+        "retrieval": {"index_dir": tempfile.mkdtemp(prefix="rag-test-index-")},
     }
     for group, values in groups.items():
         data[group] = {**data.get(group, {}), **values}
@@ -74,12 +78,22 @@ class AppHarness:
 AppFactory = Callable[..., Any]
 
 
+@pytest.fixture(scope="session")
+def shared_embedder() -> Embedder:
+    """One loaded embedding model for every app of the session (loading it takes seconds)."""
+    embedder = Embedder()
+    embedder.warm_up()
+    return embedder
+
+
 @pytest.fixture
-def make_app() -> Callable[[Settings], Any]:
+def make_app(shared_embedder: Embedder) -> Callable[[Settings], Any]:
     @asynccontextmanager
     async def factory(settings: Settings) -> AsyncIterator[AppHarness]:
         exporter = InMemorySpanExporter()
-        app = create_app(settings, span_processors=[SimpleSpanProcessor(exporter)])
+        app = create_app(
+            settings, span_processors=[SimpleSpanProcessor(exporter)], embedder=shared_embedder
+        )
         async with app.router.lifespan_context(app):
             harness = AppHarness(app, exporter)
             try:

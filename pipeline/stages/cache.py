@@ -79,14 +79,14 @@ class ResponseCache:
         await self.kv.set(self.prefix + key, orjson.dumps(completion.to_dict()), ttl=self.ttl)
 
 
-def _no_index(tenant: str) -> str:
+def no_index(tenant: str) -> str:
     return "none"
 
 
 class CacheLookup:
     name = "cache_lookup"
 
-    def __init__(self, cache: ResponseCache, index_version: IndexVersion = _no_index) -> None:
+    def __init__(self, cache: ResponseCache, index_version: IndexVersion = no_index) -> None:
         self.cache = cache
         self.index_version = index_version
 

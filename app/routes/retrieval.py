@@ -1,0 +1,130 @@
+"""Documents in, passages out: POST /v1/documents, DELETE /v1/documents/{id}, POST /v1/retrieve.
+
+The tenant always comes from the API key. Ingest needs the ``ingest`` scope; search needs
+``retrieve``. Search runs through the same filter and retrieval code as chat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.auth import IngestPrincipal, RetrievePrincipal
+from app.services import ServicesDep
+from pipeline.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable
+from retrieval import Document, DocumentError, IngestResult
+
+router = APIRouter(tags=["retrieval"])
+
+MetadataValue = str | int | float | bool | list[str]
+
+
+class DocumentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=256)
+    text: str
+    title: str = ""
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+
+
+class IngestRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[DocumentIn] = Field(min_length=1)
+
+
+class RetrieveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=10_000)
+    top_k: int = Field(5, ge=1, le=100)
+    filters: dict[str, Any] | None = None
+
+
+def _ingest_body(result: IngestResult) -> dict[str, Any]:
+    return {
+        "object": "ingest.result",
+        "version": result.version,
+        "documents": result.documents,
+        "chunks": result.chunks,
+        "seconds": round(result.seconds, 3),
+        "total_documents": result.total_documents,
+        "total_chunks": result.total_chunks,
+    }
+
+
+def _require_retrieval(services: ServicesDep) -> None:
+    if services.retrieval is None:
+        raise ServiceUnavailable("Retrieval is switched off on this server.", code="disabled")
+
+
+@router.post("/v1/documents")
+async def ingest_documents(
+    body: IngestRequest, services: ServicesDep, principal: IngestPrincipal
+) -> dict[str, Any]:
+    _require_retrieval(services)
+    assert services.retrieval is not None
+    limit = services.settings.retrieval.max_batch_documents
+    if len(body.documents) > limit:
+        raise PayloadTooLarge(
+            f"{len(body.documents)} documents in one request; the limit is {limit}.",
+            param="documents",
+        )
+    documents = []
+    for position, item in enumerate(body.documents):
+        try:
+            documents.append(
+                Document(id=item.id, text=item.text, title=item.title, metadata=item.metadata)
+            )
+        except DocumentError as exc:
+            raise InvalidRequest(str(exc), param=f"documents.{position}") from exc
+    try:
+        result = await services.retrieval.ingest(principal.tenant, documents)
+    except DocumentError as exc:
+        error = PayloadTooLarge if exc.too_large else InvalidRequest
+        raise error(str(exc), param="documents") from exc
+    return _ingest_body(result)
+
+
+@router.delete("/v1/documents/{document_id}")
+async def delete_document(
+    document_id: str, services: ServicesDep, principal: IngestPrincipal
+) -> dict[str, Any]:
+    _require_retrieval(services)
+    assert services.retrieval is not None
+    result = await services.retrieval.delete(principal.tenant, [document_id])
+    return {**_ingest_body(result), "object": "delete.result", "deleted": result.documents > 0}
+
+
+@router.post("/v1/retrieve")
+async def retrieve(
+    body: RetrieveRequest, services: ServicesDep, principal: RetrievePrincipal
+) -> dict[str, Any]:
+    _require_retrieval(services)
+    assert services.retrieval is not None
+    result = await services.retrieval.search(
+        principal.tenant, body.query, top_k=body.top_k, filters=body.filters
+    )
+    return {
+        "object": "list",
+        "index_version": result.version,
+        "candidates": result.candidates,
+        "allowed": result.allowed,
+        "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
+        "data": [
+            {
+                "document_id": hit.document_id,
+                "chunk_id": hit.chunk_id,
+                "score": hit.score,
+                "bm25_score": hit.bm25_score,
+                "vector_score": hit.vector_score,
+                "title": hit.title,
+                "text": hit.text,
+                "metadata": hit.metadata,
+            }
+            for hit in result.hits
+        ],
+    }

@@ -1,0 +1,102 @@
+"""Retrieval as the request path uses it: async, traced, tenant-scoped.
+
+Chat's retrieve stage and the ``/v1/retrieve`` and ``/v1/documents`` routes all go through
+this one class, so they share the filter parsing, the query batching and the spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+
+from pipeline import attributes as attr
+from pipeline.errors import InvalidRequest
+from retrieval import (
+    Document,
+    Filter,
+    FilterError,
+    HybridRetriever,
+    IndexStore,
+    IngestResult,
+    QueryBatcher,
+    SearchResult,
+    parse_filters,
+)
+
+
+def parse_request_filters(spec: Any) -> Filter | None:
+    """The request's filter, or a 400 naming what is wrong with it."""
+    if spec is None:
+        return None
+    try:
+        return parse_filters(spec)
+    except FilterError as exc:
+        raise InvalidRequest(f"Invalid rag.filters: {exc}", param="filters") from exc
+
+
+class PassageSearch:
+    def __init__(
+        self,
+        store: IndexStore,
+        retriever: HybridRetriever,
+        queries: QueryBatcher,
+        tracer: trace.Tracer,
+    ) -> None:
+        self.store = store
+        self.retriever = retriever
+        self.queries = queries
+        self.tracer = tracer
+
+    def version(self, tenant: str) -> str:
+        return self.store.version(tenant)
+
+    def has_index(self, tenant: str) -> bool:
+        return self.store.current(tenant) is not None
+
+    async def search(
+        self, tenant: str, query: str, *, top_k: int, filters: Any = None
+    ) -> SearchResult:
+        """The tenant's best passages for ``query``; ``filters`` is the request's raw spec."""
+        parsed = parse_request_filters(filters)
+        with self.tracer.start_as_current_span(
+            f"retrieval {tenant}", attributes={attr.TENANT: tenant}
+        ) as span:
+            started = time.perf_counter()
+            vector = await self.queries.embed(query)
+            embed_ms = (time.perf_counter() - started) * 1000.0
+            result = await asyncio.to_thread(
+                self.retriever.search, tenant, query, vector, top_k=top_k, filters=parsed
+            )
+            timings = {"embed": embed_ms, **result.timings_ms}
+            span.set_attributes(
+                {
+                    attr.RETRIEVAL_ALLOWED: result.allowed,
+                    attr.RETRIEVAL_CANDIDATES: result.candidates,
+                    attr.RETRIEVAL_RESULTS: len(result.hits),
+                    attr.RETRIEVAL_INDEX_VERSION: result.version,
+                    **{
+                        f"{attr.RETRIEVAL_TIMING_PREFIX}{step}": round(ms, 3)
+                        for step, ms in timings.items()
+                    },
+                }
+            )
+        return result
+
+    async def ingest(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
+        with self.tracer.start_as_current_span(
+            f"ingest {tenant}", attributes={attr.TENANT: tenant, "rag.documents": len(documents)}
+        ):
+            return await asyncio.to_thread(self.store.upsert, tenant, list(documents))
+
+    async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
+        with self.tracer.start_as_current_span(
+            f"delete {tenant}", attributes={attr.TENANT: tenant}
+        ):
+            return await asyncio.to_thread(self.store.delete, tenant, list(document_ids))
+
+    async def aclose(self) -> None:
+        await self.queries.aclose()

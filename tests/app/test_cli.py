@@ -1,0 +1,107 @@
+"""The `rag` command: keys and ingestion from files, run as a user would run it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from opentelemetry import trace
+
+from pipeline.keys import ApiKeyStore
+from pipeline.kv import KeyValueStore
+from retrieval import HybridRetriever, IndexStore
+
+
+def rag(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_keys_create_prints_a_key_that_resolves_to_the_principal(redis_server) -> None:
+    env = {"RAG_REDIS__URL": redis_server.url, "RAG_REDIS__KEY_PREFIX": "cli-test:"}
+    done = rag("keys", "create", "--tenant", "dev", "--user", "ann", "--scopes", "chat", env=env)
+    assert done.returncode == 0, done.stderr
+    raw = done.stdout.strip()
+    assert raw.startswith("rag-") and "\n" not in raw
+
+    async def resolve() -> object:
+        kv = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer())
+        try:
+            return await ApiKeyStore(kv, prefix="cli-test:apikey:").resolve(raw)
+        finally:
+            await kv.aclose()
+
+    principal = asyncio.run(resolve())
+    assert principal is not None
+    assert (principal.tenant, principal.user, principal.scopes) == ("dev", "ann", {"chat"})
+    bad = rag("keys", "create", "--tenant", "../etc", "--user", "x", env=env)
+    assert bad.returncode == 2 and "tenant" in bad.stderr
+
+
+def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
+    tmp_path: Path, shared_embedder
+) -> None:
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "volcano.md").write_text("# Volcanoes\n\nMagma rises through the crust and erupts.\n")
+    (docs / "sub" / "tides.txt").write_text("Tides are caused by the gravity of the Moon.\n")
+    (docs / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me br\xfbl\xe9e".encode("latin-1"))
+    (docs / "ignored.png").write_bytes(b"\x89PNG")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "\n".join(
+            [
+                json.dumps(
+                    {
+                        "_id": "b1",
+                        "title": "Aspirin",
+                        "text": "Aspirin thins blood.",
+                        "metadata": {},
+                    }
+                ),
+                "{not json",
+                json.dumps({"_id": "b2", "title": "", "text": ""}),
+                json.dumps({"_id": "b3", "title": "Statins", "text": "Statins lower LDL."}),
+            ]
+        )
+    )
+    index_dir = tmp_path / "index"
+    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
+
+    folder = rag("ingest", str(docs), "--tenant", "files", "--quiet", env=env)
+    assert folder.returncode == 0, folder.stderr
+    assert "ingested 2 documents" in folder.stdout
+    assert "latin1.txt: not UTF-8" in folder.stderr
+
+    beir = rag("ingest", str(corpus), "--tenant", "files", "--quiet", env=env)
+    assert beir.returncode == 0, beir.stderr
+    assert "ingested 2 documents" in beir.stdout
+    assert "corpus.jsonl:2: not JSON" in beir.stderr
+    assert "corpus.jsonl:3:" in beir.stderr
+
+    store = IndexStore(index_dir, shared_embedder)
+    retriever = HybridRetriever(store)
+    vector = shared_embedder.embed(["what causes tides"])[0]
+    hits = retriever.search("files", "what causes tides", vector, top_k=1).hits
+    assert hits[0].document_id == "sub/tides.txt"
+    titles = {
+        h.document_id: h.title
+        for h in retriever.search("files", "magma aspirin statins", None, top_k=10).hits
+    }
+    assert titles["volcano.md"] == "Volcanoes"
+    assert {"b1", "b3"} <= set(titles)
+
+    deleted = rag("delete", "--tenant", "files", "b1", env=env)
+    assert deleted.returncode == 0 and "deleted 1 documents" in deleted.stdout
+    store = IndexStore(index_dir, shared_embedder)
+    remaining = HybridRetriever(store).search("files", "aspirin", None, top_k=10).hits
+    assert "b1" not in {h.document_id for h in remaining}

@@ -1,0 +1,203 @@
+"""Ingest, search and chat with retrieval through the HTTP API, per tenant."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app.test_errors import assert_openai_error
+from tests.conftest import make_settings, unique_question
+from tests.support.servers import free_port
+
+DOCS = [
+    {
+        "id": "kiwi-1",
+        "title": "Kiwi birds",
+        "text": "The kiwi is a flightless bird endemic to New Zealand. It lays a very large egg.",
+        "metadata": {"topic": "birds", "year": 2020, "tags": ["nz", "fauna"]},
+    },
+    {
+        "id": "fjord-2",
+        "title": "Fjords",
+        "text": "A fjord is a long, narrow inlet with steep sides, created by a glacier.",
+        "metadata": {"topic": "geology", "year": 2015, "tags": ["norway"]},
+    },
+    {
+        "id": "kiwi-fruit-3",
+        "title": "Kiwifruit",
+        "text": "Kiwifruit is the edible berry of a woody vine; New Zealand exports kiwifruit.",
+        "metadata": {"topic": "food", "year": 2022, "tags": ["nz"]},
+    },
+]
+
+
+@pytest.fixture
+async def harness(make_app, redis_server):
+    settings = make_settings(redis_server.url, f"http://127.0.0.1:{free_port()}")
+    async with make_app(settings) as h:
+        yield h
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def ingest(harness, key: str, documents: list[dict]) -> dict:
+    response = await harness.client.post(
+        "/v1/documents", json={"documents": documents}, headers=auth(key)
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def search(harness, key: str, query: str, **extra) -> dict:
+    response = await harness.client.post(
+        "/v1/retrieve", json={"query": query, **extra}, headers=auth(key)
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_ingest_needs_the_ingest_scope(harness) -> None:
+    key = await harness.key(scopes="chat,retrieve")
+    response = await harness.client.post(
+        "/v1/documents", json={"documents": DOCS}, headers=auth(key)
+    )
+    assert_openai_error(response, 403, "permission_error")
+
+
+async def test_ingested_documents_are_searchable_by_the_next_request(harness) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    before = await search(harness, key, "flightless bird")
+    assert before["data"] == []
+    result = await ingest(harness, key, DOCS)
+    assert result["documents"] == 3 and result["total_documents"] == 3
+    found = await search(harness, key, "flightless bird from New Zealand", top_k=2)
+    assert found["data"][0]["document_id"] == "kiwi-1"
+    assert found["index_version"] == result["version"] != before["index_version"]
+    hit = found["data"][0]
+    assert hit["title"] == "Kiwi birds" and "flightless" in hit["text"]
+    assert hit["metadata"]["topic"] == "birds"
+    assert hit["chunk_id"].startswith("kiwi-1")
+
+
+async def test_another_tenant_never_sees_the_documents(harness) -> None:
+    owner = await harness.key(tenant="owner", scopes="retrieve,ingest")
+    stranger = await harness.key(tenant="stranger", scopes="retrieve,ingest")
+    await ingest(harness, owner, DOCS)
+    await ingest(
+        harness, stranger, [{"id": "other", "text": "Glaciers carve valleys over millennia."}]
+    )
+    seen = await search(harness, stranger, "kiwi flightless bird New Zealand", top_k=10)
+    assert {h["document_id"] for h in seen["data"]} <= {"other"}
+    mine = await search(harness, owner, "glaciers carve valleys", top_k=10)
+    assert "other" not in {h["document_id"] for h in mine["data"]}
+
+
+async def test_filters_narrow_the_results_and_unknown_keys_give_nothing(harness) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    await ingest(harness, key, DOCS)
+    query = "New Zealand kiwi"
+    everything = {h["document_id"] for h in (await search(harness, key, query, top_k=10))["data"]}
+    assert {"kiwi-1", "kiwi-fruit-3"} <= everything
+    food = await search(harness, key, query, top_k=10, filters={"topic": "food"})
+    assert [h["document_id"] for h in food["data"]] == ["kiwi-fruit-3"]
+    recent = await search(harness, key, query, top_k=10, filters={"year": {"$gte": 2021}})
+    assert [h["document_id"] for h in recent["data"]] == ["kiwi-fruit-3"]
+    either = await search(
+        harness, key, query, top_k=10, filters={"topic": {"$in": ["birds", "geology"]}}
+    )
+    assert {h["document_id"] for h in either["data"]} <= {"kiwi-1", "fjord-2"}
+    assert "kiwi-1" in {h["document_id"] for h in either["data"]}
+    nz_birds = await search(harness, key, query, top_k=10, filters={"tags": "nz", "topic": "birds"})
+    assert [h["document_id"] for h in nz_birds["data"]] == ["kiwi-1"]
+    unknown = await search(harness, key, query, top_k=10, filters={"colour": "green"})
+    assert unknown["data"] == []
+
+
+async def test_invalid_filter_syntax_is_400(harness) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    response = await harness.client.post(
+        "/v1/retrieve",
+        json={"query": "kiwi", "filters": {"year": {"$between": [1, 2]}}},
+        headers=auth(key),
+    )
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert "$between" in error["message"]
+
+
+async def test_reingest_replaces_and_delete_removes(harness) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    await ingest(harness, key, DOCS)
+    replaced = {**DOCS[1], "text": "A fjord was renamed: now it describes volcanic calderas."}
+    await ingest(harness, key, [replaced])
+    hits = (await search(harness, key, "volcanic calderas", top_k=3))["data"]
+    assert hits[0]["document_id"] == "fjord-2" and "calderas" in hits[0]["text"]
+    assert len([h for h in hits if h["document_id"] == "fjord-2"]) == 1
+    deleted = await harness.client.delete("/v1/documents/fjord-2", headers=auth(key))
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    hits = (await search(harness, key, "volcanic calderas fjord", top_k=5))["data"]
+    assert "fjord-2" not in {h["document_id"] for h in hits}
+
+
+async def test_bad_documents_are_refused_with_4xx(make_app, redis_server) -> None:
+    settings = make_settings(
+        redis_server.url, "http://127.0.0.1:9", retrieval={"max_document_chars": 8000}
+    )
+    async with make_app(settings) as harness:
+        key = await harness.key(scopes="retrieve,ingest")
+        empty = await harness.client.post(
+            "/v1/documents", json={"documents": [{"id": "e", "text": "   "}]}, headers=auth(key)
+        )
+        assert assert_openai_error(empty, 400, "invalid_request_error")["param"] == "documents.0"
+        long_text = " ".join(f"word{i}" for i in range(700))  # ~5 chunks, under the limit
+        chunked = await ingest(harness, key, [{"id": "long", "text": long_text}])
+        assert chunked["chunks"] > 1
+        huge = await harness.client.post(
+            "/v1/documents",
+            json={"documents": [{"id": "huge", "text": "x " * 6000}]},
+            headers=auth(key),
+        )
+        assert_openai_error(huge, 413, "invalid_request_error")
+        bad_metadata = await harness.client.post(
+            "/v1/documents",
+            json={"documents": [{"id": "m", "text": "t", "metadata": {"k": {"nested": 1}}}]},
+            headers=auth(key),
+        )
+        assert_openai_error(bad_metadata, 400, "invalid_request_error")
+        still = await search(harness, key, "word5", top_k=1)
+        assert still["data"][0]["document_id"] == "long", "nothing stored was lost"
+
+
+async def test_chat_retrieves_cites_sources_and_ingest_changes_the_cache_key(
+    make_app, redis_server, vllm
+) -> None:
+    async with make_app(make_settings(redis_server.url, vllm.url)) as harness:
+        key = await harness.key(scopes="chat,retrieve,ingest")
+        await ingest(harness, key, DOCS)
+        request = {
+            "model": "smollm2",
+            "messages": [
+                {"role": "user", "content": "Which bird is flightless? " + unique_question()}
+            ],
+            "max_tokens": 12,
+            "temperature": 0,
+            "rag": {"top_k": 2, "explain": True},
+        }
+        harness.exporter.clear()
+        first = await harness.chat(key, request)
+        assert first.status_code == 200, first.text
+        sources = first.json()["rag"]["sources"]
+        assert sources[0]["document_id"] == "kiwi-1" and len(sources) == 2
+        stages = [s["name"] for s in first.json()["rag"]["explain"]["stages"]]
+        assert stages == ["auth", "validate", "cache_lookup", "retrieve", "generate", "cache_store"]
+        spans = {s.name: s for s in harness.exporter.get_finished_spans()}
+        retrieval_span = spans["retrieval acme"]
+        assert retrieval_span.parent.span_id == spans["stage retrieve"].context.span_id
+        assert retrieval_span.attributes["rag.retrieval.candidates"] >= 2
+        for step in ("filter", "bm25", "vector", "fusion", "embed"):
+            assert retrieval_span.attributes[f"rag.retrieval.ms.{step}"] >= 0
+
+        assert (await harness.chat(key, request)).headers["x-cache"] == "hit"
+        await ingest(harness, key, [{"id": "new-doc", "text": "Penguins cannot fly either."}])
+        after = await harness.chat(key, request)
+        assert after.headers["x-cache"] == "miss", "an ingest must invalidate cached answers"
