@@ -16,9 +16,10 @@ help:
 	@echo "make test       lint, type-check and the whole test suite against real Redis and vLLM"
 	@echo "make bench      the benchmarks (long); results go to BENCHMARKS.md by hand"
 
+# CPU torch first, so nothing pulls a multi-GB CUDA build (pip finds the CPU wheel on this
+# machine's disk; elsewhere point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# CPU torch first, so nothing pulls a multi-GB CUDA build (the wheel lies on this machine's disk).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	@rm -f $(VENV)/.installed-* && touch $@

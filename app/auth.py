@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.services import ServicesDep
-from pipeline.context import Principal, RequestContext
+from pipeline.context import Principal
 from pipeline.stages.auth import Authenticate
 
 
@@ -24,11 +24,7 @@ def require(scope: str) -> Callable[[Request, ServicesDep], Awaitable[Principal]
     """A dependency that resolves the caller's key and checks that it carries ``scope``."""
 
     async def dependency(request: Request, services: ServicesDep) -> Principal:
-        stage = Authenticate(services.keys, scope=scope)
-        ctx = RequestContext.for_auth(bearer_token(request))
-        await stage(ctx)
-        assert ctx.principal is not None
-        return ctx.principal
+        return await Authenticate(services.keys, scope=scope).authenticate(bearer_token(request))
 
     return dependency
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.context import ChatParams, RagOptions
 
@@ -59,16 +59,23 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    tools: list[dict[str, Any]] | None = Field(None, max_length=0, description="Not yet supported.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet.")
     tool_choice: Any = None
     user: str | None = None
 
     # --- server extension ---
     rag: RagRequestOptions = Field(default_factory=RagRequestOptions)
 
-    def sampling(self) -> dict[str, Any]:
+    @field_validator("tools")
+    @classmethod
+    def _no_tools_yet(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if tools:
+            raise ValueError("tool calling is not supported by this server yet")
+        return tools
+
+    def sampling(self, default_max_tokens: int | None = None) -> dict[str, Any]:
         """The parameters that decide the answer, exactly as vLLM will be given them."""
-        max_tokens = self.max_completion_tokens or self.max_tokens
+        max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
         values = {
             "frequency_penalty": self.frequency_penalty,
             "logit_bias": self.logit_bias,
@@ -81,13 +88,13 @@ class ChatCompletionRequest(BaseModel):
         }
         return {k: v for k, v in values.items() if v is not None}
 
-    def to_params(self, default_top_k: int) -> ChatParams:
+    def to_params(self, default_top_k: int, default_max_tokens: int | None = None) -> ChatParams:
         return ChatParams(
             model=self.model,
             messages=[m.model_dump(exclude_none=True) for m in self.messages],
             stream=self.stream,
             include_usage=bool(self.stream_options and self.stream_options.include_usage),
-            sampling=self.sampling(),
+            sampling=self.sampling(default_max_tokens),
             rag=RagOptions(
                 enabled=self.rag.enabled,
                 top_k=self.rag.top_k or default_top_k,

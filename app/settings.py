@@ -35,6 +35,9 @@ class LLMSettings(BaseModel):
         description="Model names the service accepts; each is served under the same name.",
     )
     context_length: int = Field(2048, gt=0)
+    default_max_tokens: int | None = Field(
+        512, gt=0, description="max_tokens when a request sets none (None: up to the context)."
+    )
     connect_timeout_seconds: float = Field(2.0, gt=0)
     read_timeout_seconds: float = Field(60.0, gt=0)
     max_connections: int = Field(256, gt=0)

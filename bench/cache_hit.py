@@ -75,7 +75,10 @@ async def prefill(redis_url: str, prefix: str) -> str:
     raw = await keys.create("bench", "bench")
     principal = await keys.resolve(raw)
     assert principal is not None
-    params = ChatCompletionRequest.model_validate(BODY).to_params(Settings().retrieval.top_k)
+    defaults = Settings()
+    params = ChatCompletionRequest.model_validate(BODY).to_params(
+        defaults.retrieval.top_k, defaults.llm.default_max_tokens
+    )
     completion = Completion(
         content="The capital of France is Paris.",
         finish_reason="stop",

@@ -141,11 +141,6 @@ class RequestContext:
     finished: bool = False
     records: list[StageRecord] = field(default_factory=list)
 
-    @classmethod
-    def for_auth(cls, credential: str | None) -> RequestContext:
-        """A context that only carries a credential, for routes that authenticate and stop."""
-        return cls(params=ChatParams(model="", messages=[]), credential=credential, deadline=0.0)
-
     def respond(self, completion: Completion) -> None:
         """Hand back a final answer now; the runner skips the remaining stages."""
         self.completion = completion

@@ -2,7 +2,7 @@
 
 httpx errors and upstream error responses are converted here into the pipeline's errors:
 cannot connect -> 503, no answer in time -> 504, the upstream refusing the request -> 400/404
-with its message, the upstream failing -> 502.
+with its message, the upstream failing or dropping the connection mid-answer -> 502.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def convert_transport_error(exc: httpx.HTTPError, base_url: str) -> PipelineErro
         )
     if isinstance(exc, httpx.TimeoutException):
         return DeadlineExceeded(f"The model server did not answer in time ({type(exc).__name__}).")
-    return ServiceUnavailable(
-        f"The connection to the model server failed ({type(exc).__name__}).",
-        code="upstream_unavailable",
+    return UpstreamError(
+        f"The connection to the model server broke ({type(exc).__name__}).",
+        code="upstream_failed",
     )
 
 

@@ -22,7 +22,7 @@ async def create_chat_completion(
 ) -> Response:
     settings = services.settings
     ctx = RequestContext(
-        params=body.to_params(settings.retrieval.top_k),
+        params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
         credential=bearer_token(request),
         deadline=asyncio.get_running_loop().time() + settings.server.request_timeout_seconds,
         cache_control=CacheControl.parse(request.headers.get("cache-control")),

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.auth import IngestPrincipal, RetrievePrincipal
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable
+from pipeline.search import PassageSearch
 from retrieval import Document, DocumentError, IngestResult
 
 router = APIRouter(tags=["retrieval"])
@@ -56,17 +57,17 @@ def _ingest_body(result: IngestResult) -> dict[str, Any]:
     }
 
 
-def _require_retrieval(services: ServicesDep) -> None:
+def _search(services: ServicesDep) -> PassageSearch:
     if services.retrieval is None:
         raise ServiceUnavailable("Retrieval is switched off on this server.", code="disabled")
+    return services.retrieval
 
 
 @router.post("/v1/documents")
 async def ingest_documents(
     body: IngestRequest, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
-    _require_retrieval(services)
-    assert services.retrieval is not None
+    search = _search(services)
     limit = services.settings.retrieval.max_batch_documents
     if len(body.documents) > limit:
         raise PayloadTooLarge(
@@ -82,7 +83,7 @@ async def ingest_documents(
         except DocumentError as exc:
             raise InvalidRequest(str(exc), param=f"documents.{position}") from exc
     try:
-        result = await services.retrieval.ingest(principal.tenant, documents)
+        result = await search.ingest(principal.tenant, documents)
     except DocumentError as exc:
         error = PayloadTooLarge if exc.too_large else InvalidRequest
         raise error(str(exc), param="documents") from exc
@@ -93,9 +94,7 @@ async def ingest_documents(
 async def delete_document(
     document_id: str, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
-    _require_retrieval(services)
-    assert services.retrieval is not None
-    result = await services.retrieval.delete(principal.tenant, [document_id])
+    result = await _search(services).delete(principal.tenant, [document_id])
     return {**_ingest_body(result), "object": "delete.result", "deleted": result.documents > 0}
 
 
@@ -103,9 +102,7 @@ async def delete_document(
 async def retrieve(
     body: RetrieveRequest, services: ServicesDep, principal: RetrievePrincipal
 ) -> dict[str, Any]:
-    _require_retrieval(services)
-    assert services.retrieval is not None
-    result = await services.retrieval.search(
+    result = await _search(services).search(
         principal.tenant, body.query, top_k=body.top_k, filters=body.filters
     )
     return {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline import attributes as attr
-from pipeline.context import RequestContext
+from pipeline.context import Principal, RequestContext
 from pipeline.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
 from pipeline.keys import ApiKeyStore
 from pipeline.kv import StoreUnavailable
@@ -18,6 +18,12 @@ class Authenticate:
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         credential, ctx.credential = ctx.credential, None  # the raw key goes no further
+        ctx.principal = await self.authenticate(credential)
+        ctx.annotate(**{attr.TENANT: ctx.principal.tenant})
+        return ctx
+
+    async def authenticate(self, credential: str | None) -> Principal:
+        """The principal behind a bearer credential, or the error that ends the request."""
         if not credential:
             raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
         try:
@@ -31,6 +37,4 @@ class Authenticate:
             raise AuthenticationFailed()
         if not principal.can(self.scope):
             raise PermissionDenied(f"This API key lacks the '{self.scope}' scope.")
-        ctx.principal = principal
-        ctx.annotate(**{attr.TENANT: principal.tenant})
-        return ctx
+        return principal

@@ -96,6 +96,15 @@ async def test_identical_request_is_a_cache_hit_without_calling_the_llm(harness)
     assert not any(n.startswith("chat ") or n == "stage generate" for n in names), names
 
 
+async def test_a_cached_answer_is_never_served_before_auth(harness) -> None:
+    key = await harness.key()
+    request = body(unique_question())
+    assert (await harness.chat(key, request)).status_code == 200
+    assert (await harness.chat(key, request)).headers["x-cache"] == "hit"
+    assert (await harness.chat(None, request)).status_code == 401
+    assert (await harness.chat("rag-forged.key", request)).status_code == 401
+
+
 async def test_cache_hit_is_replayed_as_sse_when_a_stream_is_asked(harness) -> None:
     key = await harness.key()
     question = unique_question()
@@ -204,6 +213,7 @@ async def test_one_trace_per_request_with_a_span_per_stage_in_order(harness) -> 
         "stage auth",
         "stage validate",
         "stage cache_lookup",
+        "stage retrieve",
         "stage generate",
         "stage cache_store",
     ]
@@ -227,11 +237,13 @@ async def test_explain_reports_each_stage_and_its_duration(harness) -> None:
         "auth",
         "validate",
         "cache_lookup",
+        "retrieve",
         "generate",
         "cache_store",
     ]
     assert all(s["duration_ms"] >= 0 for s in explain["stages"])
-    generate = explain["stages"][3]
+    assert explain["stages"][3]["info"]["retrieval.skipped"] == "no index"
+    generate = explain["stages"][4]
     assert generate["info"]["ttft_ms"] > 0
     assert explain["stages"][2]["info"]["cache.status"] == "miss"
 

@@ -85,6 +85,7 @@ async def test_unknown_model_is_404_model_not_found(harness) -> None:
         ({**BODY, "stream": "yes please"}, "stream"),
         ({**BODY, "rag": {"top_k": 0}}, "rag.top_k"),
         ({**BODY, "rag": {"explian": True}}, "rag.explian"),
+        ({**BODY, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ],
 )
 async def test_invalid_bodies_are_400_naming_the_field(harness, body, param) -> None:
@@ -197,3 +198,41 @@ async def test_llm_failing_with_500_is_502() -> None:
         async for _ in client.stream_chat({"model": "m", "messages": []}):
             pass
     await client.aclose()
+
+
+@pytest.fixture
+async def breaking_upstream() -> AsyncIterator[str]:
+    """A real TCP server that starts a streamed answer, then drops the connection."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for word in (b"Half", b" an"):
+            event = b'data: {"choices": [{"index": 0, "delta": {"content": "' + word + b'"}}]}\n\n'
+            writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            await writer.drain()
+        writer.close()  # no terminating chunk: the peer vanished mid-answer
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+
+
+async def test_upstream_dropping_mid_stream_ends_the_stream_with_an_error_and_caches_nothing(
+    make_app, redis_server, breaking_upstream
+) -> None:
+    async with make_app(make_settings(redis_server.url, breaking_upstream)) as harness:
+        key = await harness.key()
+        streamed = await harness.chat(key, {**BODY, "stream": True})
+        assert streamed.status_code == 200
+        events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert "[DONE]" not in events
+        assert '"content":"Half"' in streamed.text
+        assert events[-1].startswith('{"error"')
+        assert '"code":"upstream_failed"' in events[-1]
+        plain = await harness.chat(key, BODY)
+        # A cached half answer would come back as a 200 hit; it must fail upstream again.
+        assert_openai_error(plain, 502, "api_error")

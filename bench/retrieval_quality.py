@@ -1,0 +1,127 @@
+"""Retrieval quality on SciFact TEST: BM25 alone, dense alone (full corpus, FAISS), the cascade.
+
+    .venv/bin/python -m bench.retrieval_quality
+
+Each SciFact document is indexed as one chunk (title + abstract, no splitting), through a real
+IndexStore, so the numbers are those of the code the service runs. The cascade uses
+HybridRetriever's defaults (tuned on train by bench.retrieval_tune). Reference rows: full-corpus
+reciprocal-rank fusion (k=60) and BM25's top 100 re-ranked by the vector score alone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bench.retrieval_data import (
+    CachedEmbedder,
+    load_qrels,
+    load_queries,
+    ndcg_at_k,
+    recall_at_k,
+)
+from bench.retrieval_tune import build_scifact_index
+from retrieval.fusion import ranks
+from retrieval.hybrid import HybridRetriever, dense_search
+from retrieval.index import TenantIndex
+from retrieval.store import IndexStore
+from retrieval.vectors import FloatArray
+
+
+def evaluate(
+    name: str,
+    rank: Callable[[str, FloatArray], list[str]],
+    ids: list[str],
+    queries: dict[str, str],
+    vectors: FloatArray,
+    qrels: dict[str, dict[str, int]],
+) -> tuple[str, float, float, float]:
+    """Mean nDCG@10 and recall@100 of one ranking function, and its mean ms per query."""
+    ndcg = recall = 0.0
+    started = time.perf_counter()
+    for q, vector in zip(ids, vectors, strict=True):
+        ranked = rank(queries[q], vector)
+        ndcg += ndcg_at_k(ranked, qrels[q])
+        recall += recall_at_k(ranked, qrels[q])
+    ms = (time.perf_counter() - started) * 1000 / len(ids)
+    return name, ndcg / len(ids), recall / len(ids), ms
+
+
+def main() -> None:
+    embedder = CachedEmbedder()
+    qrels = load_qrels("test")
+    queries = load_queries()
+    ids = sorted(qrels, key=int)
+    vectors = embedder.embed([queries[q] for q in ids])
+    with tempfile.TemporaryDirectory() as tmp:
+        index = build_scifact_index(Path(tmp), embedder)
+    retriever = HybridRetriever(IndexStore(Path("/nonexistent"), embedder))
+    docs = index.records.document_id
+
+    def bm25(query: str, vector: FloatArray) -> list[str]:
+        result = retriever.search_index(index, query, None, top_k=100)
+        return [h.document_id for h in result.hits]
+
+    def dense(query: str, vector: FloatArray) -> list[str]:
+        return [h.document_id for h in dense_search(index, vector, top_k=100).hits]
+
+    def cascade(query: str, vector: FloatArray) -> list[str]:
+        result = retriever.search_index(index, query, vector, top_k=100)
+        return [h.document_id for h in result.hits]
+
+    def full_rrf(query: str, vector: FloatArray) -> list[str]:
+        scores, _ = index.bm25.scores(_tokens(query))
+        fused = 1 / (60 + ranks(scores)) + 1 / (60 + ranks(np.asarray(index.vectors @ vector)))
+        return [docs[i] for i in np.argsort(-fused, kind="stable")[:100]]
+
+    def rerank_only(query: str, vector: FloatArray) -> list[str]:
+        rows = _bm25_top(index, query, 100)
+        order = np.argsort(-(index.vectors[rows] @ vector), kind="stable")
+        return [docs[i] for i in rows[order]]
+
+    rows = [
+        evaluate("BM25 alone", bm25, ids, queries, vectors, qrels),
+        evaluate(
+            "dense alone (FAISS IndexFlatIP, full corpus)", dense, ids, queries, vectors, qrels
+        ),
+        evaluate(
+            f"cascade: BM25 top-{retriever.candidates} -> vectors -> {retriever.fusion} fusion "
+            f"(w={retriever.vector_weight})",
+            cascade,
+            ids,
+            queries,
+            vectors,
+            qrels,
+        ),
+        evaluate(
+            "reference: RRF k=60 of both full rankings", full_rrf, ids, queries, vectors, qrels
+        ),
+        evaluate(
+            "reference: BM25 top-100 by vector alone", rerank_only, ids, queries, vectors, qrels
+        ),
+    ]
+    print(f"SciFact test: {len(ids)} queries, {len(index)} documents (one chunk each)")
+    print("| ranking | nDCG@10 | recall@100 | ms/query |")
+    print("| --- | --- | --- | --- |")
+    for name, ndcg, recall, ms in rows:
+        print(f"| {name} | {ndcg:.3f} | {recall:.3f} | {ms:.2f} |")
+
+
+def _tokens(query: str) -> list[str]:
+    from retrieval.tokenize import tokenize
+
+    return tokenize(query)
+
+
+def _bm25_top(index: TenantIndex, query: str, n: int) -> np.ndarray:
+    scores, matched = index.bm25.scores(_tokens(query))
+    rows = np.flatnonzero(matched)
+    return rows[np.argsort(-scores[rows], kind="stable")[:n]]
+
+
+if __name__ == "__main__":
+    main()

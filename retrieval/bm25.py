@@ -1,0 +1,140 @@
+"""Sparse-matrix BM25 that scores exactly as `rank_bm25.BM25Okapi`.
+
+Every (chunk, term) weight `idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avglen))` is
+computed once when the index is built and stored column-wise (CSC), so a query only adds up the
+posting columns of its terms. The IDF follows rank-bm25 to the letter: `ln(N - df + 0.5) -
+ln(df + 0.5)`, and a term whose IDF is negative gets `epsilon * average_idf` instead, the average
+taken over every term of the index before that floor.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from scipy import sparse
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+ScoreArray = npt.NDArray[np.float32]
+
+
+def count_terms(token_lists: Iterable[Sequence[str]], vocab: dict[str, int]) -> sparse.csr_array:
+    """Term-count matrix (rows: passages, columns: `vocab` ids); new terms are added to vocab."""
+    rows: list[int] = []
+    cols: list[int] = []
+    n = 0
+    for n, tokens in enumerate(token_lists, start=1):
+        for token in tokens:
+            cols.append(vocab.setdefault(token, len(vocab)))
+        rows.extend([n - 1] * len(tokens))
+    data = np.ones(len(cols), dtype=np.int32)
+    coo = sparse.coo_array(
+        (data, (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))),
+        shape=(n, len(vocab)),
+    )
+    return _canonical(coo.tocsr())
+
+
+def stack_rows(parts: Sequence[sparse.csr_array], n_terms: int) -> sparse.csr_array:
+    """Stack term-frequency matrices built against growing versions of one vocabulary."""
+    widened = [
+        sparse.csr_array((p.data, p.indices, p.indptr), shape=(p.shape[0], n_terms)) for p in parts
+    ]
+    return _canonical(sparse.vstack(widened, format="csr"))
+
+
+def drop_unused_terms(tf: sparse.csr_array, terms: list[str]) -> tuple[sparse.csr_array, list[str]]:
+    """Remove the terms no passage holds any more, so IDF averages over live terms only."""
+    used = np.zeros(len(terms), dtype=np.bool_)
+    used[tf.indices] = True
+    if used.all():
+        return tf, terms
+    remap = np.cumsum(used) - 1
+    compact = sparse.csr_array(
+        (tf.data, remap[tf.indices].astype(np.int32), tf.indptr),
+        shape=(tf.shape[0], int(used.sum())),
+    )
+    return compact, [t for t, keep in zip(terms, used, strict=True) if keep]
+
+
+def _canonical(m: sparse.csr_array | sparse.coo_array) -> sparse.csr_array:
+    csr = sparse.csr_array(m)
+    csr.sum_duplicates()
+    csr.indices = csr.indices.astype(np.int32, copy=False)
+    csr.data = csr.data.astype(np.int32, copy=False)
+    return csr
+
+
+class BM25Index:
+    """BM25 weights of a fixed set of passages, scored by term-id queries.
+
+    `tf` is the passages x terms matrix of term counts; `vocab` maps a token to its column.
+    """
+
+    def __init__(
+        self,
+        tf: sparse.csr_array,
+        vocab: dict[str, int],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        epsilon: float = 0.25,
+    ) -> None:
+        self.vocab = vocab
+        self.size = int(tf.shape[0])
+        n_terms = int(tf.shape[1])
+        csc = sparse.csc_array(tf)
+        csc.sum_duplicates()
+        self._indptr = csc.indptr.astype(np.int64)
+        self._rows = csc.indices.astype(np.int32)
+        if self.size == 0:
+            self._weights = np.zeros(0, dtype=np.float32)
+            self.idf = np.zeros(n_terms)
+            self._nonpositive = False
+            return
+        doc_len = np.asarray(tf.sum(axis=1), dtype=np.float64).ravel()
+        avgdl = float(doc_len.sum()) / self.size
+        df = np.diff(self._indptr).astype(np.float64)
+        live = df > 0
+        idf = np.log(self.size - df + 0.5) - np.log(df + 0.5)
+        average_idf = float(idf[live].mean()) if live.any() else 0.0
+        idf[live & (idf < 0)] = epsilon * average_idf
+        idf[~live] = 0.0
+        self.idf = idf
+        freq = csc.data.astype(np.float64)
+        norm = k1 * (1 - b + b * doc_len[self._rows] / avgdl) if avgdl > 0 else k1 * (1 - b)
+        term_of_entry = np.repeat(np.arange(n_terms), np.diff(self._indptr))
+        self._weights = (idf[term_of_entry] * freq * (k1 + 1) / (freq + norm)).astype(np.float32)
+        # With every IDF positive, a score is > 0 exactly when the passage holds a query term,
+        # which spares tracking the matched passages separately.
+        self._nonpositive = bool((idf[live] <= 0).any())
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the posting arrays."""
+        return int(self._indptr.nbytes + self._rows.nbytes + self._weights.nbytes + self.idf.nbytes)
+
+    def term_ids(self, tokens: Sequence[str]) -> Counter[int]:
+        """Query tokens -> {term id: times it occurs}; tokens the index has never seen drop out."""
+        return Counter(self.vocab[t] for t in tokens if t in self.vocab)
+
+    def scores(self, tokens: Sequence[str]) -> tuple[ScoreArray, BoolArray]:
+        """BM25 score of every passage, and which passages hold at least one query term."""
+        score = np.zeros(self.size, dtype=np.float32)
+        touched: BoolArray | None = (
+            np.zeros(self.size, dtype=np.bool_) if self._nonpositive else None
+        )
+        for term, times in self.term_ids(tokens).items():
+            start, end = self._indptr[term], self._indptr[term + 1]
+            rows = self._rows[start:end]
+            weights = self._weights[start:end]
+            # Rows are unique within a column, so fancy-index += adds each weight once.
+            score[rows] += weights * times if times > 1 else weights
+            if touched is not None:
+                touched[rows] = True
+        if touched is None:
+            touched = score > 0
+        return score, touched

@@ -1,0 +1,141 @@
+"""Documents as the caller gives them, and the chunks (passages) that are indexed.
+
+A `Document` is validated when it is built, so a bad one never reaches an index: an empty text, an
+id that is empty, too long or holds whitespace, control characters or `#` (the chunk-id separator),
+or a metadata value that is not a string, a finite number, a bool or a list of strings all raise
+`DocumentError`. A document too large to index raises `DocumentError` with `too_large=True`, which
+the HTTP layer answers with 413.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+MetadataValue: TypeAlias = str | int | float | bool | list[str]
+Metadata: TypeAlias = dict[str, MetadataValue]
+
+_ID = re.compile(r"[^\s#\x00-\x1f\x7f]{1,256}")
+_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_WORD = re.compile(r"\S+")
+
+DEFAULT_MAX_WORDS = 180
+DEFAULT_OVERLAP_WORDS = 30
+
+
+class DocumentError(ValueError):
+    """A document that cannot be indexed; `too_large` marks the size failure (HTTP 413)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+def _check_metadata(metadata: object) -> Metadata:
+    if not isinstance(metadata, dict):
+        raise DocumentError("metadata must be an object of key -> value")
+    checked: Metadata = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise DocumentError(f"metadata key {key!r} must match {_KEY.pattern}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DocumentError(f"metadata {key!r}: numbers must be finite")
+        if isinstance(value, str | int | float | bool):
+            checked[key] = value
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            checked[key] = list(value)
+        else:
+            raise DocumentError(
+                f"metadata {key!r}: value must be a string, number, bool or list of strings, "
+                f"not {type(value).__name__}"
+            )
+    return checked
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document to index: `id` unique within a tenant, `text` non-empty.
+
+    Metadata values are strings, finite numbers, bools or lists of strings; they are copied onto
+    every chunk and are what filters match.
+    """
+
+    id: str
+    text: str
+    title: str = ""
+    metadata: Metadata = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
+            raise DocumentError(
+                f"document id {self.id!r} must be 1-256 characters without whitespace or '#'"
+            )
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise DocumentError(f"document {self.id!r} has empty text")
+        if not isinstance(self.title, str):
+            raise DocumentError(f"document {self.id!r}: title must be a string")
+        # Frozen, but the dict would still be shared with the caller: keep a private copy.
+        object.__setattr__(self, "metadata", _check_metadata(self.metadata))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One indexed passage of a document; `chunk_id` is `f"{document_id}#{n}"`."""
+
+    chunk_id: str
+    document_id: str
+    text: str
+    title: str
+    metadata: Metadata
+
+    @property
+    def indexed_text(self) -> str:
+        """The text that is tokenised for BM25 and embedded."""
+        return indexed_text(self.title, self.text)
+
+
+def indexed_text(title: str, text: str) -> str:
+    """A passage as it is tokenised and embedded: the title leads every passage of a document."""
+    return f"{title}\n{text}" if title else text
+
+
+def chunk_document(
+    doc: Document,
+    *,
+    max_words: int = DEFAULT_MAX_WORDS,
+    overlap_words: int = DEFAULT_OVERLAP_WORDS,
+    max_chars: int | None = None,
+) -> list[Chunk]:
+    """Split a document into passages of at most `max_words` words, `overlap_words` shared.
+
+    Passages are slices of the original text (its line breaks kept). 180 words keeps a passage
+    with its title inside MiniLM's 256-wordpiece window, so nothing embedded is truncated.
+    """
+    if max_words < 1 or not 0 <= overlap_words < max_words:
+        raise ValueError("need max_words >= 1 and 0 <= overlap_words < max_words")
+    if max_chars is not None and len(doc.text) > max_chars:
+        raise DocumentError(
+            f"document {doc.id!r} has {len(doc.text)} characters; the limit is {max_chars}",
+            too_large=True,
+        )
+    spans = [m.span() for m in _WORD.finditer(doc.text)]
+    step = max_words - overlap_words
+    chunks: list[Chunk] = []
+    start = 0
+    while True:
+        window = spans[start : start + max_words]
+        text = doc.text[window[0][0] : window[-1][1]]
+        chunks.append(
+            Chunk(
+                chunk_id=f"{doc.id}#{len(chunks)}",
+                document_id=doc.id,
+                text=text,
+                title=doc.title,
+                metadata=doc.metadata,
+            )
+        )
+        if start + max_words >= len(spans):
+            return chunks
+        start += step

@@ -1,0 +1,249 @@
+"""The retrieval cascade: metadata filter -> BM25 candidates -> vector scores of those candidates
+only -> fusion. Also BM25-only and dense-only rankings, for the benchmarks and for comparison.
+
+The candidate count and fusion defaults were chosen on SciFact's train split with
+`python -m bench.retrieval_tune` (see bench/results/retrieval.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from retrieval.documents import Metadata
+from retrieval.filters import Filter
+from retrieval.fusion import FusionMethod, fuse
+from retrieval.index import TenantIndex
+from retrieval.store import IndexStore
+from retrieval.tokenize import tokenize
+from retrieval.vectors import FloatArray, candidate_scores
+from retrieval.versions import NO_VERSION
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+# Tuned on SciFact train (bench/retrieval_tune.py): min-max fusion beat every RRF setting
+# (0.735 vs 0.730 nDCG@10), and N from 50 to 1000 is a plateau within 0.002, so the fewest
+# candidates on it are taken.
+DEFAULT_CANDIDATES = 100
+DEFAULT_FUSION: FusionMethod = "minmax"
+DEFAULT_VECTOR_WEIGHT = 0.65
+DEFAULT_RRF_K = 60.0
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk; `score` is the fused score (or the single ranking's score)."""
+
+    chunk_id: str
+    document_id: str
+    score: float
+    text: str
+    title: str
+    metadata: Metadata
+    bm25_score: float | None
+    vector_score: float | None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Hits best first; `candidates` scored by vectors, `allowed` chunks passing the filter;
+    `timings_ms` has the keys filter, bm25, vector, fusion; `version` of the index searched."""
+
+    hits: list[Hit]
+    candidates: int
+    allowed: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    version: str = NO_VERSION
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000.0
+
+
+def select_candidates(
+    scores: npt.NDArray[np.float32],
+    matched: BoolArray,
+    mask: BoolArray | None,
+    allowed: int,
+    limit: int,
+    *,
+    by_vector: bool,
+) -> IntArray:
+    """Rows of the BM25 candidates: the `limit` best-scoring allowed chunks that hold a query
+    term. When every allowed chunk fits in `limit` and vectors will score them, all of them are
+    candidates, so a paraphrase sharing no term with its passage is still found."""
+    if by_vector and allowed <= limit:
+        return np.flatnonzero(mask) if mask is not None else np.arange(len(scores))
+    rows = np.flatnonzero(matched if mask is None else matched & mask)
+    if len(rows) > limit:
+        rows = rows[np.argpartition(-scores[rows], limit - 1)[:limit]]
+    return rows
+
+
+def top_positions(scores: npt.NDArray[np.floating], k: int, rows: IntArray) -> IntArray:
+    """Positions of the k best scores, best first; ties go to the lower row (deterministic)."""
+    part = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
+    order = np.lexsort((rows[part], -scores[part]))
+    result: IntArray = part[order]
+    return result
+
+
+class HybridRetriever:
+    """Searches a tenant's current index in `store` with the BM25-then-vectors cascade.
+
+    `candidates` is how many BM25 results get a vector score; `fusion`, `vector_weight` and
+    `rrf_k` set how the two rankings are combined (see retrieval.fusion).
+    """
+
+    def __init__(
+        self,
+        store: IndexStore,
+        *,
+        candidates: int = DEFAULT_CANDIDATES,
+        fusion: FusionMethod = DEFAULT_FUSION,
+        vector_weight: float = DEFAULT_VECTOR_WEIGHT,
+        rrf_k: float = DEFAULT_RRF_K,
+    ) -> None:
+        if candidates < 1:
+            raise ValueError("candidates must be >= 1")
+        self.store = store
+        self.candidates = candidates
+        self.fusion = fusion
+        self.vector_weight = vector_weight
+        self.rrf_k = rrf_k
+
+    def search(
+        self,
+        tenant: str,
+        query: str,
+        query_vector: FloatArray | None,
+        *,
+        top_k: int = 5,
+        filters: Filter | None = None,
+    ) -> SearchResult:
+        """Top `top_k` chunks of `tenant` for the query; BM25 only when `query_vector` is None."""
+        index = self.store.current(tenant)
+        if index is None:
+            return SearchResult([], 0, 0, _empty_timings())
+        return self.search_index(index, query, query_vector, top_k=top_k, filters=filters)
+
+    def search_index(
+        self,
+        index: TenantIndex,
+        query: str,
+        query_vector: FloatArray | None,
+        *,
+        top_k: int = 5,
+        filters: Filter | None = None,
+    ) -> SearchResult:
+        """`search` on a given snapshot (what `search` does after picking the tenant's)."""
+        started = time.perf_counter()
+        mask = filters.mask(index.columns) if filters is not None else None
+        allowed = len(index) if mask is None else int(np.count_nonzero(mask))
+        timings = {"filter": _ms(started)}
+
+        started = time.perf_counter()
+        scores, matched = index.bm25.scores(tokenize(query))
+        rows = select_candidates(
+            scores, matched, mask, allowed, self.candidates, by_vector=query_vector is not None
+        )
+        bm25 = scores[rows]
+        is_match = matched[rows]
+        timings["bm25"] = _ms(started)
+
+        started = time.perf_counter()
+        vector = (
+            None if query_vector is None else candidate_scores(index.vectors, rows, query_vector)
+        )
+        timings["vector"] = _ms(started)
+
+        started = time.perf_counter()
+        if vector is None:
+            fused: npt.NDArray[np.floating] = bm25
+        else:
+            fused = fuse(
+                bm25,
+                is_match,
+                vector,
+                method=self.fusion,
+                vector_weight=self.vector_weight,
+                rrf_k=self.rrf_k,
+            )
+        best = top_positions(fused, top_k, rows)
+        hits = [
+            _hit(
+                index,
+                int(rows[i]),
+                float(fused[i]),
+                float(bm25[i]) if is_match[i] else None,
+                None if vector is None else float(vector[i]),
+            )
+            for i in best
+        ]
+        timings["fusion"] = _ms(started)
+        return SearchResult(hits, len(rows), allowed, timings, index.version)
+
+    def search_bm25(
+        self, tenant: str, query: str, *, top_k: int = 10, filters: Filter | None = None
+    ) -> SearchResult:
+        """BM25 alone over the allowed chunks (no vectors)."""
+        index = self.store.current(tenant)
+        if index is None:
+            return SearchResult([], 0, 0, _empty_timings())
+        return self.search_index(index, query, None, top_k=top_k, filters=filters)
+
+    def search_dense(
+        self,
+        tenant: str,
+        query_vector: FloatArray,
+        *,
+        top_k: int = 10,
+        filters: Filter | None = None,
+    ) -> SearchResult:
+        """Vectors alone over the allowed chunks, through FAISS (exact, or HNSW when large)."""
+        index = self.store.current(tenant)
+        if index is None:
+            return SearchResult([], 0, 0, _empty_timings())
+        return dense_search(index, query_vector, top_k=top_k, filters=filters)
+
+
+def dense_search(
+    index: TenantIndex, query_vector: FloatArray, *, top_k: int = 10, filters: Filter | None = None
+) -> SearchResult:
+    """Dense-only top-k over a snapshot."""
+    started = time.perf_counter()
+    mask = filters.mask(index.columns) if filters is not None else None
+    allowed = len(index) if mask is None else int(np.count_nonzero(mask))
+    timings = _empty_timings()
+    timings["filter"] = _ms(started)
+    started = time.perf_counter()
+    rows, scores = index.dense.search(query_vector, top_k, mask)
+    timings["vector"] = _ms(started)
+    hits = [
+        _hit(index, int(r), float(s), None, float(s)) for r, s in zip(rows, scores, strict=True)
+    ]
+    return SearchResult(hits, allowed, allowed, timings, index.version)
+
+
+def _empty_timings() -> dict[str, float]:
+    return {"filter": 0.0, "bm25": 0.0, "vector": 0.0, "fusion": 0.0}
+
+
+def _hit(
+    index: TenantIndex, row: int, score: float, bm25: float | None, vector: float | None
+) -> Hit:
+    r = index.records
+    return Hit(
+        chunk_id=r.chunk_id[row],
+        document_id=r.document_id[row],
+        score=score,
+        text=r.text[row],
+        title=r.title[row],
+        metadata=dict(r.metadata[row]),
+        bm25_score=bm25,
+        vector_score=vector,
+    )

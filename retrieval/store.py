@@ -1,0 +1,327 @@
+"""Per-tenant index snapshots on disk, versioned, swapped atomically, safe across processes.
+
+Layout under `root`, one directory per tenant (tenancy is a security boundary: a tenant's search
+only ever loads its own directory)::
+
+    <tenant>/CURRENT          the published version, replaced atomically (os.replace)
+    <tenant>/.lock            writers hold an fcntl lock on it, so ingests are serialised
+    <tenant>/<version>/       a complete snapshot (see retrieval.snapshots)
+    <tenant>/.tmp-<version>/  a snapshot being written; left over only by a crashed writer
+
+A writer builds the next snapshot in a temp directory, fsyncs it, renames it into place and only
+then replaces CURRENT, so a crash at any point leaves the previous version serving. The next
+writer removes leftovers and keeps the last two versions (a reader that has just read the old
+pointer can still open it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from retrieval.documents import (
+    DEFAULT_MAX_WORDS,
+    DEFAULT_OVERLAP_WORDS,
+    Chunk,
+    Document,
+    chunk_document,
+    indexed_text,
+)
+from retrieval.embeddings import Embedder
+from retrieval.index import TenantIndex, derive
+from retrieval.snapshots import read_snapshot, write_snapshot
+from retrieval.tokenize import tokenize
+from retrieval.vectors import FloatArray
+from retrieval.versions import (
+    NO_VERSION,
+    clean_leftovers,
+    next_version,
+    prune,
+    publish,
+    read_pointer,
+    temp_dir,
+)
+
+_TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What an upsert or delete did: the new version, the documents and chunks it added (upsert)
+    or removed (delete), its wall time, and the index totals after it."""
+
+    version: str
+    documents: int
+    chunks: int
+    seconds: float
+    total_documents: int = 0
+    total_chunks: int = 0
+
+
+@dataclass
+class _Loaded:
+    """What this process knows of one tenant: the loaded snapshot and the last pointer seen."""
+
+    index: TenantIndex | None
+    pointer: str
+    checked: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def check_tenant(tenant: str) -> str:
+    """Return `tenant` if it is a valid tenant name, else raise ValueError."""
+    if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant) or set(tenant) == {"."}:
+        raise ValueError(f"invalid tenant name {tenant!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+    return tenant
+
+
+class IndexStore:
+    """Versioned per-tenant indexes under `root`; `embedder` embeds new chunks at ingest.
+
+    Documents are split into passages of `chunk_words` words (`overlap_words` shared between
+    neighbours); a document longer than `max_document_chars` is refused (DocumentError with
+    too_large). Above `approximate_above` chunks a tenant also gets an HNSW index for dense-only
+    search. `reload_interval_s` bounds how often `current()` looks at the CURRENT pointer.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        embedder: Embedder,
+        *,
+        chunk_words: int = DEFAULT_MAX_WORDS,
+        overlap_words: int = DEFAULT_OVERLAP_WORDS,
+        max_document_chars: int = 1_000_000,
+        approximate_above: int = 200_000,
+        reload_interval_s: float = 0.2,
+    ) -> None:
+        self.root = Path(root)
+        self.embedder = embedder
+        self.chunk_words = chunk_words
+        self.overlap_words = overlap_words
+        self.max_document_chars = max_document_chars
+        self.approximate_above = approximate_above
+        self.reload_interval_s = reload_interval_s
+        # Test hook: called with the temp directory once the snapshot is written, just before
+        # it is published. Lets a test kill a writer at the worst moment.
+        self.before_publish: Callable[[Path], None] | None = None
+        self._loaded: dict[str, _Loaded] = {}
+        self._guard = threading.Lock()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _dir(self, tenant: str) -> Path:
+        return self.root / check_tenant(tenant)
+
+    def _read_pointer(self, tenant: str) -> str:
+        return read_pointer(self._dir(tenant))
+
+    def _entry(self, tenant: str) -> _Loaded:
+        entry = self._loaded.get(tenant)
+        if entry is None:
+            check_tenant(tenant)
+            with self._guard:
+                entry = self._loaded.setdefault(tenant, _Loaded(None, NO_VERSION, -1e18))
+        return entry
+
+    def _pointer(self, entry: _Loaded, tenant: str) -> str:
+        now = time.monotonic()
+        if now - entry.checked >= self.reload_interval_s:
+            entry.pointer = self._read_pointer(tenant)
+            entry.checked = now
+        return entry.pointer
+
+    def _load(self, tenant: str, pointer: str) -> TenantIndex:
+        for _ in range(5):
+            try:
+                return read_snapshot(self._dir(tenant) / pointer)
+            except FileNotFoundError:
+                # Pruned between reading the pointer and opening it: a newer one is published.
+                pointer = self._read_pointer(tenant)
+        return read_snapshot(self._dir(tenant) / pointer)
+
+    def version(self, tenant: str) -> str:
+        """The published version of `tenant`'s index ("0" when it has none). Cheap."""
+        return self._pointer(self._entry(tenant), tenant)
+
+    def current(self, tenant: str) -> TenantIndex | None:
+        """The tenant's loaded snapshot, reloaded when a newer one has been published."""
+        entry = self._entry(tenant)
+        pointer = self._pointer(entry, tenant)
+        index = entry.index
+        if pointer == NO_VERSION or (index is not None and index.version == pointer):
+            return index if pointer != NO_VERSION else None
+        with entry.lock:
+            index = entry.index
+            if index is None or index.version != entry.pointer:
+                index = self._load(tenant, entry.pointer)
+                entry.index = index
+                entry.pointer = index.version
+            return index
+
+    def tenants(self) -> list[str]:
+        """Tenants that have a published index."""
+        if not self.root.exists():
+            return []
+        return sorted(p.parent.name for p in self.root.glob("*/CURRENT"))
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def upsert(self, tenant: str, docs: Sequence[Document], progress: bool = False) -> IngestResult:
+        """Add or replace documents (by id) and publish a new version. CPU heavy: run it in a
+        thread. Only chunks whose text is new are embedded; the others keep their vectors."""
+        started = time.perf_counter()
+        if not docs:
+            return self._unchanged(tenant, started)
+        latest: dict[str, Document] = {d.id: d for d in docs}
+        chunks: list[Chunk] = []
+        for doc in latest.values():
+            chunks.extend(
+                chunk_document(
+                    doc,
+                    max_words=self.chunk_words,
+                    overlap_words=self.overlap_words,
+                    max_chars=self.max_document_chars,
+                )
+            )
+        tokens = [tokenize(c.indexed_text) for c in chunks]
+        # Embed outside the lock (it is the slow part), reusing what the current version has.
+        known = _known_vectors(self.current(tenant), set(latest))
+        self._embed_missing(chunks, known, progress)
+        with self._writer(tenant) as old:
+            # Another writer may have published in between: take its vectors too.
+            known.update(_known_vectors(old, set(latest)))
+            self._embed_missing(chunks, known, progress)
+            vectors = np.stack([known[c.indexed_text] for c in chunks]) if chunks else None
+            index = self._publish(tenant, old, set(latest), chunks, tokens, vectors)
+        return IngestResult(
+            index.version,
+            len(latest),
+            len(chunks),
+            time.perf_counter() - started,
+            index.documents,
+            len(index),
+        )
+
+    def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
+        """Remove documents by id and publish a new version (none when no id is indexed)."""
+        started = time.perf_counter()
+        with self._writer(tenant) as old:
+            present = {d for d in document_ids if old is not None and d in old.rows_by_document}
+            if old is None or not present:
+                return self._unchanged(tenant, started)
+            removed = sum(len(old.rows_by_document[d]) for d in present)
+            index = self._publish(tenant, old, present, [], [], None)
+        return IngestResult(
+            index.version,
+            len(present),
+            removed,
+            time.perf_counter() - started,
+            index.documents,
+            len(index),
+        )
+
+    def _unchanged(self, tenant: str, started: float) -> IngestResult:
+        """The result of a call that changed nothing (no version is published)."""
+        index = self.current(tenant)
+        return IngestResult(
+            index.version if index else NO_VERSION,
+            0,
+            0,
+            time.perf_counter() - started,
+            index.documents if index else 0,
+            len(index) if index else 0,
+        )
+
+    def _embed_missing(
+        self, chunks: list[Chunk], known: dict[str, FloatArray], progress: bool
+    ) -> None:
+        missing = list(dict.fromkeys(c.indexed_text for c in chunks if c.indexed_text not in known))
+        if not missing:
+            return
+        step = 64  # small calls, so a query sharing the embedder waits at most one of them
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(missing), unit="chunk", desc="embedding")
+        for start in range(0, len(missing), step):
+            batch = missing[start : start + step]
+            known.update(zip(batch, self.embedder.embed(batch), strict=True))
+            if bar is not None:
+                bar.update(len(batch))
+        if bar is not None:
+            bar.close()
+
+    @contextmanager
+    def _writer(self, tenant: str) -> Iterator[TenantIndex | None]:
+        """Hold the tenant's write lock; yield the latest published snapshot (from disk)."""
+        directory = self._dir(tenant)
+        directory.mkdir(parents=True, exist_ok=True)
+        with (directory / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                pointer = self._read_pointer(tenant)
+                cached = self._entry(tenant).index
+                if pointer == NO_VERSION:
+                    yield None
+                elif cached is not None and cached.version == pointer:
+                    yield cached
+                else:
+                    yield self._load(tenant, pointer)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _publish(
+        self,
+        tenant: str,
+        old: TenantIndex | None,
+        remove: set[str],
+        chunks: list[Chunk],
+        tokens: list[list[str]],
+        vectors: FloatArray | None,
+    ) -> TenantIndex:
+        directory = self._dir(tenant)
+        clean_leftovers(directory)
+        version = next_version(directory)
+        if vectors is None:
+            vectors = np.zeros((0, self.embedder.dimension), dtype=np.float32)
+        index = derive(
+            old,
+            version,
+            remove=remove,
+            chunks=chunks,
+            tokens=tokens,
+            vectors=vectors,
+            approximate_above=self.approximate_above,
+        )
+        temp = temp_dir(directory, version)
+        write_snapshot(index, temp)
+        if self.before_publish is not None:
+            self.before_publish(temp)
+        publish(directory, version)
+        prune(directory, current=version, previous=old.version if old else None)
+        entry = self._entry(tenant)
+        entry.index, entry.pointer, entry.checked = index, version, time.monotonic()
+        return index
+
+
+def _known_vectors(index: TenantIndex | None, doc_ids: set[str]) -> dict[str, FloatArray]:
+    """Stored vectors of the chunks of `doc_ids`, by indexed text (to skip re-embedding them)."""
+    if index is None:
+        return {}
+    known: dict[str, FloatArray] = {}
+    records = index.records
+    for doc_id in doc_ids:
+        for row in index.rows_by_document.get(doc_id, []):
+            text = indexed_text(records.title[row], records.text[row])
+            known[text] = np.asarray(index.vectors[row])
+    return known

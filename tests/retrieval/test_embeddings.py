@@ -1,0 +1,90 @@
+"""The embedder's output, and the batcher's batching of concurrent queries."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from retrieval.embeddings import Embedder, QueryBatcher
+
+from .conftest import CountingEmbedder
+
+QUERIES = [f"question number {i} about {topic}" for i, topic in enumerate(
+    ["heart disease", "python code", "volcanoes", "bread", "tides", "jazz", "insulin", "rust"] * 3
+)]  # fmt: skip
+
+
+def test_embeddings_are_unit_float32_rows_and_similar_texts_are_close(embedder: Embedder) -> None:
+    vectors = embedder.embed(["a cat sat on the mat", "a kitten sat on a rug", "stock markets"])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2
+    assert embedder.embed([]).shape == (0, 384)
+
+
+async def test_query_batcher_batches_concurrent_callers_with_unbatched_results(
+    counting_embedder: CountingEmbedder,
+) -> None:
+    batcher = QueryBatcher(counting_embedder, max_batch=32, window_ms=20.0)
+    try:
+        results = await asyncio.gather(*(batcher.embed(q) for q in QUERIES))
+    finally:
+        await batcher.aclose()
+    assert sum(counting_embedder.calls) == len(QUERIES)
+    assert len(counting_embedder.calls) <= 2, counting_embedder.calls
+    for query, vector in zip(QUERIES, results, strict=True):
+        alone = counting_embedder.embed([query])[0]
+        np.testing.assert_allclose(vector, alone, atol=1e-5)
+
+
+async def test_query_batcher_respects_max_batch(counting_embedder: CountingEmbedder) -> None:
+    batcher = QueryBatcher(counting_embedder, max_batch=5, window_ms=50.0)
+    try:
+        await asyncio.gather(*(batcher.embed(q) for q in QUERIES[:12]))
+    finally:
+        await batcher.aclose()
+    assert max(counting_embedder.calls) <= 5 and sum(counting_embedder.calls) == 12
+
+
+async def test_query_batcher_keeps_the_event_loop_free(counting_embedder: CountingEmbedder) -> None:
+    batcher = QueryBatcher(counting_embedder, window_ms=1.0)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        await asyncio.gather(*(batcher.embed(q * 20) for q in QUERIES))
+    finally:
+        task.cancel()
+        await batcher.aclose()
+    assert ticks > 3
+
+
+async def test_closed_batcher_refuses_new_queries(counting_embedder: CountingEmbedder) -> None:
+    batcher = QueryBatcher(counting_embedder)
+    await batcher.embed("hello")
+    await batcher.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await batcher.embed("again")
+
+
+async def test_embed_errors_reach_every_caller_of_the_batch(embedder: Embedder) -> None:
+    class Broken(Embedder):
+        def embed(self, texts: list[str]) -> np.ndarray:
+            raise OSError("model gone")
+
+    batcher = QueryBatcher(Broken(), window_ms=10.0)
+    try:
+        results = await asyncio.gather(
+            *(batcher.embed(q) for q in QUERIES[:3]), return_exceptions=True
+        )
+    finally:
+        await batcher.aclose()
+    assert all(isinstance(r, OSError) for r in results)

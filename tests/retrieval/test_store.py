@@ -1,0 +1,187 @@
+"""Ingest, replace, delete, versions, and snapshots that survive concurrency and crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from retrieval.documents import Document
+from retrieval.embeddings import Embedder
+from retrieval.hybrid import HybridRetriever, SearchResult
+from retrieval.store import IndexStore
+
+from .conftest import CORPUS, CountingEmbedder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _search(store: IndexStore, embedder: Embedder, query: str, tenant: str = "t") -> SearchResult:
+    return HybridRetriever(store).search(tenant, query, embedder.embed([query])[0], top_k=3)
+
+
+def test_ingest_then_search_finds_the_document(store: IndexStore, embedder: Embedder) -> None:
+    result = store.upsert("t", CORPUS)
+    assert (result.documents, result.chunks) == (len(CORPUS), len(CORPUS))
+    found = _search(store, embedder, "what causes ocean tides")
+    assert found.hits[0].document_id == "tides"
+    assert found.version == result.version == store.version("t")
+    assert set(found.timings_ms) == {"filter", "bm25", "vector", "fusion"}
+
+
+def test_reingesting_a_document_replaces_it(store: IndexStore, embedder: Embedder) -> None:
+    store.upsert("t", CORPUS)
+    store.upsert("t", [Document("tides", "Glaciers carve valleys as they slowly move downhill.")])
+    index = store.current("t")
+    assert index is not None and index.documents == len(CORPUS)
+    texts = [h.text for h in _search(store, embedder, "glaciers carving valleys").hits]
+    assert texts[0] == "Glaciers carve valleys as they slowly move downhill."
+    assert all("Moon" not in h.text for h in _search(store, embedder, "moon gravity tides").hits)
+
+
+def test_delete_removes_the_document(store: IndexStore, embedder: Embedder) -> None:
+    store.upsert("t", CORPUS)
+    result = store.delete("t", ["jazz", "not-there"])
+    assert (result.documents, result.chunks, result.total_documents) == (1, 1, len(CORPUS) - 1)
+    hits = _search(store, embedder, "jazz music from New Orleans").hits
+    assert "jazz" not in {h.document_id for h in hits}
+
+
+def test_every_ingest_and_delete_publishes_a_new_version(store: IndexStore) -> None:
+    assert store.version("t") == "0" and store.current("t") is None
+    versions = [store.upsert("t", CORPUS[:2]).version]
+    versions.append(store.upsert("t", CORPUS[:2]).version)
+    versions.append(store.delete("t", ["aspirin"]).version)
+    assert len(set(versions)) == 3 and store.version("t") == versions[-1]
+    # Only the last two versions are kept on disk.
+    on_disk = sorted(p.name for p in (store.root / "t").iterdir() if not p.name.startswith("."))
+    assert on_disk == sorted(["CURRENT", *versions[-2:]])
+
+
+def test_only_new_text_is_embedded_on_reingest(
+    tmp_path: Path, counting_embedder: CountingEmbedder
+) -> None:
+    store = IndexStore(tmp_path, counting_embedder)
+    store.upsert("t", CORPUS)
+    assert sum(counting_embedder.calls) == len(CORPUS)
+    store.upsert("t", [*CORPUS[:3], Document("new", "A brand new passage about owls.")])
+    assert sum(counting_embedder.calls) == len(CORPUS) + 1
+
+
+def test_another_store_on_the_same_root_sees_new_versions(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    reader = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    store.upsert("t", CORPUS[:3])
+    first = reader.current("t")
+    assert first is not None and len(first) == 3
+    store.upsert("t", CORPUS[3:6])
+    second = reader.current("t")
+    assert second is not None and len(second) == 6 and second.version == store.version("t")
+
+
+def test_snapshots_published_during_searches_do_not_disturb_them(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    store.upsert("t", CORPUS)
+    fast = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    retriever = HybridRetriever(fast)
+    query = "aspirin heart attack"
+    vector = embedder.embed([query])[0]
+    seen: list[SearchResult] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def search_loop() -> None:
+        try:
+            while not stop.is_set():
+                seen.append(retriever.search("t", query, vector, top_k=3))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search_loop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    versions = {}
+    for i in range(4):
+        extra = Document(f"extra{i}", f"Aspirin trial number {i} on heart attack prevention.")
+        versions[store.upsert("t", [extra]).version] = i + 1
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({r.version for r in seen}) >= 2
+    for result in seen:
+        # Each result is internally consistent with the version it reports.
+        extras = {h.document_id for h in result.hits if h.document_id.startswith("extra")}
+        allowed = {f"extra{i}" for i in range(versions.get(result.version, 0))}
+        assert extras <= allowed
+        assert result.allowed == len(CORPUS) + versions.get(result.version, 0)
+
+
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from retrieval import Document, Embedder, IndexStore
+store = IndexStore(Path(sys.argv[1]), Embedder())
+def hang(path):
+    print("written", path, flush=True)
+    time.sleep(120)
+store.before_publish = hang
+store.upsert("t", [Document("intruder", "A document that must never be published.")])
+"""
+
+
+def test_killed_ingest_leaves_the_old_version_serving_and_the_store_writable(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    before = store.upsert("t", CORPUS).version
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_KILLED_WRITER), str(store.root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("written"), line
+            temp = Path(line.split()[1])
+            assert (temp / "meta.json").exists()
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    fresh = IndexStore(store.root, embedder)
+    assert fresh.version("t") == before
+    index = fresh.current("t")
+    assert index is not None and "intruder" not in index.rows_by_document
+    assert _search(fresh, embedder, "never be published").hits[0].document_id != "intruder"
+
+    after = fresh.upsert("t", [Document("later", "Written after the crash.")])
+    assert after.version != before and after.total_documents == len(CORPUS) + 1
+    assert not temp.exists()
+
+
+@pytest.mark.parametrize("tenant", ["", "../etc", "a/b", ".", "..", "x" * 65, "sp ace"])
+def test_invalid_tenant_names_are_refused(store: IndexStore, tenant: str) -> None:
+    with pytest.raises(ValueError, match="invalid tenant"):
+        store.version(tenant)
+    with pytest.raises(ValueError, match="invalid tenant"):
+        store.upsert(tenant, CORPUS[:1])
+
+
+def test_calls_that_change_nothing_publish_no_version(store: IndexStore) -> None:
+    assert store.delete("t", ["x"]).version == "0" and not (store.root / "t" / "CURRENT").exists()
+    version = store.upsert("t", CORPUS[:2]).version
+    assert store.upsert("t", []).version == version
+    unchanged = store.delete("t", ["not-there"])
+    assert (unchanged.version, unchanged.documents, unchanged.total_documents) == (version, 0, 2)
