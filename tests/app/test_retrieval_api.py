@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.app.test_errors import assert_openai_error
@@ -201,3 +203,23 @@ async def test_chat_retrieves_cites_sources_and_ingest_changes_the_cache_key(
         await ingest(harness, key, [{"id": "new-doc", "text": "Penguins cannot fly either."}])
         after = await harness.chat(key, request)
         assert after.headers["x-cache"] == "miss", "an ingest must invalidate cached answers"
+
+
+async def test_searches_keep_answering_while_an_ingest_publishes_a_new_version(harness) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    first = await ingest(harness, key, DOCS)
+    more = [
+        {"id": f"extra-{i}", "text": f"Filler passage number {i} about rivers."} for i in range(40)
+    ]
+
+    async def searches() -> list[dict]:
+        results = []
+        for _ in range(30):
+            results.append(await search(harness, key, "flightless bird New Zealand", top_k=1))
+            await asyncio.sleep(0)
+        return results
+
+    results, second = await asyncio.gather(searches(), ingest(harness, key, more))
+    assert all(r["data"][0]["document_id"] == "kiwi-1" for r in results)
+    assert {r["index_version"] for r in results} <= {first["version"], second["version"]}
+    assert (await search(harness, key, "rivers", top_k=1))["index_version"] == second["version"]
