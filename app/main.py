@@ -24,7 +24,8 @@ def create_app(
     span_processors: list[SpanProcessor] | None = None,
     embedder: Embedder | None = None,
 ) -> FastAPI:
-    """The app. ``embedder`` lets several apps (tests) share one loaded embedding model."""
+    """The app. ``embedder``, when given, is shared by queries and ingestion (tests share one
+    loaded model across apps); by default each gets its own."""
     settings = settings or get_settings()
     provider = build_tracer_provider(settings, span_processors)
     tracer = tracer_from(provider)
@@ -33,7 +34,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = Services.build(settings, tracer, embedder)
         if services.retrieval is not None and settings.retrieval.warm_up:
-            await asyncio.to_thread(services.retrieval.store.embedder.warm_up)
+            await asyncio.to_thread(services.retrieval.queries.embedder.warm_up)
         app.state.services = services
         try:
             yield

@@ -76,7 +76,11 @@ class Services:
         )
         retrieval = None
         if settings.retrieval.enabled:
-            retrieval = build_search(settings, tracer, embedder or Embedder())
+            # One embedding model for queries and, unless one was given to share, another for
+            # ingestion (loaded on first use): a model runs one batch at a time, and a query
+            # must not wait seconds behind an ingest's batch of passages.
+            queries = embedder or Embedder()
+            retrieval = build_search(settings, tracer, queries, embedder or Embedder())
         return cls(settings=settings, tracer=tracer, kv=kv, keys=keys, llm=llm, retrieval=retrieval)
 
     async def aclose(self) -> None:
@@ -97,16 +101,18 @@ def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexSto
     )
 
 
-def build_search(settings: Settings, tracer: trace.Tracer, embedder: Embedder) -> PassageSearch:
+def build_search(
+    settings: Settings, tracer: trace.Tracer, query_embedder: Embedder, ingest_embedder: Embedder
+) -> PassageSearch:
     config = settings.retrieval
-    store = build_index_store(config, embedder)
+    store = build_index_store(config, ingest_embedder)
     retriever = (
         HybridRetriever(store, candidates=config.candidates)
         if config.candidates
         else HybridRetriever(store)
     )
     queries = QueryBatcher(
-        embedder, max_batch=config.query_batch_max, window_ms=config.query_batch_window_ms
+        query_embedder, max_batch=config.query_batch_max, window_ms=config.query_batch_window_ms
     )
     return PassageSearch(store, retriever, queries, tracer)
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder, FloatArray
+from tests.support.data import SCIFACT
 
-SCIFACT = Path("/work/shared/data/scifact")
 CACHE_DIR = Path.home() / ".cache" / "rag"
 
 

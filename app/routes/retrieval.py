@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.auth import IngestPrincipal, RetrievePrincipal
 from app.services import ServicesDep
-from pipeline.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable
+from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from pipeline.search import PassageSearch
 from retrieval import Document, DocumentError, IngestResult
 
@@ -90,12 +90,18 @@ async def ingest_documents(
     return _ingest_body(result)
 
 
-@router.delete("/v1/documents/{document_id}")
+@router.delete("/v1/documents/{document_id:path}")
 async def delete_document(
     document_id: str, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
     result = await _search(services).delete(principal.tenant, [document_id])
-    return {**_ingest_body(result), "object": "delete.result", "deleted": result.documents > 0}
+    if result.documents == 0:
+        raise NotFound(
+            f"No document '{document_id}' in this tenant's index.",
+            param="document_id",
+            code="document_not_found",
+        )
+    return {**_ingest_body(result), "object": "delete.result", "deleted": True}
 
 
 @router.post("/v1/retrieve")

@@ -139,6 +139,14 @@ async def test_reingest_replaces_and_delete_removes(harness) -> None:
     assert deleted.status_code == 200 and deleted.json()["deleted"] is True
     hits = (await search(harness, key, "volcanic calderas fjord", top_k=5))["data"]
     assert "fjord-2" not in {h["document_id"] for h in hits}
+    # Ids from `rag ingest FOLDER` are relative paths; they can be deleted by URL too.
+    await ingest(harness, key, [{"id": "notes/a.md", "text": "Sourdough needs a starter."}])
+    by_path = await harness.client.delete("/v1/documents/notes/a.md", headers=auth(key))
+    assert by_path.status_code == 200 and by_path.json()["deleted"] is True
+    missing = await harness.client.delete("/v1/documents/never-there", headers=auth(key))
+    assert assert_openai_error(missing, 404, "invalid_request_error")["code"] == (
+        "document_not_found"
+    )
 
 
 async def test_bad_documents_are_refused_with_4xx(make_app, redis_server) -> None:

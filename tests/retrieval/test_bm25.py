@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,7 @@ from rank_bm25 import BM25Okapi
 
 from retrieval.bm25 import BM25Index, count_terms, drop_unused_terms
 from retrieval.tokenize import tokenize
-
-SCIFACT = Path("/work/shared/data/scifact")
+from tests.support.data import require_scifact
 
 
 def _index(token_lists: list[list[str]]) -> BM25Index:
@@ -21,11 +19,11 @@ def _index(token_lists: list[list[str]]) -> BM25Index:
     return BM25Index(tf, vocab)
 
 
-@pytest.mark.skipif(not SCIFACT.exists(), reason="SciFact data not present")
 def test_scores_equal_rank_bm25_on_full_scifact_corpus() -> None:
-    with (SCIFACT / "corpus.jsonl").open() as f:
+    scifact = require_scifact()
+    with (scifact / "corpus.jsonl").open() as f:
         docs = [tokenize(f"{r['title']}\n{r['text']}") for r in map(json.loads, f)]
-    with (SCIFACT / "queries.jsonl").open() as f:
+    with (scifact / "queries.jsonl").open() as f:
         queries = [tokenize(r["text"]) for r in map(json.loads, f)][:200]
     ours, reference = _index(docs), BM25Okapi(docs)
     assert any(v < 0 for v in reference.idf.values()) or reference.average_idf > 0
