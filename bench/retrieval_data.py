@@ -9,12 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder, FloatArray
+from retrieval.index import TenantIndex
+from retrieval.store import IndexStore
 from tests.support.data import SCIFACT
 
 CACHE_DIR = Path.home() / ".cache" / "rag"
@@ -96,6 +100,38 @@ class CachedEmbedder(Embedder):
         keys = list(self._cache)
         np.savez(tmp, keys=np.array(keys), vectors=np.stack([self._cache[k] for k in keys]))
         tmp.replace(self.path)
+
+
+def build_scifact_index(root: Path, embedder: Embedder) -> TenantIndex:
+    """SciFact as one chunk per document (title + abstract) in a real IndexStore."""
+    store = IndexStore(root, embedder, chunk_words=100_000, overlap_words=0)
+    store.upsert("scifact", load_corpus())
+    index = store.current("scifact")
+    assert index is not None
+    return index
+
+
+@dataclass
+class Split:
+    """One qrels split, ready to rank: its queries embedded, the corpus indexed."""
+
+    embedder: CachedEmbedder
+    qrels: dict[str, dict[str, int]]
+    queries: dict[str, str]
+    ids: list[str]
+    vectors: FloatArray
+    index: TenantIndex
+
+
+def load_split(split: str) -> Split:
+    embedder = CachedEmbedder()
+    qrels = load_qrels(split)
+    queries = load_queries()
+    ids = sorted(qrels, key=int)
+    vectors = embedder.embed([queries[q] for q in ids])
+    with tempfile.TemporaryDirectory() as tmp:
+        index = build_scifact_index(Path(tmp), embedder)
+    return Split(embedder, qrels, queries, ids, vectors, index)
 
 
 def warm_cache() -> None:

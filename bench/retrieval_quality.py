@@ -10,21 +10,13 @@ reciprocal-rank fusion (k=60) and BM25's top 100 re-ranked by the vector score a
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from bench.retrieval_data import (
-    CachedEmbedder,
-    load_qrels,
-    load_queries,
-    ndcg_at_k,
-    recall_at_k,
-)
-from bench.retrieval_tune import build_scifact_index
+from bench.retrieval_data import load_split, ndcg_at_k, recall_at_k
 from retrieval.fusion import ranks
 from retrieval.hybrid import HybridRetriever, dense_search
 from retrieval.index import TenantIndex
@@ -52,13 +44,15 @@ def evaluate(
 
 
 def main() -> None:
-    embedder = CachedEmbedder()
-    qrels = load_qrels("test")
-    queries = load_queries()
-    ids = sorted(qrels, key=int)
-    vectors = embedder.embed([queries[q] for q in ids])
-    with tempfile.TemporaryDirectory() as tmp:
-        index = build_scifact_index(Path(tmp), embedder)
+    split = load_split("test")
+    embedder, qrels, queries, ids, vectors, index = (
+        split.embedder,
+        split.qrels,
+        split.queries,
+        split.ids,
+        split.vectors,
+        split.index,
+    )
     retriever = HybridRetriever(IndexStore(Path("/nonexistent"), embedder))
     docs = index.records.document_id
 

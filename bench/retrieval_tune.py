@@ -9,18 +9,14 @@ candidates and fuses them with the same functions HybridRetriever uses.
 from __future__ import annotations
 
 import itertools
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.retrieval_data import CachedEmbedder, load_corpus, load_qrels, load_queries, ndcg_at_k
+from bench.retrieval_data import load_split, ndcg_at_k
 from retrieval.fusion import fuse
 from retrieval.hybrid import select_candidates, top_positions
-from retrieval.index import TenantIndex
-from retrieval.store import IndexStore
 from retrieval.tokenize import tokenize
 
 CANDIDATES = (25, 50, 100, 200, 300, 500, 1000)
@@ -28,15 +24,6 @@ RRF_K = (5, 10, 20, 40, 60, 100)
 RRF_WEIGHTS = (0.3, 0.4, 0.5, 0.6, 0.7)
 TOLERANCE = 0.002
 MINMAX_WEIGHTS = tuple(round(float(w), 2) for w in np.arange(0.1, 0.91, 0.05))
-
-
-def build_scifact_index(root: Path, embedder: CachedEmbedder) -> TenantIndex:
-    """SciFact as one chunk per document (title + abstract) in a real IndexStore."""
-    store = IndexStore(root, embedder, chunk_words=100_000, overlap_words=0)
-    store.upsert("scifact", load_corpus())
-    index = store.current("scifact")
-    assert index is not None
-    return index
 
 
 def settings() -> list[dict[str, Any]]:
@@ -51,13 +38,14 @@ def settings() -> list[dict[str, Any]]:
 
 def main() -> None:
     started = time.perf_counter()
-    embedder = CachedEmbedder()
-    qrels = load_qrels("train")
-    queries = load_queries()
-    ids = sorted(qrels, key=int)
-    vectors = embedder.embed([queries[q] for q in ids])
-    with tempfile.TemporaryDirectory() as tmp:
-        index = build_scifact_index(Path(tmp), embedder)
+    split = load_split("train")
+    qrels, queries, ids, vectors, index = (
+        split.qrels,
+        split.queries,
+        split.ids,
+        split.vectors,
+        split.index,
+    )
     doc_ids = np.array(index.records.document_id)
     prepared = [index.bm25.scores(tokenize(queries[q])) for q in ids]
     results: list[tuple[float, int, dict[str, Any]]] = []

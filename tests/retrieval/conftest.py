@@ -27,10 +27,8 @@ class CountingEmbedder(Embedder):
 
 
 @pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    model = Embedder()
-    model.warm_up()
-    return model
+def embedder(shared_embedder: Embedder) -> Embedder:
+    return shared_embedder
 
 
 @pytest.fixture
