@@ -46,7 +46,9 @@ class Services:
             steps.append(CacheLookup(cache, version))
         if self.retrieval is not None:
             steps.append(Retrieve(self.retrieval))
-        steps.append(Generate(self.llm, self.tracer))
+        steps.append(
+            Generate(self.llm, self.tracer, capture_content=settings.telemetry.capture_content)
+        )
         if settings.cache.enabled:
             steps.append(CacheStore(cache))
         self.runner = Runner(steps, self.tracer)

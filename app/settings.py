@@ -6,12 +6,13 @@ listed, with its default and meaning, in the README's configuration table.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def default_home() -> Path:
@@ -30,7 +31,7 @@ class RedisSettings(BaseModel):
 class LLMSettings(BaseModel):
     base_url: str = "http://127.0.0.1:8001"
     api_key: str | None = None
-    models: list[str] = Field(
+    models: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["smollm2"],
         description="Model names the service accepts; each is served under the same name.",
     )
@@ -45,8 +46,11 @@ class LLMSettings(BaseModel):
     @field_validator("models", mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
-        if isinstance(value, str) and not value.lstrip().startswith("["):
-            return [m.strip() for m in value.split(",") if m.strip()]
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [m.strip() for m in text.split(",") if m.strip()]
         return value
 
 
@@ -73,7 +77,9 @@ class ServerSettings(BaseModel):
 
 class TelemetrySettings(BaseModel):
     service_name: str = "rag-pipeline"
-    capture_content: bool = Field(False, description="Put prompt text in spans (off: never).")
+    capture_content: bool = Field(
+        False, description="Put prompt and answer text on the chat span (off: never)."
+    )
 
 
 class RetrievalSettings(BaseModel):

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes import error_attributes, server_attributes
@@ -33,9 +34,11 @@ class Generate:
         tracer: trace.Tracer,
         *,
         upstream_models: dict[str, str] | None = None,
+        capture_content: bool = False,
     ) -> None:
         self.llm = llm
         self.tracer = tracer
+        self.capture_content = capture_content
         self.upstream_models = upstream_models or {}
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
@@ -57,7 +60,11 @@ class Generate:
                 **_request_attributes(params.sampling),
             },
         )
-        pieces = _Answer(ctx, span, model)
+        if self.capture_content:
+            span.set_attribute(
+                gen_ai.GEN_AI_INPUT_MESSAGES, orjson.dumps(payload["messages"]).decode()
+            )
+        pieces = _Answer(ctx, span, model, capture_content=self.capture_content)
         chunks = self.llm.stream_chat(payload)
         try:
             first = await pieces.first_piece(chunks)
@@ -94,8 +101,11 @@ def _request_attributes(sampling: dict[str, Any]) -> dict[str, Any]:
 class _Answer:
     """Accumulates one streamed answer and closes its span when it ends, however it ends."""
 
-    def __init__(self, ctx: RequestContext, span: Span, model: str) -> None:
+    def __init__(
+        self, ctx: RequestContext, span: Span, model: str, *, capture_content: bool = False
+    ) -> None:
         self.ctx = ctx
+        self.capture_content = capture_content
         self.span = span
         self.model = model
         self.started = time.perf_counter()
@@ -165,6 +175,9 @@ class _Answer:
                 gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: completion.completion_tokens,
             }
         )
+        if self.capture_content:
+            output = [{"role": "assistant", "content": completion.content}]
+            self.span.set_attribute(gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps(output).decode())
         self.span.end()
 
     def fail(self, exc: BaseException) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
 from app.main import create_app
 from tests.conftest import make_settings, unique_question
-from tests.support.servers import LiveService
+from tests.support.servers import LiveService, wait_for
 
 
 def body(question: str, **extra: object) -> dict:
@@ -229,6 +230,26 @@ async def test_one_trace_per_request_with_a_span_per_stage_in_order(harness) -> 
     assert root.resource.attributes["service.name"] == "rag-pipeline"
 
 
+async def test_prompt_text_stays_out_of_spans_unless_content_capture_is_on(
+    harness, make_app, redis_server, vllm
+) -> None:
+    key = await harness.key()
+    question = unique_question()
+    harness.exporter.clear()
+    assert (await harness.chat(key, body(question))).status_code == 200
+    values = [str(v) for s in harness.exporter.get_finished_spans() for v in s.attributes.values()]
+    assert not any(question in v for v in values)
+
+    settings = make_settings(redis_server.url, vllm.url, telemetry={"capture_content": True})
+    async with make_app(settings) as capturing:
+        key = await capturing.key()
+        answer = (await capturing.chat(key, body(question))).json()
+        chat = next(s for s in capturing.exporter.get_finished_spans() if s.name.startswith("chat"))
+        assert question in chat.attributes["gen_ai.input.messages"]
+        content = answer["choices"][0]["message"]["content"]
+        assert json.loads(chat.attributes["gen_ai.output.messages"])[0]["content"] == content
+
+
 async def test_explain_reports_each_stage_and_its_duration(harness) -> None:
     key = await harness.key()
     response = await harness.chat(key, body(unique_question(), rag={"explain": True}))
@@ -273,3 +294,41 @@ async def test_vllm_refusing_a_prompt_too_long_is_a_400(harness) -> None:
     response = await harness.chat(key, body(long_prompt, max_tokens=8))
     assert response.status_code == 400, response.text
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_client_leaving_mid_stream_stops_the_upstream_and_caches_nothing(
+    redis_server, vllm
+) -> None:
+    app = create_app(make_settings(redis_server.url, vllm.url))
+    question = "Write a long story about a dragon. " + unique_question()
+    request = body(question, max_tokens=400, stream=True)
+    with LiveService(app) as live:
+        key = live.run(app.state.services.keys.create("leaver", "lee"))
+        headers = {"Authorization": f"Bearer {key}"}
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST", f"{live.url}/v1/chat/completions", json=request, headers=headers
+            ) as response,
+        ):
+            assert response.status_code == 200
+            for number, _ in enumerate(response.iter_lines()):
+                if number > 6:
+                    break  # hang up after a few chunks
+
+        def running() -> float:
+            metrics = httpx.get(f"{vllm.url}/metrics", timeout=5).text
+            line = next(
+                m for m in metrics.splitlines() if m.startswith("vllm:num_requests_running")
+            )
+            return float(line.rsplit(" ", 1)[1])
+
+        # 400 tokens take vLLM on the CPU well over 4 s: only an abort ends the request sooner.
+        wait_for(lambda: running() == 0.0, 4, "vLLM dropping the abandoned request")
+        again = httpx.post(
+            f"{live.url}/v1/chat/completions",
+            json={**request, "stream": False},
+            headers=headers,
+            timeout=120,
+        )
+        assert again.headers["x-cache"] == "miss", "a half-sent stream must not be cached"
