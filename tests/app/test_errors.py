@@ -236,3 +236,19 @@ async def test_upstream_dropping_mid_stream_ends_the_stream_with_an_error_and_ca
         plain = await harness.chat(key, BODY)
         # A cached half answer would come back as a 200 hit; it must fail upstream again.
         assert_openai_error(plain, 502, "api_error")
+
+
+async def test_unknown_and_unsupported_openai_fields_are_accepted(harness) -> None:
+    key = await harness.key()
+    newer_client = {
+        **BODY,
+        "logprobs": False,
+        "response_format": {"type": "text"},
+        "parallel_tool_calls": False,
+        "metadata": {"trace": "abc"},
+        "service_tier": "auto",
+        "a_field_from_the_future": {"x": 1},
+    }
+    response = await harness.chat(key, newer_client)
+    # Past validation, auth and the cache: it fails only because no model server runs here.
+    assert_openai_error(response, 503, "service_unavailable")
