@@ -16,7 +16,7 @@ from pathlib import Path
 from opentelemetry import trace
 
 from app.ingest_files import Skipped, read_documents
-from app.services import build_index_store
+from app.services import build_index_store, build_key_store
 from app.settings import get_settings
 from pipeline.keys import DEFAULT_SCOPES, ApiKeyStore
 from pipeline.kv import KeyValueStore, StoreUnavailable
@@ -28,7 +28,7 @@ def _key_store() -> ApiKeyStore:
     kv = KeyValueStore.from_url(
         settings.redis.url, trace.NoOpTracer(), timeout=max(settings.redis.timeout_seconds, 2.0)
     )
-    return ApiKeyStore(kv, prefix=f"{settings.redis.key_prefix}apikey:")
+    return build_key_store(settings, kv)
 
 
 async def _create_key(args: argparse.Namespace) -> int:

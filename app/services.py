@@ -63,12 +63,7 @@ class Services:
             timeout=settings.redis.timeout_seconds,
             retry_after=settings.redis.retry_after_seconds,
         )
-        keys = ApiKeyStore(
-            kv,
-            prefix=f"{settings.redis.key_prefix}apikey:",
-            cache_ttl=settings.auth.key_cache_seconds,
-            stale_ttl=settings.auth.key_stale_seconds,
-        )
+        keys = build_key_store(settings, kv)
         llm = LLMClient(
             settings.llm.base_url,
             api_key=settings.llm.api_key,
@@ -90,6 +85,15 @@ class Services:
             await self.retrieval.aclose()
         await self.llm.aclose()
         await self.kv.aclose()
+
+
+def build_key_store(settings: Settings, kv: KeyValueStore) -> ApiKeyStore:
+    return ApiKeyStore(
+        kv,
+        prefix=f"{settings.redis.key_prefix}apikey:",
+        cache_ttl=settings.auth.key_cache_seconds,
+        stale_ttl=settings.auth.key_stale_seconds,
+    )
 
 
 def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexStore:

@@ -35,7 +35,6 @@ class KeyValueStore:
         self.tracer = tracer
         self.retry_after = retry_after
         self._down_until = 0.0
-        self.failures = 0
 
     @classmethod
     def from_url(
@@ -70,7 +69,6 @@ class KeyValueStore:
             try:
                 result = await fn()
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                self.failures += 1
                 self._down_until = time.monotonic() + self.retry_after
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 span.set_attribute("error.type", type(exc).__name__)

@@ -109,15 +109,6 @@ class LLMClient:
         except httpx.HTTPError as exc:
             raise convert_transport_error(exc, self.base_url) from exc
 
-    async def model_ids(self) -> list[str]:
-        try:
-            response = await self.client.get("/v1/models")
-        except httpx.HTTPError as exc:
-            raise convert_transport_error(exc, self.base_url) from exc
-        if response.status_code >= 400:
-            raise upstream_error(response.status_code, response.content)
-        return [str(m["id"]) for m in response.json().get("data", [])]
-
     async def healthy(self, probe_timeout: float = 2.0) -> bool:
         try:
             response = await self.client.get("/health", timeout=probe_timeout)

@@ -47,14 +47,6 @@ class Runner:
         self.steps = list(steps)
         self.tracer = tracer
 
-    @property
-    def stage_names(self) -> list[str]:
-        names: list[str] = []
-        for step in self.steps:
-            stages = step.stages if isinstance(step, Concurrent) else (step,)
-            names.extend(stage.name for stage in stages)
-        return names
-
     async def run(self, ctx: RequestContext) -> RequestContext:
         try:
             async with asyncio.timeout_at(ctx.deadline):

@@ -88,7 +88,8 @@ class PassageSearch:
 
     async def ingest(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
         with self.tracer.start_as_current_span(
-            f"ingest {tenant}", attributes={attr.TENANT: tenant, "rag.documents": len(documents)}
+            f"ingest {tenant}",
+            attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
             return await asyncio.to_thread(self.store.upsert, tenant, list(documents))
 

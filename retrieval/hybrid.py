@@ -187,15 +187,6 @@ class HybridRetriever:
         timings["fusion"] = _ms(started)
         return SearchResult(hits, len(rows), allowed, timings, index.version)
 
-    def search_bm25(
-        self, tenant: str, query: str, *, top_k: int = 10, filters: Filter | None = None
-    ) -> SearchResult:
-        """BM25 alone over the allowed chunks (no vectors)."""
-        index = self.store.current(tenant)
-        if index is None:
-            return SearchResult([], 0, 0, _empty_timings())
-        return self.search_index(index, query, None, top_k=top_k, filters=filters)
-
     def search_dense(
         self,
         tenant: str,

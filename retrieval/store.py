@@ -167,12 +167,6 @@ class IndexStore:
                 entry.pointer = index.version
             return index
 
-    def tenants(self) -> list[str]:
-        """Tenants that have a published index."""
-        if not self.root.exists():
-            return []
-        return sorted(p.parent.name for p in self.root.glob("*/CURRENT"))
-
     # -- writing ---------------------------------------------------------------------------
 
     def upsert(self, tenant: str, docs: Sequence[Document], progress: bool = False) -> IngestResult:

@@ -120,13 +120,13 @@ class CacheStore:
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         if ctx.cache_control.no_store or ctx.cache_key is None:
-            ctx.annotate(**{"rag.cache.stored": False})
+            ctx.annotate(**{attr.CACHE_STORED: False})
             return ctx
         if ctx.stream is not None:
             ctx.stream = self._store_when_done(ctx, ctx.stream)
-            ctx.annotate(**{"rag.cache.stored": "after_stream"})
+            ctx.annotate(**{attr.CACHE_STORED: "after_stream"})
         else:
-            ctx.annotate(**{"rag.cache.stored": await self._store(ctx)})
+            ctx.annotate(**{attr.CACHE_STORED: await self._store(ctx)})
         return ctx
 
     async def _store_when_done(

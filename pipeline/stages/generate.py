@@ -19,6 +19,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 from opentelemetry.semconv.attributes import error_attributes, server_attributes
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from pipeline import attributes as attr
 from pipeline.context import Completion, RequestContext
 from pipeline.errors import PipelineError
 from pipeline.llm import LLMClient
@@ -33,17 +34,15 @@ class Generate:
         llm: LLMClient,
         tracer: trace.Tracer,
         *,
-        upstream_models: dict[str, str] | None = None,
         capture_content: bool = False,
     ) -> None:
         self.llm = llm
         self.tracer = tracer
         self.capture_content = capture_content
-        self.upstream_models = upstream_models or {}
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
-        model = self.upstream_models.get(params.model, params.model)
+        model = params.model
         payload: dict[str, Any] = {
             "model": model,
             "messages": build_messages(params.messages, ctx.passages),
@@ -72,7 +71,7 @@ class Generate:
             pieces.fail(exc)
             await _close(chunks)
             raise
-        ctx.annotate(**{"rag.ttft_ms": round(pieces.ttft_ms, 3)})
+        ctx.annotate(**{attr.TTFT_MS: round(pieces.ttft_ms, 3)})
         if params.stream:
             ctx.stream = pieces.rest(first, chunks)
         else:
@@ -183,7 +182,7 @@ class _Answer:
     def fail(self, exc: BaseException) -> None:
         if isinstance(exc, GeneratorExit | asyncio.CancelledError):
             # The caller went away; that is not the model's failure.
-            self.span.set_attribute("rag.stream.abandoned", True)
+            self.span.set_attribute(attr.STREAM_ABANDONED, True)
         else:
             kind = exc.code if isinstance(exc, PipelineError) and exc.code else type(exc).__name__
             self.span.set_status(Status(StatusCode.ERROR, kind))

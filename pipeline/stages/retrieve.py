@@ -48,7 +48,7 @@ class Retrieve:
             skipped = "no index"
         if skipped is not None:
             parse_request_filters(options.filters)  # a bad filter is a 400 all the same
-            ctx.annotate(**{"rag.retrieval.skipped": skipped})
+            ctx.annotate(**{attr.RETRIEVAL_SKIPPED: skipped})
             return ctx
         result = await self.search.search(
             tenant, query, top_k=options.top_k, filters=options.filters

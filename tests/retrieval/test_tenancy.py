@@ -26,7 +26,7 @@ def test_tenant_a_never_retrieves_tenant_b_documents(store: IndexStore, embedder
 
     for result in (
         retriever.search("tenant-a", query, vector, top_k=100),
-        retriever.search_bm25("tenant-a", query, top_k=100),
+        retriever.search("tenant-a", query, None, top_k=100),
         retriever.search_dense("tenant-a", vector, top_k=100),
     ):
         assert result.hits, "A's own documents are still returned"
