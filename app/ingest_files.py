@@ -1,5 +1,5 @@
-"""Reading documents from disk for ``rag ingest``: JSONL (BEIR ``corpus.jsonl`` included),
-a folder of ``.txt``/``.md`` files, or one such file.
+"""Reading documents from disk for ``rag ingest``: JSONL (BEIR ``corpus.jsonl`` included, plain
+or ``.xz``-compressed), a folder of ``.txt``/``.md`` files, or one such file.
 
 Problems are reported per line or per file and skipped, so one bad file never stops the rest:
 ``read_documents`` yields documents and collects the problems in ``skipped``.
@@ -7,9 +7,11 @@ Problems are reported per line or per file and skipped, so one bad file never st
 
 from __future__ import annotations
 
+import lzma
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import orjson
 
@@ -41,8 +43,17 @@ def _from_json(data: object) -> Document:
     )
 
 
+def _open(path: Path) -> IO[bytes]:
+    # A compressed corpus (the vendored SciFact is .jsonl.xz) is read as it is.
+    return lzma.open(path, "rb") if path.suffix.lower() == ".xz" else path.open("rb")
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.name.lower().endswith((".jsonl", ".jsonl.xz"))
+
+
 def read_jsonl(path: Path, skipped: Skipped) -> Iterator[Document]:
-    with path.open("rb") as handle:
+    with _open(path) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -92,13 +103,15 @@ def read_documents(path: Path, skipped: Skipped) -> Iterator[Document]:
                 document = read_text_file(file, doc_id, skipped)
                 if document is not None:
                     yield document
-            elif file.suffix.lower() == ".jsonl":
+            elif _is_jsonl(file):
                 yield from read_jsonl(file, skipped)
-    elif path.suffix.lower() == ".jsonl":
+    elif _is_jsonl(path):
         yield from read_jsonl(path, skipped)
     elif path.suffix.lower() in TEXT_SUFFIXES:
         document = read_text_file(path, path.name.replace("#", "_"), skipped)
         if document is not None:
             yield document
     else:
-        raise ValueError(f"{path}: expected a .jsonl file, a .txt/.md file or a folder")
+        raise ValueError(
+            f"{path}: expected a .jsonl (or .jsonl.xz) file, a .txt/.md file or a folder"
+        )

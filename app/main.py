@@ -9,9 +9,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import SpanProcessor
 
+from app import metrics
 from app.errors import install_error_handlers
+from app.jobs import start_job_workers
+from app.logs import RequestLog, configure_logging
 from app.middleware import BodySizeLimit, RequestTracing
-from app.routes import chat, health, models, retrieval
+from app.routes import chat, health, jobs, models, retrieval
 from app.services import Services
 from app.settings import Settings, get_settings
 from app.telemetry import build_tracer_provider, tracer_from
@@ -27,6 +30,7 @@ def create_app(
     """The app. ``embedder``, when given, is shared by queries and ingestion (tests share one
     loaded model across apps); by default each gets its own."""
     settings = settings or get_settings()
+    configure_logging(settings.log, settings.environment)
     provider = build_tracer_provider(settings, span_processors)
     tracer = tracer_from(provider)
 
@@ -36,9 +40,11 @@ def create_app(
         if services.retrieval is not None and settings.retrieval.warm_up:
             await asyncio.to_thread(services.retrieval.queries.embedder.warm_up)
         app.state.services = services
+        job_workers = await start_job_workers(services)
         try:
             yield
         finally:
+            await job_workers.stop()
             await services.aclose()
             provider.shutdown()
 
@@ -50,9 +56,16 @@ def create_app(
     )
     app.state.settings = settings
     install_error_handlers(app)
-    for router in (chat.router, models.router, retrieval.router, health.router):
+    for router in (chat.router, models.router, retrieval.router, health.router, jobs.router):
         app.include_router(router)
+    if settings.telemetry.metrics:
+        app.include_router(metrics.router)
     # Added last = outermost: the root span covers everything, including the size check.
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
-    app.add_middleware(RequestTracing, tracer=tracer)
+    app.add_middleware(
+        RequestTracing,
+        tracer=tracer,
+        metrics=metrics.HttpMetrics() if settings.telemetry.metrics else None,
+        request_log=RequestLog() if settings.log.requests else None,
+    )
     return app

@@ -1,12 +1,14 @@
-"""ASGI middleware: the root span of every request, and the request-body size limit.
+"""ASGI middleware: the root span, metrics and log line of every request, and the body limit.
 
 Both are plain ASGI classes (``__init__(app, **options)``, ``async __call__``) so that they
-wrap streamed responses too: the root span ends when the last byte of a stream is sent.
+wrap streamed responses too: the root span ends, and the request's duration is taken, when the
+last byte of a stream is sent.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Final
 
 import orjson
 from opentelemetry import context as otel_context
@@ -18,57 +20,112 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import error_body
+from app.logs import CURRENT_REQUEST, RequestFacts, RequestLog
+from app.metrics import HttpMetrics
+
+# Trace context headers (W3C Trace Context and Baggage) that continue a caller's trace.
+PROPAGATED: Final = frozenset({b"traceparent", b"tracestate", b"baggage"})
+UNTRACED: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class RequestTracing:
-    """Opens the server span of each HTTP request and returns its trace id as ``x-trace-id``."""
+    """The root span of each HTTP request, its metrics and its log line.
 
-    def __init__(self, app: ASGIApp, *, tracer: trace.Tracer) -> None:
+    The span continues the caller's trace (``traceparent`` and ``tracestate``) and its trace id
+    goes back as ``x-trace-id``. Probes and scrapes (``untraced``) get no span, so a healthcheck
+    every few seconds does not fill Jaeger; they are still counted and logged (at debug level).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tracer: trace.Tracer,
+        metrics: HttpMetrics | None = None,
+        request_log: RequestLog | None = None,
+        untraced: frozenset[str] = UNTRACED,
+    ) -> None:
         self.app = app
         self.tracer = tracer
+        self.metrics = metrics
+        self.request_log = request_log
+        self.untraced = untraced
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        parent = extract(
-            {"traceparent": headers["traceparent"]} if "traceparent" in headers else {}
-        )
-        method, path = scope["method"], scope["path"]
-        span = self.tracer.start_span(
-            f"{method} {path}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={
-                http_attributes.HTTP_REQUEST_METHOD: method,
-                url_attributes.URL_PATH: path,
-            },
-        )
-        trace_id = format(span.get_span_context().trace_id, "032x")
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        facts = RequestFacts(scope["method"], scope["path"])
+        facts_token = CURRENT_REQUEST.set(facts)
+        span, token = None, None
+        if facts.path not in self.untraced:
+            parent = self._parent(scope)
+            span = self._start_span(facts, parent)
+            token = otel_context.attach(trace.set_span_in_context(span, parent))
+        trace_id = format(span.get_span_context().trace_id, "032x").encode() if span else b""
+        if self.metrics is not None:
+            self.metrics.started()
 
         async def send_with_trace_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status = message["status"]
-                span.set_attribute(http_attributes.HTTP_RESPONSE_STATUS_CODE, status)
-                if status >= 500:
-                    span.set_status(Status(StatusCode.ERROR))
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-trace-id", trace_id.encode())]
+                facts.status = message["status"]
+                if span is not None:
+                    span.set_attribute(http_attributes.HTTP_RESPONSE_STATUS_CODE, facts.status)
+                    if facts.status >= 500:
+                        span.set_status(Status(StatusCode.ERROR))
+                    message["headers"] = [*message.get("headers", []), (b"x-trace-id", trace_id)]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_trace_id)
         except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            facts.status = facts.status or 500  # the server's error handler answers outside us
+            if span is not None:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             raise
         finally:
             route = scope.get("route")
-            if route is not None and getattr(route, "path", None):
-                span.set_attribute(http_attributes.HTTP_ROUTE, route.path)
-                span.update_name(f"{method} {route.path}")
-            otel_context.detach(token)
+            facts.route = getattr(route, "path", None) or None
+            self._finish(facts, span)
+            if token is not None:
+                otel_context.detach(token)
+            CURRENT_REQUEST.reset(facts_token)
+
+    @staticmethod
+    def _parent(scope: Scope) -> otel_context.Context:
+        """The caller's trace context, or a fresh one: our span is then a root."""
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in PROPAGATED
+        }
+        return extract(carrier) if carrier else otel_context.Context()
+
+    def _start_span(self, facts: RequestFacts, parent: otel_context.Context) -> trace.Span:
+        return self.tracer.start_span(
+            f"{facts.method} {facts.path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                http_attributes.HTTP_REQUEST_METHOD: facts.method,
+                url_attributes.URL_PATH: facts.path,
+            },
+        )
+
+    def _finish(self, facts: RequestFacts, span: trace.Span | None) -> None:
+        """Metrics, the log line (while the span is current), then the span's end."""
+        duration = time.perf_counter() - facts.started
+        if self.metrics is not None:
+            self.metrics.finished(facts.method, facts.route, facts.status, duration)
+        ids = span.get_span_context() if span is not None else None
+        if self.request_log is not None:
+            self.request_log.write(
+                facts, duration, ids.trace_id if ids else 0, ids.span_id if ids else 0
+            )
+        if span is not None:
+            if facts.route is not None:
+                span.set_attribute(http_attributes.HTTP_ROUTE, facts.route)
+                span.update_name(f"{facts.method} {facts.route}")
             span.end()
 
 

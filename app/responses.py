@@ -1,7 +1,8 @@
 """OpenAI-shaped response bodies: a chat completion as JSON, or as a stream of SSE chunks.
 
-Our extra field ``rag`` (sources; with ``rag.explain``, the stage records) rides on the
-completion object, and on the final chunk of a stream.
+Our extra field ``rag`` (sources, cache status, tools; with ``rag.explain`` the route, the
+features and the stage records) rides on the completion object, and on the final chunk of a
+stream. Both shapes are made from the same answer stream (``pipeline.answer``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from pipeline.answer import AnswerStream
 from pipeline.context import Completion, RequestContext
 from pipeline.errors import PipelineError
+from pipeline.events import ContentDelta, StreamEvent, ToolCallDelta
 
 
 class JSONResponse(Response):
@@ -24,11 +27,21 @@ class JSONResponse(Response):
 
 
 def rag_field(ctx: RequestContext, completion: Completion | None) -> dict[str, Any]:
+    """Our extension on the answer: sources, cache status, the server tools run; with
+    ``rag.explain`` also the route and why, the features used, and every stage's record."""
     field: dict[str, Any] = {
         "sources": completion.sources if completion is not None else ctx.sources,
         "cache": ctx.cache_status,
+        "tools": completion.tools if completion is not None else ctx.tools_report(),
     }
     if ctx.params.rag.explain:
+        route = completion.route if completion is not None else None
+        field["route"] = route or (ctx.route.report() if ctx.route is not None else None)
+        field["features"] = {
+            "used": sorted(ctx.features.values),
+            "defaulted": sorted(ctx.features.defaulted),
+            "version": ctx.features.version,
+        }
         field["explain"] = {
             "stages": [
                 {
@@ -53,16 +66,26 @@ def usage(completion: Completion) -> dict[str, int]:
     }
 
 
+def message(completion: Completion) -> dict[str, Any]:
+    """The assistant message: content, and the calls for the client to run (content is null
+    when there are calls and no text, as OpenAI returns it)."""
+    body: dict[str, Any] = {"role": "assistant", "content": completion.content}
+    if completion.tool_calls:
+        body["tool_calls"] = completion.tool_calls
+        body["content"] = completion.content or None
+    return body
+
+
 def chat_completion(ctx: RequestContext, completion: Completion) -> dict[str, Any]:
     return {
         "id": ctx.request_id,
         "object": "chat.completion",
         "created": ctx.created,
-        "model": ctx.params.model,
+        "model": completion.model,
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": completion.content},
+                "message": message(completion),
                 "logprobs": None,
                 "finish_reason": completion.finish_reason,
             }
@@ -72,52 +95,69 @@ def chat_completion(ctx: RequestContext, completion: Completion) -> dict[str, An
     }
 
 
-def _chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-    if ctx.params.include_usage:
-        extra.setdefault("usage", None)  # as OpenAI: null on every chunk but the last
-    body = {
-        "id": ctx.request_id,
-        "object": "chat.completion.chunk",
-        "created": ctx.created,
-        "model": ctx.params.model,
-        "choices": choices,
-        **extra,
-    }
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+class _Chunks:
+    """Renders the SSE chunks of one response."""
+
+    def __init__(self, ctx: RequestContext, model: str) -> None:
+        self.ctx = ctx
+        self.model = model
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        if self.ctx.params.include_usage:
+            extra.setdefault("usage", None)  # as OpenAI: null on every chunk but the last
+        body = {
+            "id": self.ctx.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.ctx.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return self.chunk([choice], **extra)
+
+    def event(self, event: StreamEvent) -> bytes | None:
+        if isinstance(event, ContentDelta):
+            return self.delta({"content": event.text})
+        if isinstance(event, ToolCallDelta):
+            call: dict[str, Any] = {"index": event.index}
+            if event.id is not None:
+                call.update(id=event.id, type="function")
+            function: dict[str, Any] = {"arguments": event.arguments}
+            if event.name is not None:
+                function["name"] = event.name
+            call["function"] = function
+            return self.delta({"tool_calls": [call]})
+        return None  # the finish and the usage go out when the stream has ended
 
 
-def _delta(ctx: RequestContext, delta: dict[str, Any], finish: str | None = None) -> bytes:
-    return _chunk(ctx, [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+async def sse_stream(ctx: RequestContext, answer: AnswerStream) -> AsyncIterator[bytes]:
+    """The SSE body: a role chunk, the answer's deltas as they come, a finish chunk (with
+    ``rag``), the usage, ``[DONE]``. A live answer and a cached one (replayed) read the same.
 
-
-async def sse_stream(
-    ctx: RequestContext, pieces: AsyncIterator[str] | None
-) -> AsyncIterator[bytes]:
-    """The SSE body: a role chunk, content chunks, a finish chunk (with ``rag``), usage, [DONE].
-
-    ``pieces`` is the live stream; when it is None the answer is replayed from
-    ``ctx.completion`` (a cache hit). An error mid-stream becomes an ``error`` event, since the
-    status line has already gone out.
+    An error mid-stream becomes an ``error`` event, since the status line has already gone out.
     """
-    yield _delta(ctx, {"role": "assistant", "content": ""})
+    if ctx.completion is not None:
+        model = ctx.completion.model  # a cache hit
+    else:
+        model = ctx.route.model if ctx.route is not None else ctx.params.model
+    chunks = _Chunks(ctx, model)
+    yield chunks.delta({"role": "assistant", "content": ""})
     try:
-        if pieces is None:
-            assert ctx.completion is not None
-            if ctx.completion.content:
-                yield _delta(ctx, {"content": ctx.completion.content})
-        else:
-            async for piece in pieces:
-                yield _delta(ctx, {"content": piece})
+        async for event in answer.events():
+            rendered = chunks.event(event)
+            if rendered is not None:
+                yield rendered
     except PipelineError as exc:
         yield b"data: " + orjson.dumps(exc.to_dict()) + b"\n\n"
         return
-    completion = ctx.completion
-    assert completion is not None
-    yield _chunk(
-        ctx,
-        [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": completion.finish_reason}],
-        rag=rag_field(ctx, completion),
-    )
+    completion = answer.completion
+    assert completion is not None  # set when events() ends
+    chunks.model = completion.model
+    yield chunks.delta({}, completion.finish_reason, rag=rag_field(ctx, completion))
     if ctx.params.include_usage:
-        yield _chunk(ctx, [], usage=usage(completion))
+        yield chunks.chunk([], usage=usage(completion))
     yield b"data: [DONE]\n\n"

@@ -1,13 +1,16 @@
 """OpenAI chat-completions request schema, in OpenAI's field order, plus our one extra: ``rag``.
 
 Unknown OpenAI fields are accepted and ignored, so newer clients keep working. Fields we accept
-but cannot honour yet (``n`` > 1, ``tools``) are refused with a clear 400 rather than ignored.
+but cannot honour (``n`` > 1) are refused with a clear 400 rather than ignored. ``tools`` are
+checked here: each a function with a valid name and a valid JSON Schema for its parameters.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.context import ChatParams, RagOptions
@@ -31,6 +34,50 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: FunctionName
+    description: str | None = Field(None, max_length=10_000)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            try:
+                Draft202012Validator.check_schema(schema)
+            except SchemaError as exc:
+                raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+            except RecursionError:
+                raise ValueError("not a valid JSON Schema: nested too deeply") from None
+        return schema
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class RagRequestOptions(BaseModel):
     """Server extension: how this request uses retrieval. Typos are errors, not silently ignored."""
 
@@ -40,6 +87,15 @@ class RagRequestOptions(BaseModel):
     top_k: int | None = Field(None, ge=1, le=50, description="Passages put into the prompt.")
     filters: dict[str, Any] | None = Field(None, description="Metadata filter, see docs.")
     explain: bool = Field(False, description="Return what each stage did and its duration.")
+    route: str | None = Field(
+        None, max_length=64, description="Pin a model route (see /v1/models) instead of routing."
+    )
+    tools: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Server tools offered to the model for function calling.",
+    )
+    plan_tools: bool = Field(True, description="Run the tools the request plainly needs.")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -59,8 +115,9 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet.")
-    tool_choice: Any = None
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     user: str | None = None
 
     # --- server extension ---
@@ -68,9 +125,10 @@ class ChatCompletionRequest(BaseModel):
 
     @field_validator("tools")
     @classmethod
-    def _no_tools_yet(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server yet")
+    def _distinct_names(cls, tools: list[FunctionTool] | None) -> list[FunctionTool] | None:
+        names = [tool.function.name for tool in tools or []]
+        if len(names) != len(set(names)):
+            raise ValueError("function names must be distinct")
         return tools
 
     def sampling(self, default_max_tokens: int | None = None) -> dict[str, Any]:
@@ -100,5 +158,14 @@ class ChatCompletionRequest(BaseModel):
                 top_k=self.rag.top_k or default_top_k,
                 filters=self.rag.filters,
                 explain=self.rag.explain,
+                route=self.rag.route,
+                tools=tuple(self.rag.tools),
+                plan_tools=self.rag.plan_tools,
+            ),
+            tools=[t.model_dump(exclude_none=True) for t in self.tools or []],
+            tool_choice=(
+                self.tool_choice.model_dump()
+                if isinstance(self.tool_choice, BaseModel)
+                else self.tool_choice
             ),
         )

@@ -1,24 +1,40 @@
-"""The long-lived collaborators of the app, built in the lifespan and closed there."""
+"""The long-lived collaborators of the app, built in the lifespan and closed there.
+
+``Services.build`` makes the clients (Redis, the model routes, retrieval, the feature store,
+the tools); ``app.path.build_steps`` makes the request path from them. Job workers build the
+same ``Services``, so they run the same path.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from opentelemetry import trace
 
+from app.logs import RequestLogObserver
+from app.path import build_steps
 from app.settings import RetrievalSettings, Settings
+from pipeline.features import FEATURE_SET_VERSION, FeatureStore
+from pipeline.features.spec import filter_keys
+from pipeline.generation import TracedChat
 from pipeline.keys import ApiKeyStore
 from pipeline.kv import KeyValueStore
 from pipeline.llm import LLMClient
-from pipeline.runner import Runner, Step
+from pipeline.metrics import StageMetrics
+from pipeline.route_rules import Thresholds
+from pipeline.router import Centroids, Router, RouterPolicy, load_examples
+from pipeline.routing import Route, RouteTable
+from pipeline.runner import Runner, StageObserver
 from pipeline.search import PassageSearch
-from pipeline.stages.auth import Authenticate
-from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache, no_index
-from pipeline.stages.generate import Generate
-from pipeline.stages.retrieve import Retrieve
-from pipeline.stages.validate import ValidateRequest
+from pipeline.tools.base import Tool
+from pipeline.tools.builtins import builtin_tools
+from pipeline.tools.http import HttpTool
+from pipeline.tools.invoker import ToolInvoker
+from pipeline.tools.loop import Invoker
+from pipeline.tools.registry import ToolRegistry
 from retrieval import Embedder, HybridRetriever, IndexStore, QueryBatcher
 
 
@@ -28,30 +44,39 @@ class Services:
     tracer: trace.Tracer
     kv: KeyValueStore
     keys: ApiKeyStore
-    llm: LLMClient
+    routes: RouteTable
     retrieval: PassageSearch | None = None
+    features: FeatureStore | None = None
+    router: Router | None = None
+    server_tools: dict[str, Tool] = field(default_factory=dict)
+    tool_invoker: Invoker | None = None
+    observers: list[StageObserver] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
     runner: Runner = field(init=False)
 
     def __post_init__(self) -> None:
-        settings = self.settings
-        steps: list[Step] = [
-            Authenticate(self.keys, scope="chat"),
-            ValidateRequest(models=settings.llm.models, context_length=settings.llm.context_length),
-        ]
-        cache = ResponseCache(
-            self.kv, ttl=settings.cache.ttl_seconds, prefix=f"{settings.redis.key_prefix}cache:"
+        self.chat = TracedChat(self.tracer, capture_content=self.settings.telemetry.capture_content)
+        self.runner = Runner(
+            build_steps(self.settings, self), self.tracer, observers=self.observers
         )
-        if settings.cache.enabled:
-            version = self.retrieval.version if self.retrieval is not None else no_index
-            steps.append(CacheLookup(cache, version))
-        if self.retrieval is not None:
-            steps.append(Retrieve(self.retrieval))
-        steps.append(
-            Generate(self.llm, self.tracer, capture_content=settings.telemetry.capture_content)
-        )
-        if settings.cache.enabled:
-            steps.append(CacheStore(cache))
-        self.runner = Runner(steps, self.tracer)
+
+    @property
+    def llm(self) -> LLMClient:
+        """The default route's client (health checks, model listing)."""
+        return self.routes.get(self.routes.default).client
+
+    def versions(self) -> dict[str, str]:
+        """Versions of what shapes an answer besides the request (part of the cache key)."""
+        versions: dict[str, str] = {}
+        if self.features is not None:
+            versions["features"] = FEATURE_SET_VERSION
+        if self.router is not None:
+            versions["router"] = self.router.version
+        return versions
+
+    def feature_filters(self) -> dict[str, str]:
+        """Feature name -> metadata key: features that become a default retrieval filter."""
+        return filter_keys(self.features.specs) if self.features is not None else {}
 
     @classmethod
     def build(
@@ -64,27 +89,122 @@ class Services:
             retry_after=settings.redis.retry_after_seconds,
         )
         keys = build_key_store(settings, kv)
-        llm = LLMClient(
-            settings.llm.base_url,
-            api_key=settings.llm.api_key,
-            connect_timeout=settings.llm.connect_timeout_seconds,
-            read_timeout=settings.llm.read_timeout_seconds,
-            max_connections=settings.llm.max_connections,
-        )
         retrieval = None
+        queries: Embedder | None = None
         if settings.retrieval.enabled:
             # One embedding model for queries and, unless one was given to share, another for
             # ingestion (loaded on first use): a model runs one batch at a time, and a query
             # must not wait seconds behind an ingest's batch of passages.
             queries = embedder or Embedder()
             retrieval = build_search(settings, tracer, queries, embedder or Embedder())
-        return cls(settings=settings, tracer=tracer, kv=kv, keys=keys, llm=llm, retrieval=retrieval)
+        routes = build_routes(settings)
+        return cls(
+            settings=settings,
+            tracer=tracer,
+            kv=kv,
+            keys=keys,
+            routes=routes,
+            router=build_router(settings, routes, queries),
+            retrieval=retrieval,
+            features=build_feature_store(settings, kv) if settings.features.enabled else None,
+            observers=build_observers(settings),
+            **build_tools(settings, tracer, retrieval),
+        )
 
     async def aclose(self) -> None:
         if self.retrieval is not None:
             await self.retrieval.aclose()
-        await self.llm.aclose()
+        await self.routes.aclose()
         await self.kv.aclose()
+
+
+def build_observers(settings: Settings) -> list[StageObserver]:
+    """Metrics and the request log hang on the runner, not on each stage."""
+    observers: list[StageObserver] = []
+    if settings.telemetry.metrics:
+        observers.append(StageMetrics())
+    if settings.log.requests:
+        observers.append(RequestLogObserver())
+    return observers
+
+
+def build_routes(settings: Settings) -> RouteTable:
+    """One client (its own connection pool) and one concurrency bound per route."""
+    llm = settings.llm
+    routes = {
+        name: Route(
+            name=name,
+            model=config.model,
+            client=LLMClient(
+                config.base_url,
+                api_key=config.api_key,
+                connect_timeout=llm.connect_timeout_seconds,
+                read_timeout=llm.read_timeout_seconds,
+                max_connections=llm.max_connections,
+            ),
+            limit=asyncio.Semaphore(config.max_concurrency),
+        )
+        for name, config in settings.routing.resolved(llm).items()
+    }
+    return RouteTable(routes, default=settings.routing.default)
+
+
+def build_feature_store(settings: Settings, kv: KeyValueStore) -> FeatureStore:
+    return FeatureStore(
+        kv, prefix=settings.redis.key_prefix, log_max_entries=settings.features.log_max_entries
+    )
+
+
+def build_router(
+    settings: Settings, routes: RouteTable, embedder: Embedder | None
+) -> Router | None:
+    """The router, when routing is on and there is a choice; with centroids when there is a
+    query embedder (retrieval on), embedded now unless the model is not to load at start-up."""
+    config = settings.routing
+    if not config.enabled or len(routes.routes) < 2:
+        return None
+    intents = {"small": config.small_route, "large": config.large_route}
+    unknown = sorted(set(intents.values()) - set(routes.routes))
+    if unknown:
+        raise ValueError(
+            f"RAG_ROUTING__SMALL_ROUTE / __LARGE_ROUTE name routes that are not configured: "
+            f"{', '.join(unknown)} (routes: {', '.join(sorted(routes.routes))})"
+        )
+    policy = RouterPolicy(
+        intents=intents,
+        thresholds=Thresholds(
+            long_words=config.long_words,
+            long_chars=config.long_chars,
+            short_words=config.short_words,
+        ),
+        capped_tiers=frozenset(config.capped_tiers),
+    )
+    centroids = None
+    if embedder is not None:
+        centroids = Centroids(load_examples(), embedder.embed)
+        if settings.retrieval.warm_up:
+            centroids.warm_up()  # a few dozen short prompts: a fraction of a second
+    return Router(routes, policy, centroids)
+
+
+def build_tools(
+    settings: Settings, tracer: trace.Tracer, retrieval: PassageSearch | None
+) -> dict[str, Any]:
+    """``server_tools`` and ``tool_invoker``: the built-ins (the document search only with
+    retrieval) and the configured HTTP tools, behind one invoker whose limits all requests
+    share. Nothing when tools are off."""
+    config = settings.tools
+    if not config.enabled:
+        return {}
+    registry = ToolRegistry(
+        builtin_tools(
+            retrieval, timeout_s=config.timeout_seconds, max_concurrency=config.max_concurrency
+        )
+    )
+    for http in config.http:
+        registry.add(HttpTool(**http.tool_options()).tool())
+    invoker = ToolInvoker(registry, tracer, capture_content=settings.telemetry.capture_content)
+    return {"server_tools": registry.tools, "tool_invoker": invoker}
 
 
 def build_key_store(settings: Settings, kv: KeyValueStore) -> ApiKeyStore:

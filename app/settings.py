@@ -7,12 +7,15 @@ listed, with its default and meaning, in the README's configuration table.
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+logger = logging.getLogger(__name__)
 
 
 def default_home() -> Path:
@@ -80,6 +83,20 @@ class TelemetrySettings(BaseModel):
     capture_content: bool = Field(
         False, description="Put prompt and answer text on the chat span (off: never)."
     )
+    allow_content_capture_in_production: bool = Field(
+        False, description="Without it, production refuses to start with content capture on."
+    )
+    metrics: bool = Field(True, description="Serve /metrics and record the service's metrics.")
+
+
+class LogSettings(BaseModel):
+    """Logs (``app.logs``): the format, the level, the one line per request."""
+
+    format: Literal["json", "text"] | None = Field(
+        None, description="json or text (None: json in production, text elsewhere)."
+    )
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    requests: bool = Field(True, description="One line per HTTP request (logger rag.request).")
 
 
 class RetrievalSettings(BaseModel):
@@ -99,19 +116,238 @@ class RetrievalSettings(BaseModel):
     warm_up: bool = Field(True, description="Load the embedding model at start-up.")
 
 
+class RouteSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    max_concurrency: int = Field(64, gt=0, description="Requests in flight on this route.")
+
+
+class RoutingSettings(BaseModel):
+    """Model routes (``RAG_ROUTING__ROUTES`` as JSON: name -> {base_url, model, ...}). Empty:
+    two routes, ``small`` and ``large``, both on ``RAG_LLM__BASE_URL`` and its first model."""
+
+    enabled: bool = Field(True, description="Choose a route per request (off: the default).")
+    routes: dict[str, RouteSettings] = Field(default_factory=dict)
+    default: str = Field("small", description="Route taken when nothing decides otherwise.")
+    small_route: str = Field("small", description="Route of short, classification-like asks.")
+    large_route: str = Field("large", description="Route of long, multi-step reasoning.")
+    long_words: int = Field(60, gt=0, description="More words than this: a long prompt (large).")
+    long_chars: int = Field(400, gt=0, description="More characters than this: long (large).")
+    short_words: int = Field(
+        20, gt=0, description="Up to this many words a factual question may go small."
+    )
+    capped_tiers: list[str] = Field(
+        default_factory=lambda: ["free"],
+        description="Values of the user's `tier` feature routed small unless pinned (JSON).",
+    )
+    timeout_ms: float = Field(
+        250.0, gt=0, description="Budget of the route stage; past it, the default route."
+    )
+
+    def resolved(self, llm: LLMSettings) -> dict[str, RouteSettings]:
+        if self.routes:
+            return self.routes
+
+        def local(model: str) -> RouteSettings:
+            return RouteSettings(base_url=llm.base_url, model=model, api_key=llm.api_key)
+
+        first, *others = llm.models
+        return {"small": local(first), "large": local(first), **{m: local(m) for m in others}}
+
+
+class FeatureSettings(BaseModel):
+    """The online feature store and the ``features`` stage."""
+
+    enabled: bool = Field(True, description="Load the user's features (answers get personal).")
+    timeout_ms: float = Field(50.0, gt=0, description="Budget of the lookup; past it, defaults.")
+    log_requests: bool = Field(
+        True, description="Append each request to the request log `rag features compute` reads."
+    )
+    log_max_entries: int = Field(
+        100_000, gt=0, description="The request log keeps about this many newest records."
+    )
+
+
+class HttpToolSettings(BaseModel):
+    """One HTTP tool: an entry of ``RAG_TOOLS__HTTP`` (a JSON list of these)."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = Field(min_length=1, max_length=1000)
+    url: str = Field(description="GET URL template; its {placeholders} are the tool's arguments.")
+    allow: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes the tool may fetch (empty: the template up to its first {}).",
+    )
+    parameters: dict[str, Any] | None = Field(
+        None, description="JSON schema of the arguments (default: one string per placeholder)."
+    )
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(5.0, gt=0)
+    max_bytes: int = Field(64_000, gt=0, description="Longer responses are cut.")
+    max_concurrency: int = Field(8, gt=0)
+    rate_per_second: float | None = Field(None, gt=0)
+    cache_ttl_seconds: int | None = Field(
+        0, ge=0, description="How long an answer that used it may be cached (0: never)."
+    )
+    allow_private: bool = Field(
+        False, description="Its allow-listed hosts may be private addresses (inside the network)."
+    )
+
+    @model_validator(mode="after")
+    def _valid_tool(self) -> HttpToolSettings:
+        # Refused at start-up rather than at the first call: build the tool once.
+        from pipeline.tools.base import ToolError
+        from pipeline.tools.http import HttpTool
+
+        try:
+            HttpTool(**self.tool_options())
+        except ToolError as exc:
+            raise ValueError(f"HTTP tool {self.name}: {exc}") from None
+        return self
+
+    def tool_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``pipeline.tools.http.HttpTool``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "url": self.url,
+            "allow": self.allow,
+            "parameters": self.parameters,
+            "headers": self.headers,
+            "timeout_s": self.timeout_seconds,
+            "max_bytes": self.max_bytes,
+            "max_concurrency": self.max_concurrency,
+            "rate_per_second": self.rate_per_second,
+            "cache_ttl": self.cache_ttl_seconds,
+            "allow_private": self.allow_private,
+        }
+
+
+class ToolSettings(BaseModel):
+    """Server-side tools: planned ones and function calling."""
+
+    enabled: bool = Field(True, description="Planned tools and server tools for the model.")
+    max_rounds: int = Field(3, ge=1, le=10, description="Model calls with tool results, at most.")
+    timeout_seconds: float = Field(2.0, gt=0, description="Timeout of each built-in tool call.")
+    max_concurrency: int = Field(64, gt=0, description="Calls of one built-in tool at once.")
+    http: list[HttpToolSettings] = Field(
+        default_factory=list, description="HTTP tools (JSON list), each on its own allow-list."
+    )
+
+    @field_validator("http", mode="after")
+    @classmethod
+    def _distinct_names(cls, tools: list[HttpToolSettings]) -> list[HttpToolSettings]:
+        names = [tool.name for tool in tools]
+        if len(names) != len(set(names)):
+            raise ValueError("two HTTP tools have the same name")
+        return tools
+
+
+class JobSettings(BaseModel):
+    """Asynchronous jobs (``/v1/jobs``): the queue, the workers, the webhooks."""
+
+    workers: int = Field(1, ge=0, description="Job workers inside each API process (0: none).")
+    concurrency: int = Field(
+        2, ge=1, description="Jobs one worker runs at once (bounds what jobs take from chat)."
+    )
+    timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one run of a job.")
+    visibility_timeout_seconds: float = Field(
+        30.0, gt=0, description="A job whose worker is silent this long is taken by another."
+    )
+    max_attempts: int = Field(3, ge=1, description="Runs of a job before it is failed.")
+    retry_backoff_seconds: float = Field(
+        1.0, ge=0, description="Wait before a job that failed transiently is queued again."
+    )
+    result_ttl_seconds: int = Field(86_400, gt=0, description="How long finished jobs are kept.")
+    idempotency_ttl_seconds: int = Field(86_400, gt=0)
+    max_body_bytes: int = Field(256_000, gt=0, description="Larger job bodies are a 413.")
+    poll_seconds: float = Field(1.0, gt=0, description="Longest blocking read of the queue.")
+    webhook_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts or CIDRs exempt from the webhook address rules (and allowed http).",
+    )
+    webhook_timeout_seconds: float = Field(10.0, gt=0)
+    webhook_connect_timeout_seconds: float = Field(3.0, gt=0)
+    webhook_max_attempts: int = Field(6, ge=1)
+    webhook_backoff_seconds: float = Field(1.0, ge=0, description="First retry delay; doubles.")
+    webhook_secret_grace_seconds: int = Field(
+        86_400, ge=0, description="After a rotation, the old secret also signs this long."
+    )
+
+    @field_validator("webhook_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [item.strip() for item in text.split(",") if item.strip()]
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="RAG_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+        env_prefix="RAG_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+        # Errors name the field, never echo its value (keys and tokens are settings too).
+        hide_input_in_errors=True,
     )
 
     environment: Literal["development", "test", "production"] = "development"
+    dev_api_key: SecretStr | None = Field(
+        None, description="The key `make run` creates for tenant `dev`; production refuses it."
+    )
     redis: RedisSettings = Field(default_factory=RedisSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    log: LogSettings = Field(default_factory=LogSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    features: FeatureSettings = Field(default_factory=FeatureSettings)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+
+    @field_validator("dev_api_key", mode="after")
+    @classmethod
+    def _empty_key_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        # `RAG_DEV_API_KEY=` (an empty line in .env) means "no development key".
+        return value if value is not None and value.get_secret_value() else None
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        # As the FastAPI template's _enforce_non_default_secrets: tolerated (loudly) in
+        # development, refused in production; tests set what they need and are not told.
+        problems = unsafe_for_production(self)
+        if problems and self.environment == "production":
+            raise ValueError("refusing to start in production: " + "; ".join(problems))
+        if self.environment == "development":
+            for problem in problems:
+                logger.warning("%s: allowed in development, refused in production", problem)
+        return self
+
+
+def unsafe_for_production(settings: Settings) -> list[str]:
+    """What in ``settings`` must not reach production, one sentence each."""
+    problems = []
+    if settings.dev_api_key:
+        problems.append("a development key is configured (RAG_DEV_API_KEY)")
+    telemetry = settings.telemetry
+    if telemetry.capture_content and not telemetry.allow_content_capture_in_production:
+        problems.append(
+            "content capture is on (RAG_TELEMETRY__CAPTURE_CONTENT) without "
+            "RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION"
+        )
+    return problems
 
 
 @lru_cache

@@ -1,11 +1,21 @@
 """Cache-hit latency through the service, beside a floor measured in the same run.
 
-    python -m bench.cache_hit [--requests 2000] [--concurrency 1 32]
+    python -m bench.cache_hit [--requests 2000] [--concurrency 1 32] [--variants ...]
 
-Both servers run as their own uvicorn processes on loopback, against a private redis-server:
-the service (auth, validate, cache lookup; the answer is a cache hit) and the floor (a bare
-FastAPI route doing one Redis GET). The same client measures both, interleaved by round, and
-prints p50/p99 latency and requests/s for each, and the ratio service/floor.
+Every server runs as its own uvicorn process on loopback, against a private redis-server: the
+floor (a bare FastAPI route doing one Redis GET) and the service (auth, validate, cache lookup;
+the answer is a cache hit) in up to three variants of its observability, so that its cost is
+measured before and after in one run:
+
+- observability off: no metrics, no request log, no exporter (spans still recorded by the
+  SDK's default sampler, as the service did before it had metrics and logs);
+- on, not sampled: metrics, the JSON request log (to a file), an OTLP/gRPC exporter configured
+  and ``OTEL_TRACES_SAMPLER=always_off`` (the cost for requests that are not sampled);
+- on, sampled + exported: the same with every trace sampled and exported in batches over gRPC
+  to a receiver process (``tests/support/otlp.py``) that counts what it gets.
+
+The same client measures each, interleaved by round, and prints p50/p99 latency and requests/s,
+the ratio to the floor, and what observability adds to the variant that has it off.
 """
 
 from __future__ import annotations
@@ -16,7 +26,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -25,11 +37,10 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from app.schemas import ChatCompletionRequest
+from app.services import Services
 from app.settings import Settings
 from pipeline.context import Completion
-from pipeline.keys import ApiKeyStore
-from pipeline.kv import KeyValueStore
-from pipeline.stages.cache import ResponseCache, cache_key
+from pipeline.stages.cache import CacheLookup, cache_key
 from tests.support.servers import RedisServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,23 +53,22 @@ BODY = {
 }
 
 
-def serve(target: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            target,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-            *(["--factory"] if target.endswith("create_app") else []),
-        ],
-        cwd=ROOT,
-        env={**os.environ, **env},
-    )
+def serve_module(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``python -m ARGS`` in the repository, its output in ``log``."""
+    with log.open("wb") as out:  # the child keeps its own handle
+        return subprocess.Popen(
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def serve(target: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    factory = ["--factory"] if target.endswith("create_app") else []
+    args = ["uvicorn", target, "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    return serve_module([*args, *factory], env, log)
 
 
 def up(url: str) -> bool:
@@ -68,16 +78,35 @@ def up(url: str) -> bool:
         return False
 
 
-async def prefill(redis_url: str, prefix: str) -> str:
-    """Create a key and store the answer the benchmark request will hit."""
-    kv = KeyValueStore.from_url(redis_url, trace.NoOpTracer())
-    keys = ApiKeyStore(kv, prefix=f"{prefix}apikey:")
-    raw = await keys.create("bench", "bench")
-    principal = await keys.resolve(raw)
+def service_settings(redis_url: str, prefix: str) -> Settings:
+    """The settings every service variant runs with (as environment variables in ``env``)."""
+    return Settings(
+        redis={"url": redis_url, "key_prefix": prefix},
+        llm={"base_url": "http://127.0.0.1:9"},
+        retrieval={"enabled": False},
+    )
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    return {
+        "RAG_REDIS__URL": settings.redis.url,
+        "RAG_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+        "RAG_LLM__BASE_URL": settings.llm.base_url,
+        "RAG_RETRIEVAL__ENABLED": "false",
+    }
+
+
+async def prefill(settings: Settings) -> str:
+    """Create a key and store the answer the benchmark request will hit, under the key the
+    service's own cache-lookup stage computes (its versions, personalisation and all)."""
+    services = Services.build(settings, trace.NoOpTracer())
+    lookup = next(s for s in services.runner.steps if getattr(s, "name", "") == "cache_lookup")
+    assert isinstance(lookup, CacheLookup)
+    raw: str = await services.keys.create("bench", "bench")
+    principal = await services.keys.resolve(raw)
     assert principal is not None
-    defaults = Settings()
     params = ChatCompletionRequest.model_validate(BODY).to_params(
-        defaults.retrieval.top_k, defaults.llm.default_max_tokens
+        settings.retrieval.top_k, settings.llm.default_max_tokens
     )
     completion = Completion(
         content="The capital of France is Paris.",
@@ -86,9 +115,16 @@ async def prefill(redis_url: str, prefix: str) -> str:
         prompt_tokens=20,
         completion_tokens=8,
     )
-    cache = ResponseCache(kv, prefix=f"{prefix}cache:")
-    await cache.put(cache_key(params, principal, "none"), completion)
-    await kv.aclose()
+    key = cache_key(
+        params,
+        principal,
+        lookup.index_version(principal.tenant),
+        personalised=lookup.personalised,
+        versions=lookup.versions,
+    )
+    await lookup.cache.put(key, completion)
+    await services.aclose()
+    redis_url = settings.redis.url
     floor = aioredis.Redis.from_url(redis_url)
     await floor.set("bench:floor", orjson.dumps(completion.to_dict()))
     await floor.aclose()
@@ -124,71 +160,126 @@ async def measure(
     }
 
 
+# The service with its observability switched off (as before it had any: spans recorded by the
+# SDK's default sampler, no exporter, no metrics, no request log) and on, unsampled and sampled.
+SERVICE_VARIANTS: dict[str, dict[str, str]] = {
+    "service, observability off": {
+        "RAG_TELEMETRY__METRICS": "false",
+        "RAG_LOG__REQUESTS": "false",
+    },
+    "service, on, not sampled": {
+        "OTEL_TRACES_SAMPLER": "always_off",
+        "RAG_LOG__FORMAT": "json",
+    },
+    "service, on, sampled + exported": {"RAG_LOG__FORMAT": "json"},
+}
+
+
+def start_servers(
+    settings: Settings, variants: list[str], logs: Path
+) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    """Each variant of the service, the floor and the OTLP receiver: name -> base URL."""
+    receiver_port = free_port()
+    procs = [serve_module(["tests.support.otlp", str(receiver_port)], {}, logs / "receiver.log")]
+    common = {
+        **settings_env(settings),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    urls = {}
+    for number, name in enumerate(variants):
+        env = {**common, **SERVICE_VARIANTS[name]}
+        if "off" in name:
+            env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER")}
+        port = free_port()
+        procs.append(serve("app.main:create_app", port, env, logs / f"service-{number}.log"))
+        urls[name] = f"http://127.0.0.1:{port}"
+    port = free_port()
+    floor_env = {"BENCH_REDIS_URL": settings.redis.url}
+    procs.append(serve("bench.floor_app:app", port, floor_env, logs / "floor.log"))
+    urls["floor"] = f"http://127.0.0.1:{port}"
+    return urls, procs
+
+
+def print_rows(concurrency: int, summary: dict[str, dict[str, float]]) -> None:
+    floor = summary["floor"]
+    for name, s in summary.items():
+        cells = [f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['rps']:.0f}"]
+        ratio = "" if name == "floor" else f"{s['p50_ms'] / floor['p50_ms']:.2f}x"
+        print(f"| {concurrency} | {name} | " + " | ".join(cells) + f" | {ratio} |")
+    base = summary.get("service, observability off")
+    if base is not None:
+        for name, s in summary.items():
+            if name.startswith("service, on"):
+                extra = s["p50_ms"] - base["p50_ms"]
+                print(
+                    f"| {concurrency} | {name} vs off | {extra:+.3f} ms p50 "
+                    f"({s['p50_ms'] / base['p50_ms'] - 1:+.1%}) | | "
+                    f"{s['rps'] / base['rps'] - 1:+.1%} req/s | |"
+                )
+
+
+async def ready_targets(urls: dict[str, str], key: str) -> dict[str, tuple[str, dict[str, str]]]:
+    """Wait for every server; check that each service variant answers from the cache."""
+    for name, url in urls.items():
+        health = f"{url}/docs" if name == "floor" else f"{url}/healthz"
+        wait_for(partial(up, health), 60, name)
+    targets = {
+        name: (f"{url}/v1/chat/completions", {"Authorization": f"Bearer {key}"})
+        for name, url in urls.items()
+        if name != "floor"
+    }
+    async with httpx.AsyncClient() as client:
+        for url, headers in targets.values():
+            check = await client.post(url, json=BODY, headers=headers)
+            assert check.headers["x-cache"] == "hit", check.text
+    return {"floor": (f"{urls['floor']}/floor", {}), **targets}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(SERVICE_VARIANTS),
+        default=list(SERVICE_VARIANTS),
+        help="service variants to run beside the floor (observability off, on, sampled)",
+    )
     args = parser.parse_args()
 
     redis_server = RedisServer()
     redis_server.start()
-    prefix = "bench:"
-    key = await prefill(redis_server.url, prefix)
-    service_port, floor_port = free_port(), free_port()
-    procs = [
-        serve(
-            "app.main:create_app",
-            service_port,
-            {
-                "RAG_REDIS__URL": redis_server.url,
-                "RAG_REDIS__KEY_PREFIX": prefix,
-                "RAG_LLM__BASE_URL": "http://127.0.0.1:9",
-                "RAG_RETRIEVAL__ENABLED": "false",
-            },
-        ),
-        serve("bench.floor_app:app", floor_port, {"BENCH_REDIS_URL": redis_server.url}),
-    ]
+    settings = service_settings(redis_server.url, "bench:")
+    key = await prefill(settings)
+    logs = Path(tempfile.mkdtemp(prefix="rag-bench-logs-"))
+    urls, procs = start_servers(settings, args.variants, logs)
     try:
-        wait_for(lambda: up(f"http://127.0.0.1:{service_port}/healthz"), 60, "service")
-        wait_for(lambda: up(f"http://127.0.0.1:{floor_port}/docs"), 60, "floor")
-        service = (
-            f"http://127.0.0.1:{service_port}/v1/chat/completions",
-            {"Authorization": f"Bearer {key}"},
-        )
-        async with httpx.AsyncClient() as client:
-            check = await client.post(service[0], json=BODY, headers=service[1])
-        assert check.headers["x-cache"] == "hit", check.text
-        floor = (f"http://127.0.0.1:{floor_port}/floor", {})
+        targets = await ready_targets(urls, key)
         print(
             f"# cache-hit benchmark, {args.requests} requests x {args.rounds} rounds, "
-            f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+            f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; server logs in {logs}"
         )
-        print("| concurrency | target | p50 ms | p99 ms | req/s |")
-        print("|---|---|---|---|---|")
+        print("| concurrency | target | p50 ms | p99 ms | req/s | p50 / floor |")
+        print("|---|---|---|---|---|---|")
         for concurrency in args.concurrency:
-            runs: dict[str, list[dict[str, float]]] = {"service": [], "floor": []}
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
             for _ in range(args.rounds):
-                for name, (url, headers) in (("floor", floor), ("service", service)):
+                for name, (url, headers) in targets.items():
                     runs[name].append(await measure(url, headers, args.requests, concurrency))
             summary = {
                 name: {k: statistics.median(r[k] for r in results) for k in results[0]}
                 for name, results in runs.items()
             }
-            for name in ("floor", "service"):
-                s = summary[name]
-                cells = [f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['rps']:.0f}"]
-                print(f"| {concurrency} | {name} | " + " | ".join(cells) + " |")
-            ratio = summary["service"]["p50_ms"] / summary["floor"]["p50_ms"]
-            print(
-                f"| {concurrency} | service/floor p50 | {ratio:.2f}x | | "
-                f"{summary['service']['rps'] / summary['floor']['rps']:.2f}x |"
-            )
+            print_rows(concurrency, summary)
     finally:
-        for proc in procs:
+        for proc in reversed(procs):  # the receiver last: the services flush to it on exit
             proc.terminate()
             proc.wait(10)
         redis_server.stop()
+        print((logs / "receiver.log").read_text().strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from retrieval.documents import Document
 from retrieval.embeddings import Embedder, FloatArray
 from retrieval.index import TenantIndex
 from retrieval.store import IndexStore
-from tests.support.data import SCIFACT
+from tests.support.data import SCIFACT, open_scifact
 
 CACHE_DIR = Path.home() / ".cache" / "rag"
 
@@ -27,7 +27,7 @@ CACHE_DIR = Path.home() / ".cache" / "rag"
 def load_corpus(root: Path = SCIFACT) -> list[Document]:
     """SciFact's abstracts as one `Document` each (title kept apart from the text)."""
     docs = []
-    with (root / "corpus.jsonl").open() as f:
+    with open_scifact("corpus.jsonl", root) as f:
         for line in f:
             row = json.loads(line)
             docs.append(
@@ -38,14 +38,14 @@ def load_corpus(root: Path = SCIFACT) -> list[Document]:
 
 def load_queries(root: Path = SCIFACT) -> dict[str, str]:
     """Query id -> claim text."""
-    with (root / "queries.jsonl").open() as f:
+    with open_scifact("queries.jsonl", root) as f:
         return {row["_id"]: row["text"] for row in map(json.loads, f)}
 
 
 def load_qrels(split: str, root: Path = SCIFACT) -> dict[str, dict[str, int]]:
     """Query id -> {corpus id: relevance} for `split` ("train" or "test")."""
     qrels: dict[str, dict[str, int]] = {}
-    with (root / "qrels" / f"{split}.tsv").open() as f:
+    with open_scifact(f"qrels/{split}.tsv", root) as f:
         next(f)
         for line in f:
             qid, did, score = line.split()

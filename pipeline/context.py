@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
+
+from pipeline.answer import AnswerStream
+from pipeline.completion import Completion
+
+__all__ = ["Completion"]  # re-exported: its home was here
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,9 @@ class RagOptions:
     top_k: int = 4
     filters: dict[str, Any] | None = None
     explain: bool = False
+    route: str | None = None
+    tools: tuple[str, ...] = ()
+    plan_tools: bool = True
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,8 @@ class ChatParams:
     include_usage: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
     rag: RagOptions = field(default_factory=RagOptions)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: Any = None
 
 
 @dataclass(frozen=True)
@@ -58,37 +69,43 @@ class Passage:
     score: float
 
 
-@dataclass
-class Completion:
-    """A complete answer: what is returned, cached and replayed."""
+@dataclass(frozen=True)
+class Features:
+    """A user's features for this request; ``defaulted`` names those that fell back."""
 
+    values: dict[str, Any] = field(default_factory=dict)
+    defaulted: frozenset[str] = frozenset()
+    version: str | None = None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """One server-side tool call and its outcome; ``content`` is what the model is shown."""
+
+    name: str
+    call_id: str
+    status: str  # ok, error, timeout, refused
     content: str
-    finish_reason: str
+    duration_ms: float = 0.0
+    cache_ttl: int | None = None  # None: cacheable for the cache's TTL; 0: never
+
+    def report(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "duration_ms": round(self.duration_ms, 3)}
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """The model route chosen for the request, and why."""
+
+    name: str
     model: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    sources: list[dict[str, Any]] = field(default_factory=list)
+    reason: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "content": self.content,
-            "finish_reason": self.finish_reason,
-            "model": self.model,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "sources": self.sources,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Completion:
-        return cls(
-            content=str(data["content"]),
-            finish_reason=str(data["finish_reason"]),
-            model=str(data["model"]),
-            prompt_tokens=int(data.get("prompt_tokens", 0)),
-            completion_tokens=int(data.get("completion_tokens", 0)),
-            sources=list(data.get("sources", [])),
-        )
+    def report(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -122,7 +139,9 @@ _current_record: contextvars.ContextVar[StageRecord | None] = contextvars.Contex
 class RequestContext:
     """Everything a request accumulates on its way through the stages.
 
-    Stages running concurrently each fill their own fields; none reads what a sibling writes.
+    Each stage declares the fields it reads and writes (checked when the path is built).
+    Stages running concurrently write different fields; one that needs a sibling's field waits
+    for it with ``await ctx.available(name)``.
     """
 
     params: ChatParams
@@ -135,25 +154,61 @@ class RequestContext:
     principal: Principal | None = None
     cache_key: str | None = None
     cache_status: str = "miss"
+    features: Features = field(default_factory=Features)
+    query_vector: Any = None
     passages: list[Passage] = field(default_factory=list)
+    tool_runs: list[ToolRun] = field(default_factory=list)
+    route: RouteChoice | None = None
+    answer: AnswerStream | None = None
     completion: Completion | None = None
-    stream: AsyncIterator[str] | None = None
     finished: bool = False
     records: list[StageRecord] = field(default_factory=list)
+    _pending: dict[str, asyncio.Event] = field(default_factory=dict, repr=False)
 
     def respond(self, completion: Completion) -> None:
         """Hand back a final answer now; the runner skips the remaining stages."""
         self.completion = completion
+        self.answer = AnswerStream.replay(completion)
         self.finished = True
+
+    @property
+    def caller(self) -> Principal:
+        """The authenticated principal (stages that read it run after auth: checked when the
+        path is built)."""
+        if self.principal is None:
+            raise RuntimeError("no principal: a stage that reads it runs before auth")
+        return self.principal
+
+    async def available(self, name: str) -> None:
+        """Wait until a sibling stage of the running group has written ``name`` (at once when
+        no running stage is still to write it)."""
+        pending = self._pending.get(name)
+        if pending is not None:
+            await pending.wait()
+
+    def expect(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._pending.setdefault(name, asyncio.Event())
+
+    def provide(self, names: Iterable[str]) -> None:
+        for name in names:
+            pending = self._pending.pop(name, None)
+            if pending is not None:
+                pending.set()
+
+    def tools_report(self) -> list[dict[str, Any]]:
+        return [run.report() for run in self.tool_runs]
 
     def annotate(self, **attributes: Any) -> None:
         """Record facts about the running stage on its span and in its explain record."""
         span = trace.get_current_span()
+        recording = span.is_recording()  # not sampled: no attribute to build
         record = _current_record.get()
         for key, value in attributes.items():
             if value is None:
                 continue
-            span.set_attribute(key if "." in key else f"rag.{key}", value)
+            if recording:
+                span.set_attribute(key if "." in key else f"rag.{key}", value)
             if record is not None:
                 record.info[key.removeprefix("rag.")] = value
 

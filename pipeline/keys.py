@@ -80,12 +80,35 @@ class ApiKeyStore:
                 "created": int(time.time()),
             },
         )
+        # key id -> hash, so that work done later on a key's behalf (a queued job holds the
+        # principal, never the key) can ask whether the key still exists: ``is_active``.
+        await self.kv.set(self._id_key(raw.split(".", 1)[0]), digest.encode())
         return raw
 
     async def revoke(self, raw: str) -> bool:
         digest = hash_key(raw)
         self._seen.pop(digest, None)
-        return await self.kv.delete(self.prefix + digest) > 0
+        # The record goes first: should the index outlive it, is_active still says False.
+        revoked = await self.kv.delete(self.prefix + digest) > 0
+        id_key = self._id_key(raw.split(".", 1)[0])
+        if await self.kv.get(id_key) == digest.encode():
+            await self.kv.delete(id_key)
+        return revoked
+
+    async def is_active(self, key_id: str) -> bool:
+        """Whether the key with this id still exists (not revoked). Asks Redis every time: the
+        in-process cache would let a revoked key act for up to ``cache_ttl`` more seconds.
+
+        Raises ``StoreUnavailable`` when Redis is down.
+        """
+        digest = await self.kv.get(self._id_key(key_id))
+        if digest is None:
+            return False
+        fields = await self.kv.hgetall(self.prefix + digest.decode())
+        return hmac.compare_digest(fields.get(b"hash", b""), digest)
+
+    def _id_key(self, key_id: str) -> str:
+        return f"{self.prefix}id:{key_id}"
 
     async def resolve(self, raw: str) -> Principal | None:
         """The principal for a key, or None when the key is unknown.

@@ -8,7 +8,7 @@ so the service recovers by itself when Redis is back.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as redis
@@ -16,9 +16,14 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from pipeline import metrics
+
+ScriptArg = str | int | float | bytes
 
 
 class StoreUnavailable(Exception):
@@ -58,6 +63,7 @@ class KeyValueStore:
 
     async def _call(self, command: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         if not self.available:
+            metrics.redis_failed(command, "circuit_open")
             raise StoreUnavailable("redis is down (circuit open)")
         with self.tracer.start_as_current_span(
             f"redis {command}",
@@ -70,10 +76,12 @@ class KeyValueStore:
                 result = await fn()
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 self._down_until = time.monotonic() + self.retry_after
+                metrics.redis_failed(command, type(exc).__name__)
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 span.set_attribute("error.type", type(exc).__name__)
                 raise StoreUnavailable(f"redis unreachable: {type(exc).__name__}") from exc
             except RedisError as exc:
+                metrics.redis_failed(command, type(exc).__name__)
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 span.set_attribute("error.type", type(exc).__name__)
                 raise StoreUnavailable(f"redis error: {exc}") from exc
@@ -97,6 +105,108 @@ class KeyValueStore:
     async def delete(self, key: str) -> int:
         count: int = await self._call("DEL", lambda: self.client.delete(key))
         return count
+
+    # --- scripts and streams (the job queue) ---
+
+    def script(self, text: str) -> AsyncScript:
+        """Register a Lua script; run it with ``run_script`` (EVALSHA, loaded on first use)."""
+        return self.client.register_script(text)
+
+    async def run_script(
+        self, name: str, script: AsyncScript, keys: Sequence[str], args: Sequence[ScriptArg]
+    ) -> Any:
+        """Run a registered script: all of its writes happen together or, if Redis is
+        unreachable, none of them."""
+        return await self._call(f"EVALSHA {name}", lambda: script(keys=list(keys), args=list(args)))
+
+    async def xgroup_create(self, stream: str, group: str) -> bool:
+        """Create the consumer group (and the stream) unless it exists; True when created."""
+
+        async def create() -> bool:
+            try:
+                await self.client.xgroup_create(stream, group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" in str(exc):
+                    return False
+                raise
+            return True
+
+        created: bool = await self._call("XGROUP CREATE", create)
+        return created
+
+    async def xreadgroup(
+        self, stream: str, group: str, consumer: str, *, count: int, block_ms: int | None
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """New entries for this consumer (at most ``count``), waiting up to ``block_ms``."""
+        reply: Any = await self._call(
+            "XREADGROUP",
+            lambda: self.client.xreadgroup(
+                group, consumer, {stream: ">"}, count=count, block=block_ms
+            ),
+        )
+        if not reply:
+            return []
+        if isinstance(reply, dict):  # RESP3 shape
+            entries: list[Any] = next(iter(reply.values()), [[]])[0]
+        else:
+            entries = reply[0][1]
+        return [(entry_id, fields) for entry_id, fields in entries if fields is not None]
+
+    async def xautoclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """Take over entries that another consumer left unacknowledged for ``min_idle_ms``."""
+        reply: Any = await self._call(
+            "XAUTOCLAIM",
+            lambda: self.client.xautoclaim(
+                stream, group, consumer, min_idle_ms, start_id="0-0", count=count
+            ),
+        )
+        return [(entry_id, fields) for entry_id, fields in reply[1] if fields is not None]
+
+    async def xclaim_touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
+        """Reset the idle time of entries this consumer is still working on (a heartbeat)."""
+        if ids:
+            claimed: list[Any] = list(ids)
+            await self._call(
+                "XCLAIM",
+                lambda: self.client.xclaim(stream, group, consumer, 0, claimed, justid=True),
+            )
+
+    async def xlen(self, stream: str) -> int:
+        length: int = await self._call("XLEN", lambda: self.client.xlen(stream))
+        return length
+
+    # --- pipelines (the feature store) ---
+
+    async def pipeline(
+        self,
+        name: str,
+        queue: Callable[[Any], Awaitable[None]],
+        *,
+        transaction: bool = False,
+    ) -> list[Any]:
+        """Several commands in one round trip, under one span: ``queue`` adds them to the
+        pipeline it is given (a registered script is queued by awaiting it with
+        ``client=pipe``); their replies come back in order. ``transaction``: MULTI/EXEC."""
+
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=transaction) as pipe:
+                await queue(pipe)
+                replies: list[Any] = await pipe.execute()
+                return replies
+
+        replies: list[Any] = await self._call(name, run)
+        return replies
+
+    async def xrange(
+        self, stream: str, *, start: str = "-", count: int = 1000
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """Up to ``count`` entries of a stream from ``start`` on (``(id``: after ``id``)."""
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._call(
+            "XRANGE", lambda: self.client.xrange(stream, min=start, max="+", count=count)
+        )
+        return entries
 
     async def ping(self) -> bool:
         # Health checks probe for real even while the circuit is open.

@@ -26,6 +26,7 @@ from retrieval import (
     SearchResult,
     parse_filters,
 )
+from retrieval.vectors import FloatArray
 
 
 def parse_request_filters(spec: Any) -> Filter | None:
@@ -57,16 +58,28 @@ class PassageSearch:
     def has_index(self, tenant: str) -> bool:
         return self.store.current(tenant) is not None
 
+    async def embed(self, query: str) -> FloatArray:
+        """The query's vector (batched with other requests' queries, off the event loop)."""
+        return await self.queries.embed(query)
+
     async def search(
-        self, tenant: str, query: str, *, top_k: int, filters: Any = None
+        self,
+        tenant: str,
+        query: str,
+        *,
+        top_k: int,
+        filters: Any = None,
+        vector: FloatArray | None = None,
     ) -> SearchResult:
-        """The tenant's best passages for ``query``; ``filters`` is the request's raw spec."""
+        """The tenant's best passages for ``query``; ``filters`` is the request's raw spec.
+        ``vector`` is the query's, when the caller has embedded it already."""
         parsed = parse_request_filters(filters)
         with self.tracer.start_as_current_span(
             f"retrieval {tenant}", attributes={attr.TENANT: tenant}
         ) as span:
             started = time.perf_counter()
-            vector = await self.queries.embed(query)
+            if vector is None:
+                vector = await self.queries.embed(query)
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await asyncio.to_thread(
                 self.retriever.search, tenant, query, vector, top_k=top_k, filters=parsed

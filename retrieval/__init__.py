@@ -9,6 +9,7 @@ from retrieval.embeddings import Embedder, QueryBatcher
 from retrieval.filters import Filter, FilterError, parse_filters
 from retrieval.hybrid import Hit, HybridRetriever, SearchResult
 from retrieval.index import TenantIndex
+from retrieval.relevance import GateResult, RelevanceGate, RelevanceModel, gate
 from retrieval.store import IndexStore, IngestResult
 
 __all__ = [
@@ -18,13 +19,17 @@ __all__ = [
     "Embedder",
     "Filter",
     "FilterError",
+    "GateResult",
     "Hit",
     "HybridRetriever",
     "IndexStore",
     "IngestResult",
     "QueryBatcher",
+    "RelevanceGate",
+    "RelevanceModel",
     "SearchResult",
     "TenantIndex",
     "chunk_document",
+    "gate",
     "parse_filters",
 ]

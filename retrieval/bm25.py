@@ -5,6 +5,11 @@ computed once when the index is built and stored column-wise (CSC), so a query o
 posting columns of its terms. The IDF follows rank-bm25 to the letter: `ln(N - df + 0.5) -
 ln(df + 0.5)`, and a term whose IDF is negative gets `epsilon * average_idf` instead, the average
 taken over every term of the index before that floor.
+
+`max_score` gives the highest score a query could reach, for normalising scores across queries
+(the relevance gate): a term's weight `idf * tf * (k1 + 1) / (tf + norm)` tends to
+`idf * (k1 + 1)` as its count `tf` grows, and is best left at 0 (tf = 0) when its IDF is
+negative, so the sum over the query's terms of `max(idf, 0) * (k1 + 1)` bounds every score.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class BM25Index:
         epsilon: float = 0.25,
     ) -> None:
         self.vocab = vocab
+        self.k1 = k1
         self.size = int(tf.shape[0])
         n_terms = int(tf.shape[1])
         csc = sparse.csc_array(tf)
@@ -120,6 +126,34 @@ class BM25Index:
     def term_ids(self, tokens: Sequence[str]) -> Counter[int]:
         """Query tokens -> {term id: times it occurs}; tokens the index has never seen drop out."""
         return Counter(self.vocab[t] for t in tokens if t in self.vocab)
+
+    @property
+    def unseen_idf(self) -> float:
+        """The IDF a term no passage holds would get by the same formula (df = 0): the rarest
+        possible term, so a query word the index lacks weighs as much as the rarest word in it."""
+        return float(np.log(self.size + 0.5) - np.log(0.5)) if self.size else 0.0
+
+    def max_score(self, tokens: Sequence[str], *, count_unseen: bool = True) -> float:
+        """The supremum of `scores(tokens)` over any passage: the sum, over the query's terms
+        (a repeated term counts as often as it repeats, as in `scores`), of
+        `max(idf, 0) * (k1 + 1)`, the limit of a term's weight as its count in a passage grows
+        (a term with a negative IDF, possible in an index of two or three passages, can only
+        lower a score). 0 when no query term can raise a score.
+
+        With `count_unseen`, query tokens the index has never seen are added at `unseen_idf`:
+        no passage can match them, so a query made mostly of such words cannot score near the
+        maximum (the capital of France against medical abstracts). Without it they are ignored.
+        """
+        total = sum(
+            max(float(self.idf[term]), 0.0) * times for term, times in self.term_ids(tokens).items()
+        )
+        if count_unseen:
+            total += self.unseen_idf * sum(1 for t in tokens if t not in self.vocab)
+        return total * (self.k1 + 1)
+
+    def idf_of(self, tokens: Iterable[str]) -> dict[str, float]:
+        """IDF of each known token (unknown tokens are left out)."""
+        return {t: float(self.idf[self.vocab[t]]) for t in tokens if t in self.vocab}
 
     def scores(self, tokens: Sequence[str]) -> tuple[ScoreArray, BoolArray]:
         """BM25 score of every passage, and which passages hold at least one query term."""

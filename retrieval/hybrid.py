@@ -17,6 +17,7 @@ from retrieval.documents import Metadata
 from retrieval.filters import Filter
 from retrieval.fusion import FusionMethod, fuse
 from retrieval.index import TenantIndex
+from retrieval.relevance import DEFAULT_MODEL, RelevanceModel, normalised_bm25
 from retrieval.store import IndexStore
 from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray, candidate_scores
@@ -36,7 +37,13 @@ DEFAULT_RRF_K = 60.0
 
 @dataclass(frozen=True)
 class Hit:
-    """One retrieved chunk; `score` is the fused score (or the single ranking's score)."""
+    """One retrieved chunk; `score` is the fused score (or the single ranking's score).
+
+    `bm25_norm` (BM25 over the query's attainable maximum, 0 when no query term matched) and
+    `vector_score` (cosine) are comparable across queries; `relevance` is the relevance model's
+    score over both (retrieval.relevance). Both are None where the search did not compute them
+    (`relevance` needs the two signals: None for BM25-only and dense-only searches).
+    """
 
     chunk_id: str
     document_id: str
@@ -46,6 +53,8 @@ class Hit:
     metadata: Metadata
     bm25_score: float | None
     vector_score: float | None
+    bm25_norm: float | None = None
+    relevance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ class HybridRetriever:
     """Searches a tenant's current index in `store` with the BM25-then-vectors cascade.
 
     `candidates` is how many BM25 results get a vector score; `fusion`, `vector_weight` and
-    `rrf_k` set how the two rankings are combined (see retrieval.fusion).
+    `rrf_k` set how the two rankings are combined (see retrieval.fusion); `relevance` scores each
+    hit for the relevance gate (retrieval.relevance).
     """
 
     def __init__(
@@ -107,6 +117,7 @@ class HybridRetriever:
         fusion: FusionMethod = DEFAULT_FUSION,
         vector_weight: float = DEFAULT_VECTOR_WEIGHT,
         rrf_k: float = DEFAULT_RRF_K,
+        relevance: RelevanceModel = DEFAULT_MODEL,
     ) -> None:
         if candidates < 1:
             raise ValueError("candidates must be >= 1")
@@ -115,6 +126,7 @@ class HybridRetriever:
         self.fusion = fusion
         self.vector_weight = vector_weight
         self.rrf_k = rrf_k
+        self.relevance = relevance
 
     def search(
         self,
@@ -147,7 +159,8 @@ class HybridRetriever:
         timings = {"filter": _ms(started)}
 
         started = time.perf_counter()
-        scores, matched = index.bm25.scores(tokenize(query))
+        tokens = tokenize(query)
+        scores, matched = index.bm25.scores(tokens)
         rows = select_candidates(
             scores, matched, mask, allowed, self.candidates, by_vector=query_vector is not None
         )
@@ -162,30 +175,34 @@ class HybridRetriever:
         timings["vector"] = _ms(started)
 
         started = time.perf_counter()
-        if vector is None:
-            fused: npt.NDArray[np.floating] = bm25
-        else:
-            fused = fuse(
-                bm25,
-                is_match,
-                vector,
-                method=self.fusion,
-                vector_weight=self.vector_weight,
-                rrf_k=self.rrf_k,
-            )
+        fused = self._fuse(bm25, is_match, vector)
         best = top_positions(fused, top_k, rows)
-        hits = [
-            _hit(
-                index,
-                int(rows[i]),
-                float(fused[i]),
-                float(bm25[i]) if is_match[i] else None,
-                None if vector is None else float(vector[i]),
+        max_score = index.bm25.max_score(tokens)
+        hits = []
+        for i in best:
+            lexical = float(bm25[i]) if is_match[i] else None
+            cosine = None if vector is None else float(vector[i])
+            norm = normalised_bm25(lexical, max_score)
+            relevance = None if cosine is None else self.relevance.score(norm, cosine)
+            hits.append(
+                _hit(index, int(rows[i]), float(fused[i]), lexical, cosine, norm, relevance)
             )
-            for i in best
-        ]
         timings["fusion"] = _ms(started)
         return SearchResult(hits, len(rows), allowed, timings, index.version)
+
+    def _fuse(
+        self, bm25: npt.NDArray[np.float32], is_match: BoolArray, vector: FloatArray | None
+    ) -> npt.NDArray[np.floating]:
+        if vector is None:
+            return bm25
+        return fuse(
+            bm25,
+            is_match,
+            vector,
+            method=self.fusion,
+            vector_weight=self.vector_weight,
+            rrf_k=self.rrf_k,
+        )
 
     def search_dense(
         self,
@@ -225,7 +242,13 @@ def _empty_timings() -> dict[str, float]:
 
 
 def _hit(
-    index: TenantIndex, row: int, score: float, bm25: float | None, vector: float | None
+    index: TenantIndex,
+    row: int,
+    score: float,
+    bm25: float | None,
+    vector: float | None,
+    bm25_norm: float | None = None,
+    relevance: float | None = None,
 ) -> Hit:
     r = index.records
     return Hit(
@@ -237,4 +260,6 @@ def _hit(
         metadata=dict(r.metadata[row]),
         bm25_score=bm25,
         vector_score=vector,
+        bm25_norm=bm25_norm,
+        relevance=relevance,
     )

@@ -5,6 +5,8 @@
 #   RAG_VLLM_PORT      vLLM's port (default 8001); RAG_LLM__BASE_URL is set to match
 #   RAG_SERVER__PORT   the API's port (default 8000)
 #   RAG_DEV_API_KEY    the development key of tenant `dev` (generated and printed when unset)
+#   RAG_DEMO_SEED=0    do not give tenant `dev` its demo documents on first start
+#   RAG_DEMO_DOCS      how many SciFact abstracts the demo tenant gets (default 300)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,15 +64,54 @@ else
     key=$("$VENV/bin/rag" keys create --tenant dev --user dev --scopes chat,retrieve,ingest)
 fi
 
+# The demo tenant: on first start, tenant `dev` gets a few hundred SciFact abstracts from
+# data/scifact/, so the first answer comes with sources. Seeded once: a tenant that has an index
+# (this demo's or documents of your own) is left as it is.
+question="What is the capital of France?"
+if [[ "${RAG_DEMO_SEED:-1}" != 0 ]]; then
+    seeded=$("$VENV/bin/python" - 2>/dev/null <<'PY'
+from app.settings import get_settings
+from retrieval import Embedder, IndexStore
+from retrieval.versions import NO_VERSION
+
+store = IndexStore(get_settings().retrieval.index_dir, Embedder())
+print("yes" if store.version("dev") != NO_VERSION else "no")
+PY
+)
+    if [[ "$seeded" == yes ]]; then
+        echo "demo: tenant 'dev' already has an index; not seeding it again"
+    else
+        docs="${RAG_DEMO_DOCS:-300}"
+        echo "demo: indexing $docs SciFact abstracts for tenant 'dev' (about a minute on 2 cores)"
+        "$VENV/bin/python" - "$LOGS/demo-seed.jsonl" "$docs" <<'PY'
+import itertools
+import sys
+
+from tests.support.data import open_scifact
+
+with open_scifact("corpus.jsonl") as src, open(sys.argv[1], "w", encoding="utf-8") as dst:
+    dst.writelines(itertools.islice(src, int(sys.argv[2])))
+PY
+        "$VENV/bin/rag" ingest "$LOGS/demo-seed.jsonl" --tenant dev --quiet
+    fi
+    # Abstract 275294 ("Environmental factors that influence the cutaneous production of vitamin
+    # D") is among the first 300.
+    question="What environmental factors influence how much vitamin D the skin makes?"
+fi
+
 cat <<MSG
 
 The API is starting on http://127.0.0.1:$API_PORT  (development key for tenant 'dev': $key)
 
   curl -s http://127.0.0.1:$API_PORT/v1/chat/completions \\
     -H "Authorization: Bearer $key" -H "Content-Type: application/json" \\
-    -d '{"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+    -d '{"model": "smollm2", "max_tokens": 150, "messages": [{"role": "user", "content": "$question"}]}'
 
 MSG
-"$VENV/bin/rag" serve --host 127.0.0.1 --port "$API_PORT" &
+if [[ "${RAG_DEMO_SEED:-1}" != 0 ]]; then
+    echo "The answer's \"rag\": {\"sources\": [...]} lists the abstracts it was given."
+fi
+# The server knows the development key, so RAG_ENVIRONMENT=production refuses to start with it.
+RAG_DEV_API_KEY="$key" "$VENV/bin/rag" serve --host 127.0.0.1 --port "$API_PORT" &
 pids+=($!)
 wait "${pids[-1]}"

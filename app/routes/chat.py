@@ -29,11 +29,12 @@ async def create_chat_completion(
     )
     await services.runner.run(ctx)
     headers = {"x-cache": "hit" if ctx.cache_status == "hit" else "miss"}
-    if ctx.params.stream:
+    if ctx.params.stream and ctx.answer is not None:
         return StreamingResponse(
-            sse_stream(ctx, ctx.stream),
+            sse_stream(ctx, ctx.answer),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
-    assert ctx.completion is not None
+    if ctx.completion is None:
+        raise RuntimeError("the path ended without an answer")
     return JSONResponse(chat_completion(ctx, ctx.completion), headers=headers)

@@ -1,4 +1,5 @@
-"""GET /v1/models: the model names this service accepts."""
+"""GET /v1/models: the model names this service accepts: ``auto`` (the router chooses), each
+route's name (pinned), and each model a route serves."""
 
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ def _model(name: str) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def list_models(services: ServicesDep, principal: ChatPrincipal) -> dict[str, Any]:
-    return {"object": "list", "data": [_model(m) for m in services.settings.llm.models]}
+    return {"object": "list", "data": [_model(m) for m in sorted(services.routes.models)]}
 
 
 @router.get("/v1/models/{model}")
 async def retrieve_model(
     model: str, services: ServicesDep, principal: ChatPrincipal
 ) -> dict[str, Any]:
-    if model not in services.settings.llm.models:
+    if model not in services.routes.models:
         raise NotFound(
             f"The model '{model}' does not exist.", param="model", code="model_not_found"
         )

@@ -7,10 +7,17 @@ from pipeline.context import Principal, RequestContext
 from pipeline.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
 from pipeline.keys import ApiKeyStore
 from pipeline.kv import StoreUnavailable
+from pipeline.runner import FailurePolicy
 
 
 class Authenticate:
+    """Resolves the bearer key; a request that arrives with its principal already resolved (a
+    queued job) is checked again: its key must still be active."""
+
     name = "auth"
+    reads = frozenset({"credential"})
+    writes = frozenset({"principal"})
+    policy: FailurePolicy = "fatal"
 
     def __init__(self, keys: ApiKeyStore, *, scope: str = "chat") -> None:
         self.keys = keys
@@ -18,9 +25,26 @@ class Authenticate:
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         credential, ctx.credential = ctx.credential, None  # the raw key goes no further
-        ctx.principal = await self.authenticate(credential)
+        if ctx.principal is not None and credential is None:
+            await self.recheck(ctx.principal)
+        else:
+            ctx.principal = await self.authenticate(credential)
         ctx.annotate(**{attr.TENANT: ctx.principal.tenant})
         return ctx
+
+    async def recheck(self, principal: Principal) -> None:
+        """A principal resolved earlier: its key must still exist and carry the scope."""
+        try:
+            active = await self.keys.is_active(principal.key_id)
+        except StoreUnavailable as exc:
+            raise ServiceUnavailable(
+                "API keys cannot be checked right now (key store unreachable).",
+                code="auth_unavailable",
+            ) from exc
+        if not active:
+            raise AuthenticationFailed("The API key of this request has been revoked.")
+        if not principal.can(self.scope):
+            raise PermissionDenied(f"This API key lacks the '{self.scope}' scope.")
 
     async def authenticate(self, credential: str | None) -> Principal:
         """The principal behind a bearer credential, or the error that ends the request."""

@@ -1,15 +1,17 @@
 """The response cache: an exact-match lookup before the work, a store after it.
 
-The key is the SHA-256 of the canonical JSON of everything that decides the answer: tenant,
-model, normalised messages, sampling parameters, RAG options, the tenant's index version and
-the prompt version. The tenant is in the Redis key name too, so one tenant can never read
-another's entry. Redis trouble never fails a request: the cache is skipped and the span says why.
+The key is the SHA-256 of the canonical JSON of everything that decides the answer: tenant
+(and user, when answers are personalised), model or route, normalised messages, sampling
+parameters, tools, RAG options, the tenant's index version and the versions of the prompt
+layout, the router and the policies. The tenant is in the Redis key name too, so one tenant can
+never read another's entry. Redis trouble never fails a request: the cache is skipped and the
+span says why.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -17,20 +19,17 @@ import orjson
 from pipeline import attributes as attr
 from pipeline.context import ChatParams, Completion, Principal, RequestContext
 from pipeline.kv import KeyValueStore, StoreUnavailable
+from pipeline.messages import content_text
 from pipeline.prompt import PROMPT_VERSION
+from pipeline.runner import FailurePolicy
 
 IndexVersion = Callable[[str], str]
 
 
 def _normalise_content(content: Any) -> Any:
     # Only edge whitespace is dropped: inner whitespace can matter (code, tables).
-    if isinstance(content, str):
-        return content.strip()
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) == len(content):
-            return "".join(str(t) for t in texts).strip()
-    return content
+    text = content_text(content)
+    return content if text is None else text.strip()
 
 
 def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,17 +44,35 @@ def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return normalised
 
 
-def cache_key(params: ChatParams, principal: Principal, index_version: str) -> str:
+def cache_key(
+    params: ChatParams,
+    principal: Principal,
+    index_version: str,
+    *,
+    personalised: bool = False,
+    versions: Mapping[str, str] | None = None,
+) -> str:
+    """The SHA-256 of everything that decides the answer, prefixed by the tenant.
+
+    ``personalised``: the answer depends on the user's features, so the user is part of the
+    key. ``versions`` are the versions of the prompt layout, the router and the policies."""
+    rag = params.rag
     material = {
-        "prompt_version": PROMPT_VERSION,
+        "versions": {"prompt": PROMPT_VERSION, **(versions or {})},
         "tenant": principal.tenant,
+        "user": principal.user if personalised else None,
         "model": params.model,
         "messages": normalise_messages(params.messages),
         "sampling": params.sampling,
+        "tools": params.tools,
+        "tool_choice": params.tool_choice,
         "rag": {
-            "enabled": params.rag.enabled,
-            "top_k": params.rag.top_k,
-            "filters": params.rag.filters,
+            "enabled": rag.enabled,
+            "top_k": rag.top_k,
+            "filters": rag.filters,
+            "route": rag.route,
+            "tools": sorted(rag.tools),
+            "plan_tools": rag.plan_tools,
         },
         "index_version": index_version,
     }
@@ -75,8 +92,9 @@ class ResponseCache:
         raw = await self.kv.get(self.prefix + key)
         return None if raw is None else Completion.from_dict(orjson.loads(raw))
 
-    async def put(self, key: str, completion: Completion) -> None:
-        await self.kv.set(self.prefix + key, orjson.dumps(completion.to_dict()), ttl=self.ttl)
+    async def put(self, key: str, completion: Completion, *, ttl: int | None = None) -> None:
+        lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
+        await self.kv.set(self.prefix + key, orjson.dumps(completion.to_dict()), ttl=lifetime)
 
 
 def no_index(tenant: str) -> str:
@@ -85,15 +103,32 @@ def no_index(tenant: str) -> str:
 
 class CacheLookup:
     name = "cache_lookup"
+    reads = frozenset({"principal"})
+    writes = frozenset({"cache_key", "cache_status"})
+    policy: FailurePolicy = "fatal"  # never raises for Redis: it fails open by itself
 
-    def __init__(self, cache: ResponseCache, index_version: IndexVersion = no_index) -> None:
+    def __init__(
+        self,
+        cache: ResponseCache,
+        index_version: IndexVersion = no_index,
+        *,
+        personalised: bool = False,
+        versions: Mapping[str, str] | None = None,
+    ) -> None:
         self.cache = cache
         self.index_version = index_version
+        self.personalised = personalised
+        self.versions = dict(versions or {})
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
-        assert ctx.principal is not None, "auth runs before the cache"
-        version = self.index_version(ctx.principal.tenant)
-        ctx.cache_key = cache_key(ctx.params, ctx.principal, version)
+        principal = ctx.caller
+        ctx.cache_key = cache_key(
+            ctx.params,
+            principal,
+            self.index_version(principal.tenant),
+            personalised=self.personalised,
+            versions=self.versions,
+        )
         if ctx.cache_control.no_cache:
             ctx.cache_status = "bypass"
         else:
@@ -111,39 +146,37 @@ class CacheLookup:
 
 
 class CacheStore:
-    """Stores the answer once it is complete; a streamed answer is stored when its stream ends."""
+    """Stores the answer when its stream ends normally, as it came out of the output filters.
+
+    Only complete answers (``stop`` or ``length``) are stored, for the cache's TTL or the
+    shorter one of a time-dependent tool the answer used (0: not at all)."""
 
     name = "cache_store"
+    reads = frozenset({"cache_key", "answer"})
+    writes: frozenset[str] = frozenset()
+    policy: FailurePolicy = "fatal"  # never raises for Redis: it fails open by itself
 
     def __init__(self, cache: ResponseCache) -> None:
         self.cache = cache
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
-        if ctx.cache_control.no_store or ctx.cache_key is None:
+        key = ctx.cache_key
+        if ctx.cache_control.no_store or key is None or ctx.answer is None:
             ctx.annotate(**{attr.CACHE_STORED: False})
             return ctx
-        if ctx.stream is not None:
-            ctx.stream = self._store_when_done(ctx, ctx.stream)
-            ctx.annotate(**{attr.CACHE_STORED: "after_stream"})
-        else:
-            ctx.annotate(**{attr.CACHE_STORED: await self._store(ctx)})
+
+        async def store(completion: Completion) -> None:
+            await self._store(key, completion)
+
+        ctx.answer.on_complete(store)
+        ctx.annotate(**{attr.CACHE_STORED: "when_complete"})
         return ctx
 
-    async def _store_when_done(
-        self, ctx: RequestContext, inner: AsyncIterator[str]
-    ) -> AsyncIterator[str]:
-        async for piece in inner:
-            yield piece
-        await self._store(ctx)
-
-    async def _store(self, ctx: RequestContext) -> bool:
-        completion = ctx.completion
-        if ctx.cache_key is None or completion is None:
-            return False
-        if completion.finish_reason not in ("stop", "length"):
+    async def _store(self, key: str, completion: Completion) -> bool:
+        if completion.finish_reason not in ("stop", "length") or completion.cache_ttl == 0:
             return False
         try:
-            await self.cache.put(ctx.cache_key, completion)
+            await self.cache.put(key, completion, ttl=completion.cache_ttl)
         except StoreUnavailable:
             return False
         return True

@@ -1,190 +1,109 @@
-"""The generate stage: the prompt goes to vLLM, and the answer streams back as it is made.
+"""The generate stage: the prompt goes to the chosen route's vLLM, and the answer streams back.
 
-The upstream is always asked for a stream (with usage), so time to first token is measured
-for plain requests too. For a streamed request the stage returns once the first token is in,
-leaving ``ctx.stream`` to carry the rest; the ``chat {model}`` span stays open until the
-stream ends, and ``ctx.completion`` is filled in then.
+The stage lays out the prompt, starts the function-calling flow (one round when no tools are
+offered) and waits for the first event, so that a failure before any output is an HTTP error.
+It leaves ``ctx.answer``, the answer stream, for the later stages (the cache store, output
+guardrails) to hook into and for the response to read; the ``chat {model}`` spans stay open
+until their streams end.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-from opentelemetry import trace
-from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
-from opentelemetry.semconv.attributes import error_attributes, server_attributes
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry import context as otel_context
 
 from pipeline import attributes as attr
-from pipeline.context import Completion, RequestContext
-from pipeline.errors import PipelineError
-from pipeline.llm import LLMClient
-from pipeline.prompt import build_messages
+from pipeline.answer import AnswerStream
+from pipeline.completion import Completion
+from pipeline.context import RequestContext, RouteChoice
+from pipeline.generation import TracedChat
+from pipeline.prompt import build_messages, personalisation
+from pipeline.routing import Route, RouteTable
+from pipeline.runner import FailurePolicy
+from pipeline.tools.base import Tool, ToolContext
+from pipeline.tools.loop import Invoker, ToolLoop
+from pipeline.tools.offer import function_names, offered_tools
 
 
 class Generate:
     name = "generate"
+    reads = frozenset({"params", "principal"})
+    writes = frozenset({"answer", "route"})
+    policy: FailurePolicy = "fatal"
 
     def __init__(
         self,
-        llm: LLMClient,
-        tracer: trace.Tracer,
+        routes: RouteTable,
+        chat: TracedChat,
         *,
-        capture_content: bool = False,
+        server_tools: dict[str, Tool] | None = None,
+        invoker: Invoker | None = None,
+        max_rounds: int = 3,
     ) -> None:
-        self.llm = llm
-        self.tracer = tracer
-        self.capture_content = capture_content
+        self.routes = routes
+        self.chat = chat
+        self.server_tools = server_tools or {}
+        self.invoker = invoker
+        self.max_rounds = max_rounds
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
-        model = params.model
-        payload: dict[str, Any] = {
-            "model": model,
-            "messages": build_messages(params.messages, ctx.passages),
-            **params.sampling,
-        }
-        span = self.tracer.start_span(
-            f"chat {model}",
-            kind=SpanKind.CLIENT,
-            attributes={
-                gen_ai.GEN_AI_OPERATION_NAME: "chat",
-                gen_ai.GEN_AI_PROVIDER_NAME: "vllm",
-                gen_ai.GEN_AI_REQUEST_MODEL: model,
-                server_attributes.SERVER_ADDRESS: self.llm.base_url,
-                **_request_attributes(params.sampling),
-            },
-        )
-        if self.capture_content:
-            span.set_attribute(
-                gen_ai.GEN_AI_INPUT_MESSAGES, orjson.dumps(payload["messages"]).decode()
-            )
-        pieces = _Answer(ctx, span, model, capture_content=self.capture_content)
-        chunks = self.llm.stream_chat(payload)
-        try:
-            first = await pieces.first_piece(chunks)
-        except BaseException as exc:
-            pieces.fail(exc)
-            await _close(chunks)
-            raise
-        ctx.annotate(**{attr.TTFT_MS: round(pieces.ttft_ms, 3)})
-        if params.stream:
-            ctx.stream = pieces.rest(first, chunks)
+        if ctx.route is None:
+            route = self.routes.first_choice(params.model, params.rag.route)
+            ctx.route = RouteChoice(route.name, route.model, "default")
         else:
-            async for _ in pieces.rest(first, chunks):
-                pass
+            route = self.routes.get(ctx.route.name)
+        payload: dict[str, Any] = {
+            "model": route.model,
+            "messages": build_messages(
+                params.messages,
+                ctx.passages,
+                personal=personalisation(ctx.features),
+                tool_runs=ctx.tool_runs,
+            ),
+            **params.sampling,
+            **offered_tools(params, self.server_tools),
+        }
+        loop = self._loop(ctx, route)
+        answer = AnswerStream(loop.events(payload), lambda: base_completion(ctx, route.model))
+        started = time.perf_counter()
+        await answer.prime()
+        ctx.annotate(**{attr.TTFT_MS: round((time.perf_counter() - started) * 1000.0, 3)})
+        ctx.answer = answer
         return ctx
 
+    def _loop(self, ctx: RequestContext, route: Route) -> ToolLoop:
+        parent = otel_context.get_current()
 
-async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()
+        def model_round(request: dict[str, Any]) -> Any:
+            return self.chat.stream(route, request, parent)
 
-
-def _request_attributes(sampling: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(sampling.get("max_tokens"), int):
-        out[gen_ai.GEN_AI_REQUEST_MAX_TOKENS] = sampling["max_tokens"]
-    if isinstance(sampling.get("temperature"), int | float):
-        out[gen_ai.GEN_AI_REQUEST_TEMPERATURE] = float(sampling["temperature"])
-    if isinstance(sampling.get("top_p"), int | float):
-        out[gen_ai.GEN_AI_REQUEST_TOP_P] = float(sampling["top_p"])
-    return out
-
-
-class _Answer:
-    """Accumulates one streamed answer and closes its span when it ends, however it ends."""
-
-    def __init__(
-        self, ctx: RequestContext, span: Span, model: str, *, capture_content: bool = False
-    ) -> None:
-        self.ctx = ctx
-        self.capture_content = capture_content
-        self.span = span
-        self.model = model
-        self.started = time.perf_counter()
-        self.ttft_ms = 0.0
-        self.text: list[str] = []
-        self.finish_reason = "stop"
-        self.usage: dict[str, Any] = {}
-
-    def _take(self, chunk: dict[str, Any]) -> str:
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        piece = ""
-        for choice in chunk.get("choices") or []:
-            piece += (choice.get("delta") or {}).get("content") or ""
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        if chunk.get("model"):
-            self.model = chunk["model"]
-        return piece
-
-    async def first_piece(self, chunks: AsyncIterator[dict[str, Any]]) -> str:
-        """Wait for the first text (or the end of an empty answer) and time it."""
-        async for chunk in chunks:
-            piece = self._take(chunk)
-            if piece:
-                self._mark_first()
-                return piece
-        self._mark_first()
-        return ""
-
-    def _mark_first(self) -> None:
-        self.ttft_ms = (time.perf_counter() - self.started) * 1000.0
-        self.span.set_attribute(gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.ttft_ms / 1000.0)
-
-    async def rest(self, first: str, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-        try:
-            if first:
-                self.text.append(first)
-                yield first
-            async for chunk in chunks:
-                piece = self._take(chunk)
-                if piece:
-                    self.text.append(piece)
-                    yield piece
-        except BaseException as exc:
-            self.fail(exc)
-            raise
-        finally:
-            await _close(chunks)
-        self.finish()
-
-    def finish(self) -> None:
-        completion = Completion(
-            content="".join(self.text),
-            finish_reason=self.finish_reason,
-            model=self.ctx.params.model,
-            prompt_tokens=int(self.usage.get("prompt_tokens", 0)),
-            completion_tokens=int(self.usage.get("completion_tokens", 0)),
-            sources=self.ctx.sources,
+        return ToolLoop(
+            model_round,
+            self.invoker,
+            ToolContext(ctx.caller, features=lambda: _features(ctx)),
+            client_tools=frozenset(function_names(ctx.params.tools)),
+            max_rounds=self.max_rounds,
+            parent=parent,
+            runs=ctx.tool_runs,
         )
-        self.ctx.completion = completion
-        self.span.set_attributes(
-            {
-                gen_ai.GEN_AI_RESPONSE_MODEL: self.model,
-                gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: [self.finish_reason],
-                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: completion.prompt_tokens,
-                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: completion.completion_tokens,
-            }
-        )
-        if self.capture_content:
-            output = [{"role": "assistant", "content": completion.content}]
-            self.span.set_attribute(gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps(output).decode())
-        self.span.end()
 
-    def fail(self, exc: BaseException) -> None:
-        if isinstance(exc, GeneratorExit | asyncio.CancelledError):
-            # The caller went away; that is not the model's failure.
-            self.span.set_attribute(attr.STREAM_ABANDONED, True)
-        else:
-            kind = exc.code if isinstance(exc, PipelineError) and exc.code else type(exc).__name__
-            self.span.set_status(Status(StatusCode.ERROR, kind))
-            self.span.set_attribute(error_attributes.ERROR_TYPE, type(exc).__name__)
-        self.span.end()
+
+async def _features(ctx: RequestContext) -> Any:
+    return ctx.features
+
+
+def base_completion(ctx: RequestContext, model: str) -> Completion:
+    """The completion's fixed parts, read when the answer ends (tool runs are known by then)."""
+    ttls = [run.cache_ttl for run in ctx.tool_runs if run.cache_ttl is not None]
+    return Completion(
+        content="",
+        finish_reason="stop",
+        model=model,
+        sources=ctx.sources,
+        tools=ctx.tools_report(),
+        route=ctx.route.report() if ctx.route is not None else None,
+        cache_ttl=min(ttls) if ttls else None,
+    )

@@ -7,38 +7,48 @@ further (before BM25, and so for the vector side too).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline import attributes as attr
 from pipeline.context import Passage, RequestContext
+from pipeline.messages import last_user_text
+from pipeline.runner import FailurePolicy
 from pipeline.search import PassageSearch, parse_request_filters
 
+# Kept for callers of the old name.
+query_text = last_user_text
 
-def query_text(messages: list[dict[str, Any]]) -> str:
-    """What to search for: the last user message's text."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return " ".join(
-                    str(part.get("text", "")) for part in content if isinstance(part, dict)
-                )
-    return ""
+
+def merge_filters(
+    requested: dict[str, Any] | None, defaults: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The request's filter plus the feature-derived ones for keys it does not set itself."""
+    if not defaults:
+        return requested
+    return {**defaults, **(requested or {})}
 
 
 class Retrieve:
-    name = "retrieve"
+    """Searches the caller's index. With ``feature_filters`` (feature name -> metadata key),
+    a user's feature becomes a default filter: the query is embedded while the features load,
+    then the search waits for them."""
 
-    def __init__(self, search: PassageSearch) -> None:
+    name = "retrieve"
+    policy: FailurePolicy = "fatal"
+    writes = frozenset({"passages", "query_vector"})
+
+    def __init__(
+        self, search: PassageSearch, *, feature_filters: Mapping[str, str] | None = None
+    ) -> None:
         self.search = search
+        self.feature_filters = dict(feature_filters or {})
+        self.reads = frozenset({"principal", *(["features"] if self.feature_filters else [])})
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
-        assert ctx.principal is not None, "auth runs before retrieval"
         options = ctx.params.rag
-        tenant = ctx.principal.tenant
-        query = query_text(ctx.params.messages)
+        tenant = ctx.caller.tenant
+        query = last_user_text(ctx.params.messages)
         skipped = None
         if not options.enabled:
             skipped = "disabled"
@@ -50,8 +60,10 @@ class Retrieve:
             parse_request_filters(options.filters)  # a bad filter is a 400 all the same
             ctx.annotate(**{attr.RETRIEVAL_SKIPPED: skipped})
             return ctx
+        ctx.query_vector = await self.search.embed(query)
+        filters = merge_filters(options.filters, await self._feature_filters(ctx))
         result = await self.search.search(
-            tenant, query, top_k=options.top_k, filters=options.filters
+            tenant, query, top_k=options.top_k, filters=filters, vector=ctx.query_vector
         )
         ctx.passages = [
             Passage(
@@ -71,3 +83,16 @@ class Retrieve:
             }
         )
         return ctx
+
+    async def _feature_filters(self, ctx: RequestContext) -> dict[str, Any]:
+        if not self.feature_filters:
+            return {}
+        await ctx.available("features")
+        found = {
+            key: ctx.features.get(name)
+            for name, key in self.feature_filters.items()
+            if name not in ctx.features.defaulted and ctx.features.get(name) not in (None, "")
+        }
+        if found:
+            ctx.annotate(**{attr.RETRIEVAL_FEATURE_FILTER: sorted(found)})
+        return found

@@ -56,7 +56,8 @@ async def test_models_lists_the_served_model_and_needs_a_key(harness) -> None:
     key = await harness.key()
     response = await harness.client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200
-    assert [m["id"] for m in response.json()["data"]] == ["smollm2"]
+    # The served model, its routes, and "auto" (the router chooses).
+    assert [m["id"] for m in response.json()["data"]] == ["auto", "large", "small", "smollm2"]
     missing = await harness.client.get(
         "/v1/models/gpt-9", headers={"Authorization": f"Bearer {key}"}
     )
@@ -85,7 +86,10 @@ async def test_unknown_model_is_404_model_not_found(harness) -> None:
         ({**BODY, "stream": "yes please"}, "stream"),
         ({**BODY, "rag": {"top_k": 0}}, "rag.top_k"),
         ({**BODY, "rag": {"explian": True}}, "rag.explian"),
-        ({**BODY, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        (
+            {**BODY, "tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            "tools.0.function.name",
+        ),
     ],
 )
 async def test_invalid_bodies_are_400_naming_the_field(harness, body, param) -> None:

@@ -50,3 +50,59 @@ def test_invalid_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAG_CACHE__TTL_SECONDS", "-5")
     with pytest.raises(ValueError, match="ttl_seconds"):
         Settings()
+
+
+# Production refuses what is fine in development. Values come from the environment, as in a
+# container; `_env_file=None` keeps a developer's .env out of it.
+
+
+def test_production_refuses_a_development_key_without_echoing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAG_ENVIRONMENT", "production")
+    monkeypatch.setenv("RAG_DEV_API_KEY", "rag-dev.s3cret-value")
+    monkeypatch.delenv("RAG_TELEMETRY__CAPTURE_CONTENT", raising=False)
+    with pytest.raises(
+        ValueError, match=r"development key is configured \(RAG_DEV_API_KEY\)"
+    ) as err:
+        Settings(_env_file=None)
+    assert "s3cret-value" not in str(err.value)
+
+
+def test_production_refuses_content_capture_unless_explicitly_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAG_ENVIRONMENT", "production")
+    monkeypatch.delenv("RAG_DEV_API_KEY", raising=False)
+    monkeypatch.setenv("RAG_TELEMETRY__CAPTURE_CONTENT", "true")
+    monkeypatch.delenv("RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION", raising=False)
+    with pytest.raises(ValueError, match="content capture is on"):
+        Settings(_env_file=None)
+    monkeypatch.setenv("RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION", "true")
+    settings = Settings(_env_file=None)
+    assert settings.telemetry.capture_content is True
+
+
+def test_production_starts_when_nothing_unsafe_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_ENVIRONMENT", "production")
+    monkeypatch.setenv("RAG_DEV_API_KEY", "")  # an empty line in .env is no key
+    monkeypatch.delenv("RAG_TELEMETRY__CAPTURE_CONTENT", raising=False)
+    settings = Settings(_env_file=None)
+    assert settings.environment == "production"
+    assert settings.dev_api_key is None
+
+
+def test_development_warns_about_what_production_would_refuse(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RAG_ENVIRONMENT", "development")
+    monkeypatch.setenv("RAG_DEV_API_KEY", "rag-dev.s3cret-value")
+    monkeypatch.setenv("RAG_TELEMETRY__CAPTURE_CONTENT", "true")
+    with caplog.at_level("WARNING", logger="app.settings"):
+        settings = Settings(_env_file=None)
+    assert settings.dev_api_key is not None
+    assert settings.dev_api_key.get_secret_value() == "rag-dev.s3cret-value"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "app.settings"]
+    assert len(warnings) == 2
+    assert all("refused in production" in w for w in warnings)
+    assert "s3cret-value" not in " ".join(warnings)

@@ -30,8 +30,27 @@ def test_other_tenant_gets_another_key() -> None:
     assert key(principal=other).startswith("globex:")
 
 
-def test_same_tenant_other_user_shares_the_key_while_answers_are_not_personalised() -> None:
+def test_same_tenant_other_user_shares_the_key_when_answers_are_not_personalised() -> None:
     assert key(principal=replace(ALICE, user="bob", key_id="k2")) == key()
+
+
+def test_personalised_answers_put_the_user_in_the_key() -> None:
+    def personal(principal: Principal) -> str:
+        return cache_key(PARAMS, principal, "v1", personalised=True)
+
+    bob = replace(ALICE, user="bob", key_id="k2")
+    assert personal(bob) != personal(ALICE)
+    assert personal(ALICE) == personal(replace(ALICE, key_id="k3"))  # another key of alice's
+    assert personal(ALICE) != key()
+    assert personal(ALICE).startswith("acme:")
+
+
+def test_the_feature_set_version_is_part_of_the_key() -> None:
+    def versioned(version: str) -> str:
+        return cache_key(PARAMS, ALICE, "v1", personalised=True, versions={"features": version})
+
+    assert versioned("1") == versioned("1")
+    assert versioned("2") != versioned("1")
 
 
 def test_everything_that_decides_the_answer_changes_the_key() -> None:

@@ -9,9 +9,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline.context import ChatParams, Completion, RequestContext
+from pipeline.context import ChatParams, Completion, Features, RequestContext, StageRecord
 from pipeline.errors import DeadlineExceeded, InvalidRequest
-from pipeline.runner import Concurrent, Runner
+from pipeline.runner import Concurrent, PathError, Runner
 
 
 class Sleep:
@@ -119,3 +119,165 @@ async def test_a_failing_stage_in_a_group_fails_the_run_with_its_error(tracing) 
         await runner.run(new_ctx())
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["stage fail"].attributes["error.type"] == "InvalidRequest"
+
+
+class Broken:
+    """A degrading stage that fails; its fallback puts defaults in place."""
+
+    name = "features"
+    reads = frozenset({"params"})
+    writes = frozenset({"features"})
+    policy = "degrade"
+
+    def __init__(self, error: Exception | None = None, delay: float = 0.0) -> None:
+        self.error = error or RuntimeError("feature store down")
+        self.delay = delay
+        self.timeout_s: float | None = None
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        await asyncio.sleep(self.delay)
+        raise self.error
+
+    def fallback(self, ctx: RequestContext, exc: BaseException) -> None:
+        ctx.features = Features({"tier": "free"}, frozenset({"tier"}))
+
+
+class Writes:
+    def __init__(self, name: str, reads: set[str], writes: set[str]) -> None:
+        self.name = name
+        self.reads = frozenset(reads)
+        self.writes = frozenset(writes)
+        self.policy = "fatal"
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        return ctx
+
+
+async def test_a_degrading_stage_fails_without_failing_the_request(tracing) -> None:
+    provider, exporter = tracing
+    log: list[str] = []
+    runner = Runner(
+        [Concurrent(Broken(delay=0.05), Sleep("retrieve", 0.2, log)), Sleep("after", log=log)],
+        provider.get_tracer("t"),
+    )
+    ctx = await runner.run(new_ctx())
+    # The sibling was not cancelled and the path went on.
+    assert log == ["start retrieve", "end retrieve", "start after", "end after"]
+    record = next(r for r in ctx.records if r.name == "features")
+    assert record.status == "degraded"
+    assert record.info["error"] == "feature store down"
+    assert ctx.features.defaulted == frozenset({"tier"})
+    span = next(s for s in exporter.get_finished_spans() if s.name == "stage features")
+    assert span.status.status_code.name == "ERROR"
+    assert span.attributes["error.type"] == "RuntimeError"
+
+
+async def test_a_degrading_stage_past_its_budget_times_out_alone(tracing) -> None:
+    provider, _ = tracing
+    slow = Broken(delay=5.0)
+    slow.timeout_s = 0.05
+    runner = Runner([slow, Sleep("after")], provider.get_tracer("t"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    ctx = await runner.run(new_ctx())
+    assert loop.time() - started < 2.0
+    record = ctx.records[0]
+    assert record.status == "degraded" and record.info["error_type"] == "StageTimeout"
+    assert ctx.records[1].status == "ok"
+
+
+async def test_a_fatal_error_in_a_degrading_stage_is_still_a_deadline(tracing) -> None:
+    provider, _ = tracing
+    runner = Runner([Broken(delay=5.0)], provider.get_tracer("t"))
+    with pytest.raises(DeadlineExceeded):
+        await runner.run(new_ctx(0.1))
+
+
+async def test_a_stage_waits_for_a_sibling_that_writes_what_it_reads(tracing) -> None:
+    provider, _ = tracing
+    seen: list[str] = []
+
+    class Loader:
+        name = "features"
+        reads = frozenset({"params"})
+        writes = frozenset({"features"})
+        policy = "degrade"
+
+        async def __call__(self, ctx: RequestContext) -> RequestContext:
+            await asyncio.sleep(0.1)
+            ctx.features = Features({"department": "legal"})
+            return ctx
+
+    class Reader:
+        name = "retrieve"
+        reads = frozenset({"features"})
+        writes = frozenset({"passages"})
+        policy = "fatal"
+
+        async def __call__(self, ctx: RequestContext) -> RequestContext:
+            seen.append("embedding while the features load")
+            await ctx.available("features")
+            seen.append(ctx.features.get("department"))
+            return ctx
+
+    runner = Runner([Concurrent(Loader(), Reader())], provider.get_tracer("t"))
+    await runner.run(new_ctx())
+    assert seen == ["embedding while the features load", "legal"]
+
+
+async def test_a_stage_waiting_on_a_failed_sibling_gets_its_fallback(tracing) -> None:
+    provider, _ = tracing
+    seen: list[object] = []
+
+    class Reader:
+        name = "retrieve"
+        reads = frozenset({"features"})
+        writes = frozenset({"passages"})
+        policy = "fatal"
+
+        async def __call__(self, ctx: RequestContext) -> RequestContext:
+            await ctx.available("features")
+            seen.append(ctx.features.defaulted)
+            return ctx
+
+    runner = Runner([Concurrent(Broken(delay=0.05), Reader())], provider.get_tracer("t"))
+    await runner.run(new_ctx())
+    assert seen == [frozenset({"tier"})]
+
+
+def test_a_path_whose_stage_reads_what_nothing_wrote_is_refused() -> None:
+    tracer = TracerProvider().get_tracer("t")
+    with pytest.raises(PathError, match="cache_store reads \\['cache_key'\\]"):
+        Runner(
+            [Writes("auth", set(), {"principal"}), Writes("cache_store", {"cache_key"}, set())],
+            tracer,
+        )
+    # Written earlier, or by a sibling of the same group: accepted.
+    Runner(
+        [
+            Writes("auth", set(), {"principal"}),
+            Concurrent(
+                Writes("features", {"principal"}, {"features"}),
+                Writes("retrieve", {"principal", "features"}, {"passages"}),
+            ),
+            Writes("generate", {"passages", "features"}, {"answer"}),
+        ],
+        tracer,
+    )
+    with pytest.raises(PathError, match="features reads"):
+        Runner([Writes("features", {"principal"}, {"features"})], tracer)
+
+
+async def test_observers_hear_of_every_stage(tracing) -> None:
+    provider, _ = tracing
+    heard: list[tuple[str, str]] = []
+
+    class Observer:
+        def stage_finished(self, record: StageRecord, ctx: RequestContext) -> None:
+            heard.append((record.name, record.status))
+
+    runner = Runner(
+        [Sleep("a"), Broken(), Sleep("b")], provider.get_tracer("t"), observers=[Observer()]
+    )
+    await runner.run(new_ctx())
+    assert heard == [("a", "ok"), ("features", "degraded"), ("b", "ok")]

@@ -162,7 +162,7 @@ class LiveService:
 
     def __enter__(self) -> LiveService:
         self.thread.start()
-        wait_for(lambda: self.server.started, 30, "uvicorn")
+        wait_for(lambda: self.server.started, 180, "uvicorn")
         return self
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:

@@ -1,0 +1,151 @@
+"""Jobs on the app side: how a job runs (the same path as a chat request), and the workers.
+
+``run_job`` is the one place that turns a stored job into a request context and runs it.
+``start_job_workers`` starts the in-process workers (``RAG_JOBS__WORKERS``); ``rag worker``
+runs the same workers in a process of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+
+from app.responses import chat_completion
+from app.schemas import ChatCompletionRequest
+from app.services import Services
+from app.settings import Settings
+from pipeline.context import CacheControl, RequestContext
+from pipeline.jobs.model import Job
+from pipeline.jobs.queue import JobQueue
+from pipeline.jobs.signing import WebhookSecrets
+from pipeline.jobs.urls import UrlPolicy
+from pipeline.jobs.webhooks import WebhookSender
+from pipeline.jobs.worker import JobWorker
+from pipeline.kv import KeyValueStore
+
+log = logging.getLogger("rag.jobs")
+
+
+async def run_job(services: Services, job: Job) -> dict[str, Any]:
+    """Run ``job`` through the request path; the chat completion it answers with.
+
+    The context arrives with the job's stored principal and no credential: the auth stage then
+    checks that the key is still active (a revoked key fails the job with a 401 error) and that
+    it still carries the ``chat`` scope. Errors are the path's own ``PipelineError``s.
+    """
+    settings = services.settings
+    body = ChatCompletionRequest.model_validate(job.request)
+    ctx = RequestContext(
+        params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
+        credential=None,
+        principal=job.principal(),
+        deadline=asyncio.get_running_loop().time() + settings.jobs.timeout_seconds,
+        cache_control=CacheControl(),
+    )
+    await services.runner.run(ctx)
+    if ctx.completion is None:
+        raise RuntimeError("the path ended without an answer")
+    return chat_completion(ctx, ctx.completion)
+
+
+def job_queue(
+    settings: Settings, kv: KeyValueStore, poll_kv: KeyValueStore | None = None
+) -> JobQueue:
+    jobs = settings.jobs
+    return JobQueue(
+        kv,
+        prefix=settings.redis.key_prefix,
+        max_attempts=jobs.max_attempts,
+        result_ttl=jobs.result_ttl_seconds,
+        idempotency_ttl=jobs.idempotency_ttl_seconds,
+        poll_kv=poll_kv,
+    )
+
+
+def webhook_secrets(settings: Settings, kv: KeyValueStore) -> WebhookSecrets:
+    return WebhookSecrets(
+        kv,
+        prefix=settings.redis.key_prefix,
+        grace_seconds=settings.jobs.webhook_secret_grace_seconds,
+    )
+
+
+def webhook_sender(settings: Settings, kv: KeyValueStore, tracer: trace.Tracer) -> WebhookSender:
+    jobs = settings.jobs
+    return WebhookSender(
+        webhook_secrets(settings, kv),
+        UrlPolicy(jobs.webhook_allow),
+        tracer,
+        timeout=jobs.webhook_timeout_seconds,
+        connect_timeout=jobs.webhook_connect_timeout_seconds,
+        max_attempts=jobs.webhook_max_attempts,
+        backoff=jobs.webhook_backoff_seconds,
+    )
+
+
+def polling_store(settings: Settings) -> KeyValueStore:
+    """A Redis client for the workers' blocking reads: a socket timeout longer than a read
+    blocks, and no span per poll (an idle worker would emit one every second)."""
+    return KeyValueStore.from_url(
+        settings.redis.url,
+        trace.NoOpTracer(),
+        timeout=settings.jobs.poll_seconds + max(settings.redis.timeout_seconds, 1.0),
+        retry_after=settings.redis.retry_after_seconds,
+    )
+
+
+@dataclass
+class JobWorkers:
+    """Running workers and what they hold; ``stop()`` lets running jobs finish."""
+
+    workers: list[JobWorker] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    closers: list[Any] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        for closer in self.closers:
+            await closer.aclose()
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self.tasks)
+
+
+async def start_job_workers(services: Services, count: int | None = None) -> JobWorkers:
+    """Start ``count`` workers (default ``RAG_JOBS__WORKERS``) that run jobs with ``run_job``."""
+    settings = services.settings
+    count = settings.jobs.workers if count is None else count
+    if count <= 0:
+        return JobWorkers()
+    poll_kv = polling_store(settings)
+    queue = job_queue(settings, services.kv, poll_kv)
+    sender = webhook_sender(settings, services.kv, services.tracer)
+
+    async def execute(job: Job) -> dict[str, Any]:
+        return await run_job(services, job)
+
+    workers = [
+        JobWorker(
+            queue,
+            execute,
+            services.tracer,
+            concurrency=settings.jobs.concurrency,
+            visibility_timeout=settings.jobs.visibility_timeout_seconds,
+            poll_seconds=settings.jobs.poll_seconds,
+            retry_backoff=settings.jobs.retry_backoff_seconds,
+            # A job still running after this is handed back to the queue.
+            stop_grace=settings.jobs.visibility_timeout_seconds,
+            webhooks=sender,
+        )
+        for _ in range(count)
+    ]
+    tasks = [asyncio.create_task(w.run(), name=f"job worker {w.consumer}") for w in workers]
+    log.info("started %d job workers (concurrency %d each)", count, settings.jobs.concurrency)
+    return JobWorkers(workers, tasks, [sender, poll_kv])

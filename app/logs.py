@@ -1,0 +1,170 @@
+"""Logs: one line per HTTP request, and the app's own log records, as JSON or as plain text.
+
+``RAG_LOG__FORMAT=json`` (the default in production) writes one JSON object per line with the
+trace and span ids of the span that was current, so a log line leads to its trace in Jaeger
+and back; ``text`` (the default elsewhere) is for people at a terminal. The request line
+(logger ``rag.request``) carries method, route template, status, duration, the cache's outcome
+and each stage's duration, and never a header, a prompt or an answer: the API key and the text
+a caller sent stay out of logs whatever the format.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Final
+
+import orjson
+from opentelemetry import trace
+
+from app.settings import LogSettings
+from pipeline.context import RequestContext, StageRecord
+
+REQUEST_LOGGER: Final = "rag.request"
+# Probes and scrapes: logged at debug level, so a healthcheck does not fill the log.
+QUIET_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@dataclass
+class RequestFacts:
+    """What the log line of one request says; the runner's observer adds the context."""
+
+    method: str
+    path: str
+    started: float = field(default_factory=time.perf_counter)
+    status: int = 0
+    route: str | None = None
+    ctx: RequestContext | None = None
+
+    def fields(self, duration_s: float, trace_id: int, span_id: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": self.method,
+            "route": self.route or self.path,
+            "status": self.status,
+            "duration_ms": round(duration_s * 1000.0, 3),
+        }
+        if trace_id:
+            out["trace_id"] = format(trace_id, "032x")
+            out["span_id"] = format(span_id, "016x")
+        ctx = self.ctx
+        if ctx is not None:
+            out["cache"] = ctx.cache_status
+            out["stages"] = {r.name: r.duration_ms for r in ctx.records}
+            failed = {r.name: r.status for r in ctx.records if r.status != "ok"}
+            if failed:
+                out["stage_status"] = failed
+        return out
+
+
+CURRENT_REQUEST: contextvars.ContextVar[RequestFacts | None] = contextvars.ContextVar(
+    "rag_request_facts", default=None
+)
+
+
+class RequestLogObserver:
+    """Runner observer: hands the request's context to its log line (stage durations, cache)."""
+
+    def stage_finished(self, record: StageRecord, ctx: RequestContext) -> None:
+        facts = CURRENT_REQUEST.get()
+        if facts is not None:
+            facts.ctx = ctx
+
+
+class RequestLog:
+    """Writes the one line of each request (``rag.request``)."""
+
+    def __init__(self) -> None:
+        self.logger = logging.getLogger(REQUEST_LOGGER)
+
+    def write(self, facts: RequestFacts, duration_s: float, trace_id: int, span_id: int) -> None:
+        level = logging.DEBUG if facts.path in QUIET_PATHS else logging.INFO
+        if not self.logger.isEnabledFor(level):
+            return
+        fields = facts.fields(duration_s, trace_id, span_id)
+        summary = f"{fields['method']} {fields['route']} {fields['status']}"
+        self.logger.log(level, summary, extra={"rag": fields})
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, trace and span ids, and the
+    request fields of a request line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            doc["trace_id"] = format(span.trace_id, "032x")
+            doc["span_id"] = format(span.span_id, "016x")
+        fields = getattr(record, "rag", None)
+        if isinstance(fields, dict):
+            doc.update(fields)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """A line for a terminal; a request line lists its stages and its trace id."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        fields = getattr(record, "rag", None)
+        if not isinstance(fields, dict):
+            return line
+        extra = [f"{fields['duration_ms']:.1f}ms"]
+        if "cache" in fields:
+            extra.append(f"cache={fields['cache']}")
+        if "stages" in fields:
+            extra.append(" ".join(f"{k}={v:.1f}" for k, v in fields["stages"].items()))
+        if "trace_id" in fields:
+            extra.append(f"trace={fields['trace_id']}")
+        return f"{line} {' '.join(extra)}"
+
+
+class _OurHandler(logging.StreamHandler[IO[str]]):
+    """Marks the handler this module installed, so configuring again replaces it."""
+
+
+def log_format(config: LogSettings, environment: str) -> str:
+    if config.format is not None:
+        return config.format
+    return "json" if environment == "production" else "text"
+
+
+def configure_logging(
+    config: LogSettings, environment: str, stream: IO[str] | None = None
+) -> logging.Handler:
+    """One handler on the root logger (replacing the one installed before), in the configured
+    format; with JSON, uvicorn's own records go through it too. Uvicorn's access log is off
+    while the request line, which replaces it, is on."""
+    kind = log_format(config, environment)
+    handler = _OurHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if kind == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _OurHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(config.level)
+    # httpx logs every upstream request at info: the request line and the trace say it better.
+    logging.getLogger("httpx").setLevel(config.level if config.level == "DEBUG" else "WARNING")
+    if kind == "json":
+        uvicorn = logging.getLogger("uvicorn")
+        uvicorn.handlers = []
+        uvicorn.propagate = True
+    # The request line says more than uvicorn's access line; one of them is enough.
+    logging.getLogger("uvicorn.access").disabled = config.requests
+    request_logger = logging.getLogger(REQUEST_LOGGER)
+    request_logger.disabled = not config.requests
+    return handler

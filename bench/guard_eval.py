@@ -1,0 +1,219 @@
+"""Guardrail quality and cost: injection detection and false positives on the labelled set, and
+the time per request of the input checks and of the streaming output redactor.
+
+    python -m bench.guard_eval [--rounds 3]
+
+Quality: `bench/data/injection_eval.jsonl` (lines {"text", "label", "lang", "kind", "split"}),
+reported on its held-out half (never looked at while writing the rules), its dev half and all
+of it, with the rules alone and with the similarity signal (real MiniLM embedder; the exemplars
+are `pipeline/guards/data/injection_exemplars.jsonl`, not lines of this set).
+
+Cost (one thread, after a warm-up): input checks = PII detection + injection rules on the eval
+texts as they are (short questions) and on requests of ~1 KB and ~4 KB (a question with pasted
+text); the similarity signal given the query vector the request path already has; the streaming
+redactor on ~1.2 KB answers fed in 4-character chunks like a token stream, and the same answers
+redacted in one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pipeline.guards.injection import ExemplarIndex, FloatArray, InjectionDetector
+from pipeline.guards.output import StreamingRedactor, redact_answer
+from pipeline.guards.pii import find_pii
+from retrieval import Embedder
+
+Vectors = dict[str, FloatArray]
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "bench" / "data" / "injection_eval.jsonl"
+
+ANSWER_SENTENCES = [
+    "Vitamin D supplementation reduced the risk of fractures in older adults [doc-12].",
+    "The effect was smaller in people who already had adequate levels [doc-7].",
+    "Two trials found no benefit for falls, so the evidence is mixed [doc-3, doc-9].",
+    "You can reach the study coordinator at maria.santos@example.org for details.",
+    "For appointments call +44 20 7946 0958 between 9:00 and 17:00.",
+    "Dosage in the trials ranged from 400 to 2,000 IU per day, version 2.1 of the protocol.",
+    "Serum levels above 30 ng/mL were considered sufficient in most of the cohorts.",
+    "Adverse events were rare and similar between the treatment and placebo groups.",
+]
+
+
+Row = dict[str, str]
+BLOCKED = ["project bluebird", "internal use only"]
+
+
+def load() -> list[Row]:
+    return [json.loads(line) for line in EVAL.read_text("utf-8").splitlines() if line.strip()]
+
+
+def rates(detector: InjectionDetector, rows: Sequence[Row], vectors: Vectors) -> tuple[str, str]:
+    flagged = {r["text"]: detector.check(r["text"], vectors.get(r["text"])).flagged for r in rows}
+    attacks = [r for r in rows if r["label"] == "injection"]
+    benign = [r for r in rows if r["label"] == "benign"]
+    hits = sum(flagged[r["text"]] for r in attacks)
+    false = sum(flagged[r["text"]] for r in benign)
+    return (
+        f"{hits / len(attacks):.3f} ({hits}/{len(attacks)})",
+        f"{false / len(benign):.3f} ({false}/{len(benign)})",
+    )
+
+
+def quality(rows: list[Row], exemplars: ExemplarIndex, vectors: Vectors) -> None:
+    rules, both = InjectionDetector(), InjectionDetector(exemplars)
+    print(
+        "| split | attempts / benign | detection, rules | FP, rules "
+        "| detection, rules + similarity | FP, rules + similarity |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in ("heldout", "dev", "all"):
+        part = [r for r in rows if name == "all" or r["split"] == name]
+        attacks = sum(r["label"] == "injection" for r in part)
+        cells = [*rates(rules, part, {}), *rates(both, part, vectors)]
+        print(f"| {name} | {attacks} / {len(part) - attacks} | " + " | ".join(cells) + " |")
+    print("\n| language | attempts detected (rules + similarity) | false positives |")
+    print("| --- | --- | --- |")
+    for lang in sorted({r["lang"] for r in rows}):
+        detection, fp = rates(both, [r for r in rows if r["lang"] == lang], vectors)
+        print(f"| {lang} | {detection} | {fp} |")
+    print()
+
+
+Sample = tuple[float, float]  # (CPU ms of this thread, wall-clock ms)
+
+
+def timed(fn: Callable[[], object], repeat: int) -> list[Sample]:
+    """CPU and wall milliseconds of `repeat` calls, after one warm-up call. CPU time (this
+    thread's) is what the check costs; wall time also counts waiting for a core, which on a
+    shared machine can be most of it."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        cpu, wall = time.thread_time(), time.perf_counter()
+        fn()
+        samples.append(((time.thread_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000))
+    return samples
+
+
+def over(texts: Sequence[str], fn: Callable[[str], object], rounds: int) -> list[Sample]:
+    """Milliseconds of `fn` on each text, `rounds` times."""
+    return [ms for text in texts for ms in timed(functools.partial(fn, text), rounds)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def row(name: str, samples: list[Sample]) -> None:
+    cpu, wall = [c for c, _ in samples], [w for _, w in samples]
+    cells = [
+        percentile(cpu, 0.5),
+        percentile(cpu, 0.99),
+        percentile(wall, 0.5),
+        percentile(wall, 0.99),
+    ]
+    print(f"| {name} | {len(samples)} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+
+
+def requests_of(size: int, rows: list[Row], rng: random.Random) -> list[str]:
+    """Requests of `size` characters made of benign eval texts (a question with pasted text)."""
+    benign = [r["text"] for r in rows if r["label"] == "benign"]
+    out = []
+    for _ in range(100):
+        text = ""
+        while len(text) < size:
+            text += rng.choice(benign) + " "
+        out.append(text[:size])
+    return out
+
+
+def answers(rng: random.Random, count: int = 100) -> list[str]:
+    return [" ".join(rng.choice(ANSWER_SENTENCES) for _ in range(14)) for _ in range(count)]
+
+
+def stream(answer: str, size: int = 4) -> tuple[str, int]:
+    """Redact `answer` fed in `size`-character chunks; return the output and the most held."""
+    redactor = StreamingRedactor(blocked_terms=BLOCKED)
+    out, held = [], 0
+    for i in range(0, len(answer), size):
+        out.append(redactor.feed(answer[i : i + size]))
+        held = max(held, redactor.held)
+    out.append(redactor.end())
+    return "".join(out), held
+
+
+def input_checks(text: str, detector: InjectionDetector) -> None:
+    find_pii(text)
+    detector.check(text)
+
+
+def cost(rows: list[Row], exemplars: ExemplarIndex, vector: FloatArray, rounds: int) -> None:
+    rng = random.Random(7)
+    check = functools.partial(input_checks, detector=InjectionDetector())
+    no_embedder = ExemplarIndex(exemplars.texts, exemplars.labels, exemplars.vectors)
+    similarity = InjectionDetector(no_embedder).similarity
+    short = [r["text"] for r in rows]
+    print("| step | samples | CPU p50 ms | CPU p99 ms | wall p50 ms | wall p99 ms |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    median = statistics.median(map(len, short))
+    row(
+        f"input checks (PII + injection), eval texts ({median:.0f} chars)",
+        over(short, check, rounds),
+    )
+    for size in (1000, 4000):
+        row(
+            f"input checks, {size:,}-char requests",
+            over(requests_of(size, rows, rng), check, rounds),
+        )
+    row(
+        "of which PII only, 1,000-char requests",
+        over(requests_of(1000, rows, rng), find_pii, rounds),
+    )
+    row(
+        "similarity signal, query vector given",
+        timed(lambda: similarity("x", vector), 300 * rounds),
+    )
+    texts = answers(rng)
+    for text in texts:
+        assert stream(text)[0] == redact_answer(text, blocked_terms=BLOCKED)[0]
+    median = statistics.median(map(len, texts))
+    row(
+        f"streaming redactor, per answer ({median:.0f} chars, 4-char chunks)",
+        over(texts, stream, rounds),
+    )
+    whole = functools.partial(redact_answer, blocked_terms=BLOCKED)
+    row("whole-answer redaction in one call, per answer", over(texts, whole, rounds))
+    held = max(stream(text)[1] for text in texts)
+    bound = StreamingRedactor().max_holdback
+    print(f"\nmost canonical characters held back while streaming: {held} (bound {bound})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    rows = load()
+    embedder = Embedder()
+    embedder.warm_up()
+    exemplars = ExemplarIndex.from_file(embedder)
+    texts = [r["text"] for r in rows]
+    vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    quality(rows, exemplars, vectors)
+    cost(rows, exemplars, embedder.embed(["How do I reset my router?"])[0], args.rounds)
+    print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Typed stream events: what an answer is made of, as it is made.
+
+Generation turns vLLM's chunks into these; the answer stream (``pipeline.answer``) passes them
+through the output filters; the SSE writer, the non-streamed response and the cache all read
+them. Upstream order is: deltas, then one ``Finish``, then one ``Usage``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    """A piece of the answer's text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a tool call: the first of a call carries its id and name, later ones more
+    of its JSON arguments. ``index`` tells the calls of one answer apart."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The answer ended: ``stop``, ``length``, ``tool_calls`` or ``content_filter``.
+
+    ``detail`` says why a filter ended it (the rule), for the final chunk and the span."""
+
+    reason: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+StreamEvent = ContentDelta | ToolCallDelta | Finish | Usage
+
+
+def _tool_call_deltas(calls: Any) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
+    for position, call in enumerate(calls if isinstance(calls, list) else []):
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") or {}
+        index = call.get("index")
+        events.append(
+            ToolCallDelta(
+                index=index if isinstance(index, int) else position,
+                id=call.get("id") or None,
+                name=function.get("name") or None,
+                arguments=function.get("arguments") or "",
+            )
+        )
+    return events
+
+
+def events_from_chunk(chunk: dict[str, Any]) -> list[StreamEvent]:
+    """The events in one OpenAI-style ``chat.completion.chunk`` (as vLLM streams them)."""
+    events: list[StreamEvent] = []
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            events.append(ContentDelta(str(delta["content"])))
+        if delta.get("tool_calls"):
+            events.extend(_tool_call_deltas(delta["tool_calls"]))
+        if choice.get("finish_reason"):
+            events.append(Finish(str(choice["finish_reason"])))
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        events.append(
+            Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        )
+    return events

@@ -1,0 +1,142 @@
+"""One traced call of a model: the ``chat {model}`` span, from the request until its stream ends.
+
+The span carries the OpenTelemetry GenAI attributes (operation, provider, request and response
+model, token usage, time to first chunk, finish reasons). It is started under the context the
+caller gives (the ``generate`` stage's), so it nests there even when the stream is read later by
+the response writer, and it ends however the stream ends: finished, failed, or abandoned by a
+client that went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv.attributes import server_attributes
+from opentelemetry.trace import Span, SpanKind
+
+from pipeline import attributes as attr
+from pipeline import metrics
+from pipeline.errors import PipelineError
+from pipeline.events import (
+    ContentDelta,
+    Finish,
+    StreamEvent,
+    ToolCallDelta,
+    Usage,
+    events_from_chunk,
+)
+from pipeline.routing import Route
+from pipeline.spans import mark_failed
+
+
+def request_attributes(route: Route, payload: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        gen_ai.GEN_AI_OPERATION_NAME: "chat",
+        gen_ai.GEN_AI_PROVIDER_NAME: "vllm",
+        gen_ai.GEN_AI_REQUEST_MODEL: route.model,
+        server_attributes.SERVER_ADDRESS: route.client.base_url,
+        attr.ROUTE: route.name,
+    }
+    if isinstance(payload.get("max_tokens"), int):
+        out[gen_ai.GEN_AI_REQUEST_MAX_TOKENS] = payload["max_tokens"]
+    if isinstance(payload.get("temperature"), int | float):
+        out[gen_ai.GEN_AI_REQUEST_TEMPERATURE] = float(payload["temperature"])
+    if isinstance(payload.get("top_p"), int | float):
+        out[gen_ai.GEN_AI_REQUEST_TOP_P] = float(payload["top_p"])
+    return out
+
+
+class _RoundRecord:
+    """What one round produced, for the span's closing attributes."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.started = time.perf_counter()
+        self.first_chunk_s: float | None = None
+        self.text: list[str] = []
+        self.finish: str | None = None
+        self.usage = Usage(0, 0)
+        self.model: str | None = None
+
+    def take(self, event: StreamEvent) -> None:
+        if isinstance(event, ContentDelta | ToolCallDelta) and self.first_chunk_s is None:
+            self.first_chunk_s = time.perf_counter() - self.started
+            self.span.set_attribute(gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first_chunk_s)
+        if isinstance(event, ContentDelta):
+            self.text.append(event.text)
+        elif isinstance(event, Finish):
+            self.finish = event.reason
+        elif isinstance(event, Usage):
+            self.usage = event
+
+    def close(self, capture_content: bool, model: str) -> None:
+        metrics.model_call_finished(
+            model,
+            first_token_s=self.first_chunk_s,
+            total_s=time.perf_counter() - self.started,
+            prompt_tokens=self.usage.prompt_tokens,
+            completion_tokens=self.usage.completion_tokens,
+        )
+        if not self.span.is_recording():
+            return  # not sampled: nothing to build for it
+        self.span.set_attributes(
+            {
+                gen_ai.GEN_AI_RESPONSE_MODEL: self.model or "",
+                gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: [self.finish or "stop"],
+                gen_ai.GEN_AI_USAGE_INPUT_TOKENS: self.usage.prompt_tokens,
+                gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: self.usage.completion_tokens,
+            }
+        )
+        if capture_content:
+            output = [{"role": "assistant", "content": "".join(self.text)}]
+            self.span.set_attribute(gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps(output).decode())
+
+
+class TracedChat:
+    """Streams one model call as typed events inside its ``chat {model}`` span."""
+
+    def __init__(self, tracer: trace.Tracer, *, capture_content: bool = False) -> None:
+        self.tracer = tracer
+        self.capture_content = capture_content
+
+    async def stream(
+        self, route: Route, payload: dict[str, Any], parent: Context | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        span = self.tracer.start_span(
+            f"chat {route.model}",
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=request_attributes(route, payload),
+        )
+        if self.capture_content and span.is_recording():
+            messages = orjson.dumps(payload.get("messages", [])).decode()
+            span.set_attribute(gen_ai.GEN_AI_INPUT_MESSAGES, messages)
+        record = _RoundRecord(span)
+        try:
+            async with route.slot():
+                async for chunk in route.client.stream_chat(payload):
+                    record.model = chunk.get("model") or record.model
+                    for event in events_from_chunk(chunk):
+                        record.take(event)
+                        yield event
+        except (GeneratorExit, asyncio.CancelledError):
+            # The caller went away; that is not the model's failure.
+            span.set_attribute(attr.STREAM_ABANDONED, True)
+            metrics.model_call_abandoned(route.model)
+            raise
+        except BaseException as exc:
+            code = exc.code if isinstance(exc, PipelineError) and exc.code else None
+            mark_failed(span, exc, kind=code)
+            metrics.model_call_failed(route.model, code or type(exc).__name__)
+            raise
+        else:
+            record.close(self.capture_content, route.model)
+        finally:
+            span.end()

@@ -1,0 +1,25 @@
+"""Asynchronous jobs: chat requests queued in Redis Streams, run by workers, results by webhook.
+
+    model      the job record and its statuses
+    queue      Redis: submit (atomic), look up, list, cancel; hand runs to workers
+    worker     the worker loop: bounded concurrency, heartbeats, reclaim, retries, graceful stop
+    webhooks   signed delivery of finished jobs, with backoff; urls: the SSRF rules
+    signing    per-tenant webhook secrets and the signature scheme
+
+Nothing here imports ``app``: the app gives the worker an ``execute(job) -> result`` callable.
+"""
+
+from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
+from pipeline.jobs.queue import Conflict, Delivery, JobQueue
+
+__all__ = [
+    "CANCELLED",
+    "FAILED",
+    "QUEUED",
+    "RUNNING",
+    "SUCCEEDED",
+    "Conflict",
+    "Delivery",
+    "Job",
+    "JobQueue",
+]

@@ -1,0 +1,111 @@
+"""Webhook signatures: HMAC-SHA256 over ``timestamp + "." + body`` with the tenant's secret.
+
+Header: ``X-RAG-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>]``. There are two ``v1`` values
+while a rotated secret's grace period runs (the new secret's first). A receiver accepts the
+delivery when one ``v1`` matches its secret and ``t`` is within its tolerance of its clock,
+which is what makes a captured delivery useless to replay later.
+
+Each tenant has its own secret, kept in Redis and created on first use; ``rag webhooks secret
+--tenant T`` prints it (and ``--rotate`` replaces it). A secret derived from one server-wide
+master key would need no storage, but could not be rotated for one tenant alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from typing import Final
+
+from pipeline.kv import KeyValueStore
+
+SIGNATURE_HEADER: Final = "X-RAG-Signature"
+DEFAULT_TOLERANCE: Final = 300
+
+_GET_OR_CREATE: Final = """
+redis.call('HSETNX', KEYS[1], 'current', ARGV[1])
+return redis.call('HGET', KEYS[1], 'current')
+"""
+_ROTATE: Final = """
+local current = redis.call('HGET', KEYS[1], 'current')
+if current then redis.call('HSET', KEYS[1], 'previous', current, 'previous_until', ARGV[2]) end
+redis.call('HSET', KEYS[1], 'current', ARGV[1])
+return ARGV[1]
+"""
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    message = str(timestamp).encode() + b"." + body
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def signature_header(secrets_in_use: list[str], timestamp: int, body: bytes) -> str:
+    return ",".join([f"t={timestamp}", *(f"v1={sign(s, timestamp, body)}" for s in secrets_in_use)])
+
+
+def verify(
+    header: str,
+    body: bytes,
+    secret: str,
+    *,
+    tolerance: int = DEFAULT_TOLERANCE,
+    now: float | None = None,
+) -> bool:
+    """Whether ``header`` signs ``body`` with ``secret`` and is fresh (receivers do this)."""
+    timestamp: int | None = None
+    candidates: list[str] = []
+    for part in header.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "t" and value.isdigit():
+            timestamp = int(value)
+        elif name == "v1":
+            candidates.append(value)
+    if timestamp is None or not candidates:
+        return False
+    if abs((time.time() if now is None else now) - timestamp) > tolerance:
+        return False
+    expected = sign(secret, timestamp, body)
+    return any(hmac.compare_digest(expected, candidate) for candidate in candidates)
+
+
+class WebhookSecrets:
+    """Per-tenant signing secrets in Redis: created on first use, rotated with a grace period."""
+
+    def __init__(self, kv: KeyValueStore, *, prefix: str = "rag:", grace_seconds: int = 86_400):
+        self.kv = kv
+        self.prefix = f"{prefix}webhook-secret:"
+        self.grace_seconds = grace_seconds
+        self._get_or_create = kv.script(_GET_OR_CREATE)
+        self._rotate = kv.script(_ROTATE)
+
+    async def current(self, tenant: str) -> str:
+        """The tenant's secret (created now if it has none)."""
+        value = await self.kv.run_script(
+            "webhook_secret", self._get_or_create, [self.prefix + tenant], [new_secret()]
+        )
+        return bytes(value).decode()
+
+    async def rotate(self, tenant: str) -> str:
+        """A new secret; the old one keeps signing (as a second ``v1``) for the grace period."""
+        until = int(time.time()) + self.grace_seconds
+        value = await self.kv.run_script(
+            "webhook_secret_rotate", self._rotate, [self.prefix + tenant], [new_secret(), until]
+        )
+        return bytes(value).decode()
+
+    async def signing(self, tenant: str) -> list[str]:
+        """The secrets that sign now: the current one, then the previous one within its grace."""
+        fields = await self.kv.hgetall(self.prefix + tenant)
+        if b"current" not in fields:
+            return [await self.current(tenant)]
+        in_use = [fields[b"current"].decode()]
+        until = int(fields.get(b"previous_until", b"0") or 0)
+        if b"previous" in fields and time.time() < until:
+            in_use.append(fields[b"previous"].decode())
+        return in_use

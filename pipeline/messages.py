@@ -1,0 +1,36 @@
+"""One way to read the text of chat messages, for the cache key, retrieval, routing and the
+guardrails alike.
+
+Text parts of a message are joined with a newline, as vLLM joins them when it renders the
+chat template, so two requests that the model sees identically read identically here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def content_text(content: Any) -> str | None:
+    """The text of a message's content; None when it holds parts that are not text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            return None
+        return "\n".join(str(p.get("text") or "") for p in content)
+    return None if content is not None else ""
+
+
+def text_of(content: Any) -> str:
+    """The text parts of a message's content, joined; other parts (images) are left out."""
+    if isinstance(content, list):
+        content = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return content_text(content) or ""
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The last user message's text (what retrieval searches for and the router reads)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return text_of(message.get("content"))
+    return ""

@@ -1,0 +1,145 @@
+"""The service's Prometheus metrics, in one place, and the runner observer that feeds most of them.
+
+Every family is a process-wide object in prometheus-client's default registry, so ``/metrics``
+(``app.metrics``) serves them next to the process collectors. Labels are low-cardinality only:
+route templates, stage names, statuses, model names from the configuration, error kinds;
+never a tenant, a user or anything a caller chooses freely.
+
+Where each is fed (none depends on trace sampling: a span processor sees only the spans that
+are recorded, so with a ratio sampler metrics fed from spans would be sampled too):
+
+- HTTP requests: the ASGI middleware (``app.middleware.RequestTracing``).
+- Stage latency, cache outcomes, retrieval sizes: ``StageMetrics``, a runner observer.
+- Model calls (time to first token, time per output token, tokens, errors): where the
+  ``chat {model}`` span ends (``pipeline.generation``).
+- Redis errors: ``pipeline.kv.KeyValueStore._call``, the one place Redis is called.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from pipeline.context import RequestContext, StageRecord
+
+# Seconds. The hit path's stages take tens of microseconds to a millisecond, generation seconds.
+LATENCY_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+)  # fmt: skip
+TOKEN_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+COUNT_BUCKETS: Final = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+HTTP_DURATION: Final = Histogram(
+    "rag_http_request_duration_seconds",
+    "HTTP requests by route template and status: latency until the last byte (_count: requests).",
+    ["method", "route", "status"],
+    buckets=LATENCY_BUCKETS,
+)
+HTTP_IN_FLIGHT: Final = Gauge("rag_http_requests_in_flight", "HTTP requests being served.")
+STAGE_DURATION: Final = Histogram(
+    "rag_stage_duration_seconds",
+    "Pipeline stages by name and outcome (ok, degraded, error, cancelled).",
+    ["stage", "status"],
+    buckets=LATENCY_BUCKETS,
+)
+CACHE_LOOKUPS: Final = Counter(
+    "rag_cache_lookups_total",
+    "Response-cache lookups by outcome (hit, miss, bypass, error).",
+    ["outcome"],
+)
+RETRIEVAL_CANDIDATES: Final = Histogram(
+    "rag_retrieval_candidates",
+    "BM25 candidates given a vector score, per retrieval.",
+    buckets=COUNT_BUCKETS,
+)
+RETRIEVAL_RESULTS: Final = Histogram(
+    "rag_retrieval_results", "Passages put into the prompt, per retrieval.", buckets=COUNT_BUCKETS
+)
+LLM_CALLS: Final = Counter(
+    "rag_llm_calls_total",
+    "Model calls by model and outcome (ok, error, abandoned).",
+    ["model", "outcome"],
+)
+LLM_TTFT: Final = Histogram(
+    "rag_llm_time_to_first_token_seconds",
+    "From sending a model call to its first streamed token.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+LLM_TPOT: Final = Histogram(
+    "rag_llm_time_per_output_token_seconds",
+    "Decode time per output token after the first, per model call.",
+    ["model"],
+    buckets=TOKEN_BUCKETS,
+)
+LLM_TOKENS: Final = Counter(
+    "rag_llm_tokens_total", "Tokens by model and type (prompt, completion).", ["model", "type"]
+)
+LLM_ERRORS: Final = Counter(
+    "rag_llm_errors_total",
+    "Failed model calls by model and kind (the error code, else the exception type).",
+    ["model", "kind"],
+)
+REDIS_ERRORS: Final = Counter(
+    "rag_redis_errors_total",
+    "Failed Redis calls by command and kind (exception type, or circuit_open when skipped).",
+    ["command", "kind"],
+)
+
+
+def model_call_finished(
+    model: str,
+    *,
+    first_token_s: float | None,
+    total_s: float,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> None:
+    """One model call that streamed to its end."""
+    LLM_CALLS.labels(model, "ok").inc()
+    if first_token_s is not None:
+        LLM_TTFT.labels(model).observe(first_token_s)
+        if completion_tokens > 1:
+            decode_s = max(0.0, total_s - first_token_s)
+            LLM_TPOT.labels(model).observe(decode_s / (completion_tokens - 1))
+    LLM_TOKENS.labels(model, "prompt").inc(prompt_tokens)
+    LLM_TOKENS.labels(model, "completion").inc(completion_tokens)
+
+
+def model_call_failed(model: str, kind: str) -> None:
+    LLM_CALLS.labels(model, "error").inc()
+    LLM_ERRORS.labels(model, kind).inc()
+
+
+def model_call_abandoned(model: str) -> None:
+    LLM_CALLS.labels(model, "abandoned").inc()
+
+
+def redis_failed(command: str, kind: str) -> None:
+    # Script and pipeline names ("EVALSHA job_claim") are ours: a bounded set.
+    REDIS_ERRORS.labels(command, kind).inc()
+
+
+class StageMetrics:
+    """Runner observer: stage latency by name and outcome, the cache's outcome, the size of
+    retrieval. Told about every stage of every run, sampled or not."""
+
+    def __init__(self) -> None:
+        # Children bound once: a label lookup takes a lock and a dict access per call.
+        self._durations: dict[tuple[str, str], Histogram] = {}
+
+    def stage_finished(self, record: StageRecord, ctx: RequestContext) -> None:
+        key = (record.name, record.status)
+        histogram = self._durations.get(key)
+        if histogram is None:
+            histogram = self._durations[key] = STAGE_DURATION.labels(*key)
+        histogram.observe(record.duration_ms / 1000.0)
+        if record.name == "cache_lookup" and record.status == "ok":
+            CACHE_LOOKUPS.labels(ctx.cache_status).inc()
+        elif record.name == "retrieve" and record.status == "ok":
+            candidates = record.info.get("retrieval.candidates")
+            if isinstance(candidates, int):
+                RETRIEVAL_CANDIDATES.observe(candidates)
+                RETRIEVAL_RESULTS.observe(len(ctx.passages))

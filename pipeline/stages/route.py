@@ -1,0 +1,84 @@
+"""The route stage: which model route answers this request, and why.
+
+The router's rules settle most requests from their words and the user's features; only what
+they leave open needs the query's embedding, taken from retrieval when it computed one, else
+embedded here (through the app's query batcher). Routing is an optimisation, so it degrades:
+when it fails or runs past its budget, the default route answers and the reason says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from pipeline import attributes as attr
+from pipeline.context import RequestContext, RouteChoice
+from pipeline.errors import PipelineError
+from pipeline.messages import last_user_text
+from pipeline.router import Router
+from pipeline.runner import FailurePolicy
+from retrieval.vectors import FloatArray
+
+EmbedQuery = Callable[[str], Awaitable[FloatArray]]
+
+
+class ChooseRoute:
+    """Sets ``ctx.route`` (``rag.route`` and ``rag.route.reason`` on the span).
+
+    ``embed`` embeds the query when retrieval did not; ``with_features`` and
+    ``with_query_vector`` say whether the path has the stages that write those fields (they
+    run before this one, so there is nothing to wait for)."""
+
+    name = "route"
+    writes = frozenset({"route"})
+    policy: FailurePolicy = "degrade"
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        embed: EmbedQuery | None = None,
+        with_features: bool = False,
+        with_query_vector: bool = False,
+        timeout_s: float | None = None,
+    ) -> None:
+        if router.centroids is not None and embed is None:
+            raise ValueError("a router with centroids needs an embed function")
+        self.router = router
+        self.embed = embed
+        self.timeout_s = timeout_s
+        optional = {"features": with_features, "query_vector": with_query_vector}
+        self.reads = frozenset({"params", *(name for name, on in optional.items() if on)})
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        choice = self.router.decide(ctx.params, ctx.features)
+        if choice is None:
+            centroids = self.router.centroids
+            if centroids is not None and not centroids.ready:
+                await asyncio.to_thread(centroids.warm_up)  # not warmed at start-up
+            vector = ctx.query_vector
+            if vector is None:
+                assert self.embed is not None  # checked in __init__
+                vector = await self.embed(last_user_text(ctx.params.messages))
+            choice = self.router.by_vector(ctx.params, vector)
+        self._take(ctx, choice)
+        return ctx
+
+    def fallback(self, ctx: RequestContext, exc: Exception) -> None:
+        """The default route, with the failure as the reason."""
+        route = self.router.routes.first_choice(ctx.params.model, ctx.params.rag.route)
+        self._take(ctx, RouteChoice(route.name, route.model, f"fallback:{describe(exc)}"))
+
+    @staticmethod
+    def _take(ctx: RequestContext, choice: RouteChoice) -> None:
+        ctx.route = choice
+        ctx.annotate(**{attr.ROUTE: choice.name, attr.ROUTE_REASON: choice.reason})
+
+
+def describe(exc: Exception) -> str:
+    """A short reason: the error's type and the start of its message."""
+    message = exc.message if isinstance(exc, PipelineError) else str(exc)
+    message = " ".join(message.split())
+    if len(message) > 80:
+        message = message[:77] + "..."
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

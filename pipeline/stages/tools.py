@@ -1,0 +1,54 @@
+"""The tools stage: the calls a request plainly needs, run beside retrieval, for the prompt.
+
+The planner reads the last user message; the planned calls run at once through the invoker
+(each in its ``execute_tool`` span, under its tool's limits) and their runs go into
+``ctx.tool_runs``, which the prompt shows under "Tool results:" and the response reports in
+``rag.tools``. The stage degrades: if it fails, the request goes on with what ran. A tool that
+needs the user's features (the profile) waits for the features stage of the same group.
+"""
+
+from __future__ import annotations
+
+from pipeline import attributes as attr
+from pipeline.context import Features, RequestContext
+from pipeline.messages import last_user_text
+from pipeline.runner import FailurePolicy
+from pipeline.tools.base import ToolContext
+from pipeline.tools.loop import Invoker
+from pipeline.tools.planner import ToolPlanner
+
+
+def features_when_ready(ctx: RequestContext) -> ToolContext:
+    """The caller's tool context; its ``features`` waits for the features stage, if one runs."""
+
+    async def features() -> Features:
+        await ctx.available("features")
+        return ctx.features
+
+    return ToolContext(ctx.caller, features=features)
+
+
+class PlannedTools:
+    """Runs the planned tools (``rag.plan_tools`` false: none)."""
+
+    name = "tools"
+    reads = frozenset({"principal", "params"})
+    writes = frozenset({"tool_runs"})
+    policy: FailurePolicy = "degrade"
+
+    def __init__(self, planner: ToolPlanner, invoker: Invoker) -> None:
+        self.planner = planner
+        self.invoker = invoker
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        if not ctx.params.rag.plan_tools:
+            ctx.annotate(**{attr.TOOLS_PLANNED: []})
+            return ctx
+        calls = self.planner.plan(last_user_text(ctx.params.messages))
+        ctx.annotate(**{attr.TOOLS_PLANNED: [call.name for call in calls]})
+        if calls:
+            ctx.tool_runs.extend(await self.invoker.run(calls, features_when_ready(ctx)))
+        return ctx
+
+    def fallback(self, ctx: RequestContext, exc: Exception) -> None:
+        """Leave the runs that finished (none are lost: a round's runs come back together)."""

@@ -1,0 +1,245 @@
+"""Counting tokens as the generation model does: the SmolLM2 tokenizer, loaded once.
+
+The tokenizer is the `tokenizer.json` of the model directory vLLM serves (built under
+`$RAG_HOME/models` by `make model`). Where none can be found, an approximate counter stands in
+and `load_token_counter` logs a warning saying so: budgets then hold only approximately.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import regex
+from tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+MODEL_PREFIX = "smollm2-135m-instruct"
+# scripts/build_model.py writes this file last, so a directory without it is a half-built one.
+COMPLETE_MARKER = ".rag-complete"
+
+
+class TokenCounter(Protocol):
+    """Counts tokens of text; `exact` says whether the counts are the model's own. Hashable by
+    identity (compress caches per-passage work per counter)."""
+
+    def __hash__(self) -> int: ...
+
+    @property
+    def exact(self) -> bool: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def count(self, text: str) -> int: ...
+
+    def count_many(self, texts: Sequence[str]) -> list[int]: ...
+
+    def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """For each text, where runs of its tokens start (character offsets, ascending) and
+        how many tokens each run holds; a token belongs to the run it starts in."""
+        ...
+
+
+# GPT-2's pre-tokenisation, which byte-level BPE tokenizers (SmolLM2's among them) apply before
+# BPE: the text is cut into these pieces and each piece is encoded on its own.
+_GPT2_PIECES = regex.compile(
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
+PIECE_CACHE_SIZE = 200_000
+
+
+def _is_gpt2_byte_level(tokenizer: Tokenizer) -> bool:
+    config = json.loads(tokenizer.to_str())
+    pre = config.get("pre_tokenizer") or {}
+    return (
+        config.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space", False)
+        and (config.get("model") or {}).get("type") == "BPE"
+        and not (config.get("model") or {}).get("dropout")
+    )
+
+
+class ModelTokenCounter:
+    """Exact counts from a Hugging Face `tokenizers` tokenizer (special tokens not added).
+
+    For a byte-level BPE tokenizer (SmolLM2's), the count of a text is the sum of the counts of
+    its GPT-2 pieces, each piece encoded on its own; pieces recur across requests (words with
+    their leading space), so their counts are kept in a bounded dict and a text is counted with
+    one regex pass and dict lookups, the tokenizer running only on pieces not seen before. Text
+    holding one of the tokenizer's added tokens (`<|im_start|>`, ...) goes to the tokenizer
+    whole. tests/pipeline/test_compress.py checks both ways agree.
+    """
+
+    exact = True
+
+    def __init__(self, tokenizer: Tokenizer, source: str) -> None:
+        self.tokenizer = tokenizer
+        self.source = source
+        self._pieces: dict[str, int] | None = {} if _is_gpt2_byte_level(tokenizer) else None
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+
+    @classmethod
+    def from_file(cls, path: Path) -> ModelTokenCounter:
+        """Load a `tokenizer.json`."""
+        return cls(Tokenizer.from_file(str(path)), str(path))
+
+    def count(self, text: str) -> int:
+        return self.count_many([text])[0]
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        return [sum(counts) for _, counts in self.token_runs(texts)]
+
+    def count_with_tokenizer(self, texts: Sequence[str]) -> list[int]:
+        """Counts from the tokenizer itself, whole texts at once (the reference)."""
+        encoded = self.tokenizer.encode_batch_fast(
+            [_encodable(t) for t in texts], add_special_tokens=False
+        )
+        return [len(e.ids) for e in encoded]
+
+    def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        cleaned = [_encodable(t) for t in texts]
+        runs: list[tuple[list[int], list[int]] | None] = [None] * len(cleaned)
+        whole = [
+            i
+            for i, t in enumerate(cleaned)
+            if self._pieces is None or (self._added is not None and self._added.search(t))
+        ]
+        if whole:
+            encoded = self.tokenizer.encode_batch(
+                [cleaned[i] for i in whole], add_special_tokens=False
+            )
+            for i, e in zip(whole, encoded, strict=True):
+                runs[i] = ([start for start, _ in e.offsets], [1] * len(e.ids))
+        pieces = [
+            [] if runs[i] is not None else _GPT2_PIECES.findall(t) for i, t in enumerate(cleaned)
+        ]
+        counts = self._piece_counts({p for ps in pieces for p in ps})
+        for i, ps in enumerate(pieces):
+            if runs[i] is None:
+                starts = list(itertools.accumulate((len(p) for p in ps[:-1]), initial=0))
+                runs[i] = (starts if ps else [], [counts[p] for p in ps])
+        return [r if r is not None else ([], []) for r in runs]
+
+    def _piece_counts(self, pieces: set[str]) -> dict[str, int]:
+        cache = self._pieces if self._pieces is not None else {}
+        found = {p: n for p in pieces if (n := cache.get(p)) is not None}
+        missing = [p for p in pieces if p not in found]
+        if missing:
+            encoded = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
+            fresh = {p: len(e.ids) for p, e in zip(missing, encoded, strict=True)}
+            found.update(fresh)
+            if len(cache) + len(fresh) > PIECE_CACHE_SIZE:
+                cache.clear()
+            cache.update(fresh)
+        return found
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates (which a JSON body can carry, and which the Rust tokenizer
+    refuses) replaced by U+FFFD, one code point for one, so character offsets still hold."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+_PIECE = re.compile(r"[A-Za-z]+|[0-9]|\s+|[^\sA-Za-z0-9]")
+
+
+class ApproximateTokenCounter:
+    """A stand-in when no tokenizer file is found; errs high, so a budget is rarely exceeded.
+
+    Latin letters: one token per started 4 letters of a word; each digit, each punctuation mark
+    and each other character one token, two past U+0800 (CJK and most other scripts);
+    whitespace folds into the next token. On SciFact abstracts it over-counts SmolLM2's tokens
+    by about 40% (never under; see BENCHMARKS.md).
+    """
+
+    exact = False
+    source = "approximate"
+
+    def count(self, text: str) -> int:
+        return len(self._starts(text))
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        return [self.count(t) for t in texts]
+
+    def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        return [(starts, [1] * len(starts)) for starts in map(self._starts, texts)]
+
+    @staticmethod
+    def _starts(text: str) -> list[int]:
+        starts: list[int] = []
+        for piece in _PIECE.finditer(text):
+            word = piece.group()
+            if word[0].isspace():
+                continue
+            if word[0].isascii() and word[0].isalpha():
+                starts.extend(range(piece.start(), piece.end(), 4))
+            else:
+                # Byte-level BPE spends two or three tokens on most characters past U+0800
+                # (CJK, Devanagari, ...): count two.
+                starts.extend([piece.start()] * (2 if ord(word[0]) >= 0x800 else 1))
+        return starts
+
+
+def default_models_dir() -> Path:
+    """Where `make model` puts models: `$RAG_MODELS_DIR`, else `$RAG_HOME/models`, else
+    `~/.cache/rag/models` (the rule of scripts/build_model.py)."""
+    home = Path(os.environ.get("RAG_HOME") or Path.home() / ".cache" / "rag")
+    return Path(os.environ.get("RAG_MODELS_DIR") or home / "models")
+
+
+def find_tokenizer(path: Path | None = None, *, models_dir: Path | None = None) -> Path | None:
+    """The tokenizer file to use: `path` (a tokenizer.json, or a model directory holding one)
+    when given, else that of the newest complete SmolLM2 directory under `models_dir`."""
+    if path is not None:
+        candidate = path / TOKENIZER_FILE if path.is_dir() else path
+        return candidate if candidate.is_file() else None
+    root = models_dir if models_dir is not None else default_models_dir()
+    if not root.is_dir():
+        return None
+    built = [
+        d / TOKENIZER_FILE
+        for d in root.glob(f"{MODEL_PREFIX}-*")
+        if (d / COMPLETE_MARKER).exists() and (d / TOKENIZER_FILE).is_file()
+    ]
+    return max(built, key=lambda f: f.stat().st_mtime) if built else None
+
+
+def load_token_counter(
+    path: Path | None = None, *, models_dir: Path | None = None
+) -> ModelTokenCounter | ApproximateTokenCounter:
+    """The model's tokenizer (see `find_tokenizer`), or the approximate counter with a warning.
+
+    A `path` that is given but holds no tokenizer is an error, not a silent fallback.
+    """
+    found = find_tokenizer(path, models_dir=models_dir)
+    if found is not None:
+        return ModelTokenCounter.from_file(found)
+    if path is not None:
+        raise FileNotFoundError(f"no {TOKENIZER_FILE} at {path}")
+    log.warning(
+        "No SmolLM2 tokenizer under %s (build it with `make model`): prompt token budgets are "
+        "counted approximately",
+        models_dir if models_dir is not None else default_models_dir(),
+    )
+    return ApproximateTokenCounter()

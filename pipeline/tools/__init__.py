@@ -1,0 +1,10 @@
+"""Server-side tools.
+
+base        Tool, ToolCall, ToolContext, ToolError
+registry    the tools by name; argument parsing and schema checks
+invoker     one round of calls at once: spans, timeouts, concurrency and rate limits
+calculator  clock  builtins  http     the tools themselves
+planner     the calls a request plainly needs (planned tools)
+loop        the function-calling flow (model, tools, model again)
+offer       which tools a request offers the model
+"""

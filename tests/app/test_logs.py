@@ -1,0 +1,112 @@
+"""Logs: one line per request with its trace, status, duration, cache outcome and stages; app
+records with trace ids; never the prompt or the API key."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import uuid
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from app.logs import configure_logging, log_format
+from app.settings import LogSettings
+from tests.conftest import AppHarness, make_settings
+
+
+def capture(fmt: str) -> io.StringIO:
+    """Point the service's log handler at a buffer (as ``create_app`` set it up, in ``fmt``)."""
+    buffer = io.StringIO()
+    configure_logging(LogSettings(format=fmt), "test", stream=buffer)  # type: ignore[arg-type]
+    return buffer
+
+
+def request_lines(buffer: io.StringIO) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    return [line for line in lines if line["logger"] == "rag.request"]
+
+
+async def chat(harness: AppHarness, key: str, text: str) -> str:
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    response = await harness.chat(key, body)
+    assert response.status_code == 200, response.text
+    return response.headers["x-trace-id"]
+
+
+async def test_each_request_writes_one_json_line_with_its_trace_stages_and_cache(
+    make_app, redis_server, vllm
+) -> None:
+    text = f"Name one primary colour. (secret-prompt-{uuid.uuid4().hex[:8]})"
+    async with make_app(make_settings(redis_server.url, vllm.url)) as harness:
+        key = await harness.key()
+        buffer = capture("json")
+        miss = await chat(harness, key, text)
+        hit = await chat(harness, key, text)
+        stage_names = harness.services.runner.stage_names
+    lines = request_lines(buffer)
+    assert [line["trace_id"] for line in lines] == [miss, hit]
+    first, second = lines
+    assert first["method"] == "POST" and first["route"] == "/v1/chat/completions"
+    assert first["status"] == 200 and first["cache"] == "miss"
+    assert second["cache"] == "hit"
+    assert isinstance(first["duration_ms"], float) and first["duration_ms"] > 0
+    assert len(str(first["span_id"])) == 16
+    stages = first["stages"]
+    assert isinstance(stages, dict) and list(stages) == stage_names
+    assert all(isinstance(ms, float) and ms >= 0 for ms in stages.values())
+    assert stages["generate"] < first["duration_ms"]  # type: ignore[operator]
+    hit_stages = second["stages"]
+    assert isinstance(hit_stages, dict)
+    assert list(hit_stages) == stage_names[: stage_names.index("cache_lookup") + 1]
+    everything = buffer.getvalue()
+    assert "secret-prompt" not in everything and key not in everything
+    assert key.split(".")[0] not in everything, "not even the key's id"
+
+
+async def test_app_records_carry_the_current_trace_and_a_refused_key_is_not_logged(
+    make_app, redis_server
+) -> None:
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9", retrieval={"enabled": False})
+    async with make_app(settings) as harness:
+        buffer = capture("json")
+        tracer = TracerProvider().get_tracer("test")
+        with tracer.start_as_current_span("work") as span:
+            logging.getLogger("pipeline.example").warning("something happened")
+        refused = await harness.chat(
+            "rag-made.up-key-value",
+            {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    records = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    app_record = next(r for r in records if r["logger"] == "pipeline.example")
+    assert app_record["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert app_record["span_id"] == format(span.get_span_context().span_id, "016x")
+    assert app_record["level"] == "warning" and app_record["message"] == "something happened"
+    line = request_lines(buffer)[-1]
+    assert refused.status_code == 401 and line["status"] == 401
+    assert line["stage_status"] == {"auth": "error"}
+    assert "made.up-key-value" not in buffer.getvalue()
+
+
+async def test_text_lines_for_people_and_json_by_default_in_production(
+    make_app, redis_server
+) -> None:
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9", retrieval={"enabled": False})
+    async with make_app(settings) as harness:
+        buffer = capture("text")
+        key = await harness.key()
+        response = await harness.chat(
+            key, {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+        )
+    line = next(x for x in buffer.getvalue().splitlines() if "rag.request" in x)
+    assert "POST /v1/chat/completions 404" in line
+    assert f"trace={response.headers['x-trace-id']}" in line
+    assert "auth=" in line and "validate=" in line
+    assert log_format(LogSettings(), "production") == "json"
+    assert log_format(LogSettings(), "development") == "text"
+    assert log_format(LogSettings(format="json"), "development") == "json"

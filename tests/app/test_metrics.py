@@ -1,0 +1,147 @@
+"""``/metrics``: the families exist, requests move them by what they did, labels stay bounded."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from opentelemetry import trace
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline.kv import KeyValueStore, StoreUnavailable
+from pipeline.metrics import StageMetrics
+from retrieval import Document
+from tests.conftest import AppHarness, make_settings
+from tests.support.servers import free_port
+
+FAMILIES = {
+    "rag_http_request_duration_seconds": "histogram",
+    "rag_http_requests_in_flight": "gauge",
+    "rag_stage_duration_seconds": "histogram",
+    "rag_cache_lookups": "counter",
+    "rag_retrieval_candidates": "histogram",
+    "rag_retrieval_results": "histogram",
+    "rag_llm_calls": "counter",
+    "rag_llm_time_to_first_token_seconds": "histogram",
+    "rag_llm_time_per_output_token_seconds": "histogram",
+    "rag_llm_tokens": "counter",
+    "rag_llm_errors": "counter",
+    "rag_redis_errors": "counter",
+}
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(harness: AppHarness) -> tuple[str, Samples]:
+    response = await harness.client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return response.text, samples
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def chat(text: str, **extra: object) -> dict[str, object]:
+    return {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
+
+
+async def test_every_family_is_served_in_prometheus_format(make_app, redis_server) -> None:
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9", retrieval={"enabled": False})
+    async with make_app(settings) as harness:
+        response = await harness.client.get("/metrics")
+    types = {f.name: f.type for f in text_string_to_metric_families(response.text)}
+    assert {name: types.get(name) for name in FAMILIES} == FAMILIES
+    assert "process_cpu_seconds" in types, "the process collectors are served too"
+
+
+async def test_a_miss_and_a_hit_move_the_request_stage_cache_retrieval_and_model_metrics(
+    make_app, redis_server, vllm
+) -> None:
+    text = f"What does vitamin D do for bones? (ref {uuid.uuid4().hex[:6]})"
+    async with make_app(make_settings(redis_server.url, vllm.url)) as harness:
+        assert harness.services.retrieval is not None
+        await harness.services.retrieval.ingest(
+            "metrics", [Document(id="d", text="Vitamin D helps bones take up calcium.")]
+        )
+        key = await harness.key(tenant="metrics", user="metrics-user")
+        _, before = await scrape(harness)
+        miss = await harness.chat(key, chat(text))
+        hit = await harness.chat(key, chat(text))
+        page, after = await scrape(harness)
+        stage_names = harness.services.runner.stage_names
+    assert miss.headers["x-cache"] == "miss" and hit.headers["x-cache"] == "hit"
+    usage = miss.json()["usage"]
+
+    route = {"method": "POST", "route": "/v1/chat/completions", "status": "200"}
+    assert delta(before, after, "rag_http_request_duration_seconds_count", **route) == 2
+    assert delta(before, after, "rag_http_request_duration_seconds_sum", **route) > 0
+    for name in stage_names:
+        count = delta(
+            before, after, "rag_stage_duration_seconds_count", stage=name, status="ok"
+        ) + delta(before, after, "rag_stage_duration_seconds_count", stage=name, status="degraded")
+        ran_on_the_hit = name in stage_names[: stage_names.index("cache_lookup") + 1]
+        assert count == (2 if ran_on_the_hit else 1), name
+    assert delta(before, after, "rag_cache_lookups_total", outcome="miss") == 1
+    assert delta(before, after, "rag_cache_lookups_total", outcome="hit") == 1
+    assert delta(before, after, "rag_retrieval_candidates_count") == 1
+    assert delta(before, after, "rag_retrieval_results_sum") == len(miss.json()["rag"]["sources"])
+
+    model = {"model": "smollm2"}
+    assert delta(before, after, "rag_llm_calls_total", outcome="ok", **model) == 1
+    assert delta(before, after, "rag_llm_time_to_first_token_seconds_count", **model) == 1
+    assert delta(before, after, "rag_llm_time_to_first_token_seconds_sum", **model) > 0
+    assert delta(before, after, "rag_llm_time_per_output_token_seconds_count", **model) == (
+        1 if usage["completion_tokens"] > 1 else 0
+    )
+    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    assert delta(before, after, "rag_llm_tokens_total", type="prompt", **model) == prompt
+    assert delta(before, after, "rag_llm_tokens_total", type="completion", **model) == completion
+    assert "metrics-user" not in page and '"metrics"' not in page, "no tenant or user labels"
+
+
+async def test_model_and_redis_failures_are_counted_by_kind(make_app, redis_server) -> None:
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9", retrieval={"enabled": False})
+    nowhere = KeyValueStore.from_url(f"redis://127.0.0.1:{free_port()}/0", trace.NoOpTracer())
+    async with make_app(settings) as harness:
+        key = await harness.key()
+        _, before = await scrape(harness)
+        failed = await harness.chat(key, chat("hello"), **{"cache-control": "no-cache"})
+        for _ in range(2):  # refused, then skipped while the circuit is open
+            with pytest.raises(StoreUnavailable):
+                await nowhere.get("anything")
+        _, after = await scrape(harness)
+    await nowhere.aclose()
+    assert failed.status_code == 503
+    errors = {"model": "smollm2", "kind": "upstream_unavailable"}
+    assert delta(before, after, "rag_llm_errors_total", **errors) == 1
+    assert delta(before, after, "rag_llm_calls_total", model="smollm2", outcome="error") == 1
+    for kind in ("ConnectionError", "circuit_open"):
+        assert delta(before, after, "rag_redis_errors_total", command="GET", kind=kind) == 1
+    status = {"method": "POST", "route": "/v1/chat/completions", "status": "503"}
+    assert delta(before, after, "rag_http_request_duration_seconds_count", **status) == 1
+
+
+async def test_metrics_can_be_switched_off(make_app, redis_server) -> None:
+    settings = make_settings(
+        redis_server.url,
+        "http://127.0.0.1:9",
+        retrieval={"enabled": False},
+        telemetry={"metrics": False},
+    )
+    async with make_app(settings) as harness:
+        assert (await harness.client.get("/metrics")).status_code == 404
+        observers = harness.services.runner.observers
+        assert observers and not any(isinstance(o, StageMetrics) for o in observers)

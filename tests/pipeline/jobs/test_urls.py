@@ -1,0 +1,99 @@
+"""Webhook URLs: the server-side request forgery rules, at submit and on resolved addresses."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from pipeline.jobs.urls import UrlPolicy, WebhookUrlRefused, refusal, system_resolver
+
+REFUSED_URLS = [
+    ("https://10.1.2.3/hook", "private"),
+    ("https://192.168.0.10/hook", "private"),
+    ("https://172.16.5.4/hook", "private"),
+    ("https://127.0.0.1/hook", "loopback"),
+    ("https://169.254.169.254/latest/meta-data/", "metadata"),
+    ("https://[::1]/hook", "loopback"),
+    ("https://[fd00:ec2::254]/hook", "metadata"),
+    ("https://[fc00::5]/hook", "private"),
+    ("https://[fe80::1]/hook", "link-local"),
+    ("https://[::ffff:127.0.0.1]/hook", "127.0.0.1"),
+    ("https://[64:ff9b::a00:1]/hook", "10.0.0.1"),
+    ("https://[2002:c0a8:0101::1]/hook", "192.168.1.1"),
+    ("https://0.0.0.0/hook", "unspecified"),
+    ("https://224.0.0.1/hook", "multicast"),
+    ("https://100.100.100.200/hook", "metadata"),
+    ("https://100.64.0.1/hook", "not a public address"),
+    ("https://240.0.0.1/hook", "reserved"),
+]
+MALFORMED_URLS = [
+    "not a url",
+    "hooks.example.com/path",
+    "ftp://hooks.example.com/",
+    "https://",
+    "https:///path",
+    "https://user:pw@hooks.example.com/",
+    "https://hooks.example.com:99999/",
+    "https://hooks.example.com/a b",
+    "https://[::1/",
+    "http://hooks.example.com/hook",  # http only for allow-listed hosts
+    "https://" + "a" * 3000 + ".com/",
+]
+
+
+@pytest.mark.parametrize(("url", "reason"), REFUSED_URLS)
+def test_urls_naming_a_non_public_address_are_refused(url: str, reason: str) -> None:
+    with pytest.raises(WebhookUrlRefused, match=reason):
+        UrlPolicy().parse(url)
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_malformed_or_non_https_urls_are_refused(url: str) -> None:
+    with pytest.raises(WebhookUrlRefused):
+        UrlPolicy().parse(url)
+
+
+def test_public_https_urls_pass_the_syntax_check() -> None:
+    target = UrlPolicy().parse("https://Hooks.Example.com:8443/in?x=1")
+    assert (target.scheme, target.host, target.port, target.literal) == (
+        "https",
+        "hooks.example.com",
+        8443,
+        None,
+    )
+    assert UrlPolicy().parse("https://93.184.216.34/hook").literal == ipaddress.ip_address(
+        "93.184.216.34"
+    )
+    for address in ("93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"):
+        assert refusal(ipaddress.ip_address(address)) is None
+
+
+async def test_a_name_resolving_to_loopback_is_refused_unless_allow_listed() -> None:
+    target = UrlPolicy().parse("https://localhost:8443/hook")  # the name alone says nothing
+    with pytest.raises(WebhookUrlRefused, match="loopback"):
+        await UrlPolicy().resolve(target, system_resolver)
+    allowed = UrlPolicy(["localhost"])
+    addresses = await allowed.resolve(allowed.parse("http://localhost:8443/hook"))
+    assert addresses and all(a.is_loopback for a in addresses)
+
+
+async def test_every_resolved_address_is_checked() -> None:
+    async def mixed(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        return [ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("10.0.0.7")]
+
+    policy = UrlPolicy()
+    with pytest.raises(WebhookUrlRefused, match=r"10\.0\.0\.7"):
+        await policy.resolve(policy.parse("https://hooks.example.com/"), mixed)
+
+
+def test_the_allow_list_takes_hosts_and_networks_but_never_metadata() -> None:
+    policy = UrlPolicy(["127.0.0.0/8", "hooks.internal", "169.254.0.0/16"])
+    assert policy.parse("http://127.0.0.1:9000/hook").literal is not None
+    assert policy.parse("http://hooks.internal/hook").host == "hooks.internal"
+    with pytest.raises(WebhookUrlRefused, match="https"):
+        policy.parse("http://other.internal/hook")
+    with pytest.raises(WebhookUrlRefused, match="metadata"):
+        policy.parse("http://169.254.169.254/latest/")
+    with pytest.raises(WebhookUrlRefused, match="private"):
+        policy.parse("https://10.0.0.1/")

@@ -1,0 +1,237 @@
+"""The answer stream: events from chunks, filters told when the stream ends, the completion built
+from what came out, callbacks only on a normal end."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from pipeline.answer import AnswerStream
+from pipeline.completion import Completion
+from pipeline.events import (
+    ContentDelta,
+    Finish,
+    StreamEvent,
+    ToolCallDelta,
+    Usage,
+    events_from_chunk,
+)
+
+
+def base() -> Completion:
+    return Completion(content="", finish_reason="stop", model="m", sources=[{"document_id": "d"}])
+
+
+async def source(events: Sequence[StreamEvent], closed: list[bool]) -> AsyncIterator[StreamEvent]:
+    try:
+        for event in events:
+            yield event
+    finally:
+        closed.append(True)
+
+
+ANSWER = [
+    ContentDelta("The capital "),
+    ContentDelta("is Paris."),
+    Finish("stop"),
+    Usage(12, 4),
+]
+
+
+class Upper:
+    name = "upper"
+
+    def feed(self, event: StreamEvent) -> list[StreamEvent]:
+        if isinstance(event, ContentDelta):
+            return [ContentDelta(event.text.upper())]
+        return [event]
+
+    def end(self) -> list[StreamEvent]:
+        return []
+
+
+class HoldUntilEnd:
+    """Holds every piece of text back, and lets it out when told the stream ended."""
+
+    name = "hold"
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def feed(self, event: StreamEvent) -> list[StreamEvent]:
+        if isinstance(event, ContentDelta):
+            self.held.append(event.text)
+            return []
+        if isinstance(event, Finish):
+            return [ContentDelta("".join(self.held)), event]
+        return [event]
+
+    def end(self) -> list[StreamEvent]:
+        return [ContentDelta("[late]")]
+
+
+class BlockWord:
+    name = "block"
+
+    def feed(self, event: StreamEvent) -> list[StreamEvent]:
+        if isinstance(event, ContentDelta) and "Paris" in event.text:
+            return [Finish("content_filter", "blocked_term")]
+        return [event]
+
+    def end(self) -> list[StreamEvent]:
+        return []
+
+
+def test_events_from_a_vllm_chunk() -> None:
+    chunk = {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "content": "Hi",
+                    "tool_calls": [
+                        {"index": 0, "id": "c1", "function": {"name": "calc", "arguments": "{"}}
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+    }
+    assert events_from_chunk(chunk) == [
+        ContentDelta("Hi"),
+        ToolCallDelta(0, "c1", "calc", "{"),
+        Finish("tool_calls"),
+        Usage(3, 1),
+    ]
+    assert events_from_chunk({"choices": [{"delta": {"content": ""}}]}) == []
+
+
+async def test_drain_builds_the_completion_and_runs_callbacks() -> None:
+    closed: list[bool] = []
+    stored: list[Completion] = []
+    answer = AnswerStream(source(ANSWER, closed), base)
+
+    async def store(completion: Completion) -> None:
+        stored.append(completion)
+
+    answer.on_complete(store)
+    completion = await answer.drain()
+    assert completion.content == "The capital is Paris."
+    assert (completion.prompt_tokens, completion.completion_tokens) == (12, 4)
+    assert completion.sources == [{"document_id": "d"}]
+    assert stored == [completion] and closed == [True]
+
+
+async def test_the_completion_is_built_from_the_filtered_text() -> None:
+    answer = AnswerStream(source(ANSWER, []), base)
+    answer.add_filter(Upper())
+    out = [e async for e in answer.events()]
+    assert [e.text for e in out if isinstance(e, ContentDelta)] == ["THE CAPITAL ", "IS PARIS."]
+    assert answer.completion is not None
+    assert answer.completion.content == "THE CAPITAL IS PARIS."
+
+
+async def test_a_filter_may_hold_back_and_is_told_when_the_stream_ends() -> None:
+    answer = AnswerStream(source(ANSWER, []), base)
+    answer.add_filter(HoldUntilEnd())
+    answer.add_filter(Upper())  # what the first lets out passes the second
+    out = [e async for e in answer.events()]
+    assert out[0] == ContentDelta("THE CAPITAL IS PARIS.")
+    assert out[1] == Finish("stop")
+    # Text after the finish is not passed on: the answer has ended.
+    assert ContentDelta("[LATE]") not in out
+    assert answer.completion is not None and answer.completion.content == "THE CAPITAL IS PARIS."
+
+
+async def test_a_content_filter_finish_ends_the_stream_and_closes_the_upstream() -> None:
+    closed: list[bool] = []
+    stored: list[Completion] = []
+    answer = AnswerStream(source([*ANSWER[:2], ContentDelta("never"), *ANSWER[2:]], closed), base)
+    answer.add_filter(BlockWord())
+
+    async def store(completion: Completion) -> None:
+        stored.append(completion)
+
+    answer.on_complete(store)
+    out = [e async for e in answer.events()]
+    assert out == [ContentDelta("The capital "), Finish("content_filter", "blocked_term")]
+    assert closed == [True]
+    assert stored[0].finish_reason == "content_filter"
+    assert stored[0].finish_detail == "blocked_term"
+    assert stored[0].content == "The capital "
+
+
+async def test_a_reader_that_stops_early_runs_no_callback() -> None:
+    closed: list[bool] = []
+    stored: list[Completion] = []
+    answer = AnswerStream(source(ANSWER, closed), base)
+
+    async def store(completion: Completion) -> None:
+        stored.append(completion)
+
+    answer.on_complete(store)
+    events = answer.events()
+    assert await anext(events) == ContentDelta("The capital ")
+    await events.aclose()  # the client went away
+    assert stored == [] and closed == [True]
+
+
+async def test_prime_surfaces_an_error_before_any_output() -> None:
+    async def failing() -> AsyncIterator[StreamEvent]:
+        raise RuntimeError("upstream refused")
+        yield ContentDelta("unreachable")
+
+    answer = AnswerStream(failing(), base)
+    with pytest.raises(RuntimeError, match="refused"):
+        await answer.prime()
+
+
+async def test_prime_keeps_the_first_event_for_the_reader() -> None:
+    answer = AnswerStream(source(ANSWER, []), base)
+    await answer.prime()
+    assert (await answer.drain()).content == "The capital is Paris."
+
+
+async def test_tool_call_fragments_are_assembled_by_index() -> None:
+    events = [
+        ToolCallDelta(0, "a", "calc", '{"expr'),
+        ToolCallDelta(1, "b", "clock", "{}"),
+        ToolCallDelta(0, None, None, 'ession": "1+1"}'),
+        Finish("tool_calls"),
+        Usage(5, 9),
+    ]
+    completion = await AnswerStream(source(events, []), base).drain()
+    assert completion.finish_reason == "tool_calls"
+    assert completion.tool_calls == [
+        {
+            "id": "a",
+            "type": "function",
+            "function": {"name": "calc", "arguments": '{"expression": "1+1"}'},
+        },
+        {"id": "b", "type": "function", "function": {"name": "clock", "arguments": "{}"}},
+    ]
+
+
+async def test_replay_gives_back_the_same_completion() -> None:
+    original = Completion(
+        content="Paris [d1]",
+        finish_reason="stop",
+        model="m",
+        prompt_tokens=7,
+        completion_tokens=3,
+        tool_calls=[{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        route={"name": "small", "model": "m", "reason": "rule"},
+    )
+    again = await AnswerStream.replay(original).drain()
+    assert again.to_dict() == original.to_dict()
+
+
+async def test_a_stream_is_read_once_and_filters_come_first() -> None:
+    answer = AnswerStream(source(ANSWER, []), base)
+    await answer.drain()
+    with pytest.raises(RuntimeError):
+        answer.add_filter(Upper())
+    with pytest.raises(RuntimeError):
+        await answer.drain()

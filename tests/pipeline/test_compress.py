@@ -1,0 +1,235 @@
+"""Extractive prompt compression: sentences, budget, sources, and text of any kind."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.compress import (
+    Compressed,
+    clear_passage_cache,
+    compress,
+    sentence_spans,
+    split_sentences,
+)
+from pipeline.context import Passage
+from pipeline.tokens import (
+    ApproximateTokenCounter,
+    ModelTokenCounter,
+    find_tokenizer,
+    load_token_counter,
+)
+from tests.support.data import require_scifact
+
+
+@pytest.fixture(scope="module")
+def counter() -> ModelTokenCounter:
+    path = find_tokenizer()
+    if path is None:
+        pytest.fail("The SmolLM2 tokenizer is missing: `make model` builds it")
+    return ModelTokenCounter.from_file(path)
+
+
+def _tokens(counter: ModelTokenCounter, done: Compressed) -> int:
+    """The budget's measure, recounted independently: each kept passage's text, tokenised."""
+    return sum(counter.count(p.text) for p in done.passages)
+
+
+ASPIRIN = Passage(
+    "aspirin",
+    "aspirin#0",
+    "Aspirin",
+    "Aspirin was first synthesised in 1897. Low-dose aspirin lowers the risk of a first heart "
+    "attack. It also irritates the stomach lining in some patients. Bleeding risk rises with "
+    "age, as Smith et al. reported in 2019.",
+    0.9,
+)
+TIDES = Passage(
+    "tides",
+    "tides#0",
+    "Tides",
+    "The Moon pulls on the oceans. This pull causes the tides, about 12.4 h apart. Sailors "
+    "have tracked them for centuries, e.g. in tide tables.",
+    0.7,
+)
+
+
+def test_sentences_split_at_stops_but_not_inside_abbreviations_or_numbers() -> None:
+    text = (
+        "Smith et al. found a 3.5-fold rise (p < 0.05). Effects were large, e.g. in mice, "
+        "i.e. in vivo. See Fig. 2 for details! Was it real? mRNA levels rose. Vitamin D. "
+        "Deficiency was common."
+    )
+    assert split_sentences(text) == [
+        "Smith et al. found a 3.5-fold rise (p < 0.05).",
+        "Effects were large, e.g. in mice, i.e. in vivo.",
+        "See Fig. 2 for details!",
+        "Was it real?",
+        "mRNA levels rose.",
+        "Vitamin D.",
+        "Deficiency was common.",
+    ]
+    assert split_sentences("") == [] and split_sentences("  \n ") == []
+    assert split_sentences("No stop at the end") == ["No stop at the end"]
+    spans = sentence_spans(text)
+    assert all(text[a:b] == s for (a, b), s in zip(spans, split_sentences(text), strict=True))
+
+
+def test_sentences_in_other_scripts_split_at_their_own_stops() -> None:
+    assert split_sentences("人工智能是什么？它很有用。这是第三句。") == [
+        "人工智能是什么？",
+        "它很有用。",
+        "这是第三句。",
+    ]
+    assert split_sentences("Привет. Как дела? Хорошо!") == ["Привет.", "Как дела?", "Хорошо!"]
+    assert split_sentences("यह पहला वाक्य है। यह दूसरा है।") == ["यह पहला वाक्य है।", "यह दूसरा है।"]
+
+
+def test_kept_sentences_come_out_in_their_original_order(counter: ModelTokenCounter) -> None:
+    # The query matches the last sentence best and the second next: they still come out 2, 4.
+    done = compress("bleeding risk with age and heart attack", [ASPIRIN], budget_tokens=45,
+                    counter=counter)  # fmt: skip
+    positions = [s.position for s in done.sentences]
+    assert positions == sorted(positions) and len(positions) >= 2
+    assert done.passages[0].text == " ".join(s.text for s in done.sentences)
+    assert done.passages[0].text.startswith("Low-dose aspirin")
+    assert done.passages[0].text.endswith("reported in 2019.")
+
+
+@pytest.mark.parametrize("budget", [0, 5, 12, 20, 40, 80, 1000])
+def test_the_budget_holds_counted_with_the_real_tokenizer(
+    counter: ModelTokenCounter, budget: int
+) -> None:
+    done = compress("heart attack risk and ocean tides", [ASPIRIN, TIDES], budget_tokens=budget,
+                    counter=counter)  # fmt: skip
+    assert done.tokens_after == _tokens(counter, done) <= budget
+    assert done.tokens_before == counter.count(ASPIRIN.text) + counter.count(TIDES.text)
+    if budget >= 1000:  # every sentence holding a query term fits; the others are left out
+        assert [(s.document_id, s.position) for s in done.sentences] == [
+            ("aspirin", 1),  # heart attack, risk
+            ("aspirin", 3),  # risk
+            ("tides", 0),  # oceans
+            ("tides", 1),  # tides
+            ("tides", 2),  # tide (same stem)
+        ]
+
+
+def test_every_kept_sentence_keeps_its_source_ids(counter: ModelTokenCounter) -> None:
+    done = compress("aspirin heart tides moon", [ASPIRIN, TIDES], budget_tokens=60, counter=counter)
+    sources = {(s.document_id, s.chunk_id) for s in done.sentences}
+    assert sources == {("aspirin", "aspirin#0"), ("tides", "tides#0")}
+    for s in done.sentences:
+        source = ASPIRIN if s.document_id == "aspirin" else TIDES
+        assert s.text in source.text
+    assert [(p.document_id, p.chunk_id, p.title, p.score) for p in done.passages] == [
+        ("aspirin", "aspirin#0", "Aspirin", 0.9),
+        ("tides", "tides#0", "Tides", 0.7),
+    ]
+
+
+def test_each_passage_keeps_its_best_sentence_before_any_gets_a_second(
+    counter: ModelTokenCounter,
+) -> None:
+    # The first passage's sentences share four query words, the second's one ("moon"): without
+    # the rule the 35 tokens go to two sentences of the first passage.
+    query = "aspirin heart attack risk bleeding moon"
+    tight = 35
+    done = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter)
+    assert {p.document_id for p in done.passages} == {"aspirin", "tides"}
+    greedy = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter,
+                      represent_all=False)  # fmt: skip
+    assert {p.document_id for p in greedy.passages} == {"aspirin"}
+
+
+def test_no_passages_and_empty_passages(counter: ModelTokenCounter) -> None:
+    done = compress("anything", [], budget_tokens=100, counter=counter)
+    assert done.passages == [] and done.tokens_before == done.tokens_after == 0
+    empty = Passage("empty", "empty#0", "", "   ", 0.1)
+    done = compress("aspirin", [empty, ASPIRIN], budget_tokens=100, counter=counter)
+    assert [p.document_id for p in done.passages] == ["aspirin"]
+    assert done.dropped == [empty]
+
+
+def test_a_sentence_longer_than_the_budget_is_cut_into_pieces(counter: ModelTokenCounter) -> None:
+    # One 3,000-character "sentence" (a table without stops) against a 120-token budget: it is
+    # cut at whitespace into pieces; those with the query's words that fit are kept.
+    words = [f"cell{i}" if i % 50 else "aspirin" for i in range(500)]
+    huge = Passage("table", "table#0", "", " ".join(words), 0.5)
+    done = compress("aspirin", [huge], budget_tokens=120, counter=counter)
+    assert 0 < done.tokens_after <= 120
+    assert all("aspirin" in s.text for s in done.sentences)
+    # A piece alone bigger than the budget is skipped, never cut mid-piece.
+    assert compress("aspirin", [huge], budget_tokens=3, counter=counter).passages == []
+
+
+def test_text_in_other_scripts_is_budgeted_exactly(counter: ModelTokenCounter) -> None:
+    cjk = Passage("zh", "zh#0", "", "人工智能是什么？它很有用。阿司匹林降低心脏病风险。", 1.0)
+    ru = Passage("ru", "ru#0", "", "Аспирин снижает риск. Луна вызывает приливы.", 1.0)
+    done = compress("аспирин 阿司匹林", [cjk, ru], budget_tokens=30, counter=counter)
+    assert done.tokens_after == _tokens(counter, done) <= 30
+    assert {p.document_id for p in done.passages} == {"zh", "ru"}
+
+
+def test_the_approximate_counter_over_counts_and_is_used_without_a_tokenizer(
+    counter: ModelTokenCounter, tmp_path: pytest.TempPathFactory
+) -> None:
+    approximate = ApproximateTokenCounter()
+    for text in (ASPIRIN.text, TIDES.text, "人工智能是什么？它很有用。", "Привет, как дела?"):
+        assert approximate.count(text) >= counter.count(text)
+    fallback = load_token_counter(models_dir=tmp_path)  # type: ignore[arg-type]
+    assert isinstance(fallback, ApproximateTokenCounter) and not fallback.exact
+    with pytest.raises(FileNotFoundError):
+        load_token_counter(tmp_path)  # type: ignore[arg-type]
+
+
+# Any code point, lone surrogates included (a JSON body can carry "\ud800").
+ANY_TEXT = st.text(
+    st.one_of(st.characters(), st.characters(categories=["Cs"]), st.sampled_from(" .?!。\n")),
+    max_size=400,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    query=ANY_TEXT,
+    texts=st.lists(ANY_TEXT, max_size=4),
+    budget=st.integers(min_value=0, max_value=200),
+)
+def test_arbitrary_text_never_raises_nor_exceeds_the_budget(
+    counter: ModelTokenCounter, query: str, texts: list[str], budget: int
+) -> None:
+    passages = [Passage(f"d{i}", f"d{i}#0", "", t, 1.0) for i, t in enumerate(texts)]
+    done = compress(query, passages, budget_tokens=budget, counter=counter)
+    assert done.tokens_after <= budget
+    assert done.tokens_after == sum(counter.count(p.text) for p in done.passages)
+    for s in done.sentences:
+        assert s.text in texts[int(s.document_id[1:])]
+
+
+def test_piece_counts_equal_the_tokenizer_on_scifact_abstracts(counter: ModelTokenCounter) -> None:
+    import json
+
+    with (require_scifact() / "corpus.jsonl").open() as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(1500), strict=False)]
+    assert counter.count_many(texts) == counter.count_with_tokenizer(texts)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=ANY_TEXT, special=st.sampled_from(["", "<|im_start|>", "<|endoftext|>", "<file_sep>"]))
+def test_piece_counts_equal_the_tokenizer_on_any_text(
+    counter: ModelTokenCounter, text: str, special: str
+) -> None:
+    mixed = text[: len(text) // 2] + special + text[len(text) // 2 :]
+    assert counter.count(mixed) == counter.count_with_tokenizer([mixed])[0]
+
+
+def test_a_cached_passage_gives_the_same_result(counter: ModelTokenCounter) -> None:
+    clear_passage_cache()
+    first = compress("aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter)
+    again = compress("aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter)
+    assert first == again
