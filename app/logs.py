@@ -134,7 +134,17 @@ class TextFormatter(logging.Formatter):
 
 
 class _OurHandler(logging.StreamHandler[IO[str]]):
-    """Marks the handler this module installed, so configuring again replaces it."""
+    """The handler this module installs (configuring again replaces it). Without a stream of
+    its own it writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        super().__init__(stream or sys.stderr)
+        self._follow_stderr = stream is None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._follow_stderr:
+            self.stream = sys.stderr
+        super().emit(record)
 
 
 def log_format(config: LogSettings, environment: str) -> str:
@@ -150,7 +160,7 @@ def configure_logging(
     format; with JSON, uvicorn's own records go through it too. Uvicorn's access log is off
     while the request line, which replaces it, is on."""
     kind = log_format(config, environment)
-    handler = _OurHandler(stream or sys.stderr)
+    handler = _OurHandler(stream)
     handler.setFormatter(JsonFormatter() if kind == "json" else TextFormatter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _OurHandler)]:

@@ -1,8 +1,9 @@
 """The request path, built from settings by one function: the API and job workers both run
 what it returns, so a job runs exactly what a chat request runs.
 
-    auth -> validate -> cache_lookup -> [features || retrieve || tools] -> route -> generate
-         -> cache_store
+    auth -> validate -> guard_in -> cache_lookup
+         -> [features || retrieve || tools || guard_similarity] -> route -> generate
+         -> guard_out -> cache_store
 
 A stage whose part is switched off in the settings is left out; ``Runner`` checks that what
 is left still fits together (every field a stage reads is written before it).
@@ -16,6 +17,9 @@ from pipeline.runner import Concurrent, Stage, Step
 from pipeline.stages.auth import Authenticate
 from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache, no_index
 from pipeline.stages.generate import Generate
+from pipeline.stages.guard_in import GuardInput
+from pipeline.stages.guard_out import GuardOutput
+from pipeline.stages.guard_similarity import GuardSimilarity
 from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.route import ChooseRoute
 from pipeline.stages.tools import PlannedTools
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
 
 
 def build_steps(settings: Settings, services: Services) -> list[Step]:
+    features = features_stage(settings, services)
+    retrieve = retrieve_stage(settings, services, with_features=features is not None)
     steps: list[Step] = [
         Authenticate(services.keys, scope="chat"),
         ValidateRequest(
@@ -35,37 +41,17 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             context_length=settings.llm.context_length,
             server_tools=services.server_tools,
         ),
+        *optional(guard_in_stage(services)),
+        *optional(cache_lookup_stage(settings, services, personalised=features is not None)),
     ]
-    features = features_stage(settings, services)
-    cache = ResponseCache(
-        services.kv, ttl=settings.cache.ttl_seconds, prefix=f"{settings.redis.key_prefix}cache:"
+    gathered = optional(
+        features,
+        retrieve,
+        tools_stage(settings, services),
+        guard_similarity_stage(services, beside_retrieval=retrieve is not None),
     )
-    if settings.cache.enabled:
-        version = services.retrieval.version if services.retrieval is not None else no_index
-        steps.append(
-            CacheLookup(
-                cache,
-                version,
-                personalised=features is not None,
-                versions=services.versions(),
-            )
-        )
-    gathered = [
-        stage
-        for stage in (
-            features,
-            retrieve_stage(settings, services, with_features=features is not None),
-            tools_stage(settings, services),
-        )
-        if stage is not None
-    ]
-    if len(gathered) > 1:
-        steps.append(Concurrent(*gathered))
-    else:
-        steps.extend(gathered)
-    route = route_stage(settings, services, with_features=features is not None)
-    if route is not None:
-        steps.append(route)
+    steps.extend([Concurrent(*gathered)] if len(gathered) > 1 else gathered)
+    steps.extend(optional(route_stage(settings, services, with_features=features is not None)))
     steps.append(
         Generate(
             services.routes,
@@ -75,9 +61,54 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             max_rounds=settings.tools.max_rounds,
         )
     )
+    steps.extend(optional(guard_out_stage(services)))
     if settings.cache.enabled:
-        steps.append(CacheStore(cache))
+        steps.append(CacheStore(response_cache(settings, services)))
     return steps
+
+
+def optional(*stages: Stage | None) -> list[Stage]:
+    return [stage for stage in stages if stage is not None]
+
+
+def response_cache(settings: Settings, services: Services) -> ResponseCache:
+    prefix = f"{settings.redis.key_prefix}cache:"
+    return ResponseCache(services.kv, ttl=settings.cache.ttl_seconds, prefix=prefix)
+
+
+def cache_lookup_stage(
+    settings: Settings, services: Services, *, personalised: bool
+) -> Stage | None:
+    if not settings.cache.enabled:
+        return None
+    version = services.retrieval.version if services.retrieval is not None else no_index
+    return CacheLookup(
+        response_cache(settings, services),
+        version,
+        personalised=personalised,
+        versions=services.versions(),
+    )
+
+
+def guard_in_stage(services: Services) -> Stage | None:
+    guards = services.guards
+    if guards is None:
+        return None
+    return GuardInput(guards.policies, guards.rules_only, services.tokens)
+
+
+def guard_similarity_stage(services: Services, *, beside_retrieval: bool) -> Stage | None:
+    guards, search = services.guards, services.retrieval
+    if guards is None or guards.detector.exemplars is None or search is None:
+        return None
+    return GuardSimilarity(
+        guards.policies, guards.detector, search.embed, beside_retrieval=beside_retrieval
+    )
+
+
+def guard_out_stage(services: Services) -> Stage | None:
+    guards = services.guards
+    return None if guards is None else GuardOutput(guards.policies, services.tracer)
 
 
 def retrieve_stage(settings: Settings, services: Services, *, with_features: bool) -> Stage | None:

@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.context import ChatParams, RagOptions
+from pipeline.guards.normalize import scrub_surrogates
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -98,8 +99,25 @@ class RagRequestOptions(BaseModel):
     plan_tools: bool = Field(True, description="Run the tools the request plainly needs.")
 
 
+def scrub(value: Any) -> Any:
+    """``value`` with lone surrogates in its strings replaced by U+FFFD. JSON can carry them
+    (``"\\ud800"``) but nothing downstream can encode them (UTF-8, Redis, the tokenizer)."""
+    if isinstance(value, str):
+        return scrub_surrogates(value)
+    if isinstance(value, list):
+        return [scrub(item) for item in value]
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    return value
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scrub(cls, data: Any) -> Any:
+        return scrub(data)
 
     messages: list[ChatMessage] = Field(min_length=1)
     model: str = Field(min_length=1)

@@ -20,6 +20,8 @@ from app.settings import RetrievalSettings, Settings
 from pipeline.features import FEATURE_SET_VERSION, FeatureStore
 from pipeline.features.spec import filter_keys
 from pipeline.generation import TracedChat
+from pipeline.guards.injection import ExemplarIndex, InjectionDetector
+from pipeline.guards.policy import PolicyBook
 from pipeline.keys import ApiKeyStore
 from pipeline.kv import KeyValueStore
 from pipeline.llm import LLMClient
@@ -29,6 +31,7 @@ from pipeline.router import Centroids, Router, RouterPolicy, load_examples
 from pipeline.routing import Route, RouteTable
 from pipeline.runner import Runner, StageObserver
 from pipeline.search import PassageSearch
+from pipeline.tokens import ApproximateTokenCounter, TokenCounter, load_token_counter
 from pipeline.tools.base import Tool
 from pipeline.tools.builtins import builtin_tools
 from pipeline.tools.http import HttpTool
@@ -51,6 +54,8 @@ class Services:
     server_tools: dict[str, Tool] = field(default_factory=dict)
     tool_invoker: Invoker | None = None
     observers: list[StageObserver] = field(default_factory=list)
+    tokens: TokenCounter = field(default_factory=ApproximateTokenCounter)
+    guards: Guards | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     runner: Runner = field(init=False)
 
@@ -108,6 +113,8 @@ class Services:
             retrieval=retrieval,
             features=build_feature_store(settings, kv) if settings.features.enabled else None,
             observers=build_observers(settings),
+            tokens=load_token_counter(settings.llm.tokenizer_path),
+            guards=build_guards(settings, queries),
             **build_tools(settings, tracer, retrieval),
         )
 
@@ -116,6 +123,26 @@ class Services:
             await self.retrieval.aclose()
         await self.routes.aclose()
         await self.kv.aclose()
+
+
+@dataclass(frozen=True)
+class Guards:
+    """The guardrails' collaborators: the tenants' policies and the injection detector (with
+    the embedded attack exemplars when the similarity check is on)."""
+
+    policies: PolicyBook
+    detector: InjectionDetector
+    rules_only: InjectionDetector
+
+
+def build_guards(settings: Settings, embedder: Embedder | None) -> Guards | None:
+    config = settings.guard
+    if not config.enabled:
+        return None
+    exemplars = None
+    if config.similarity and embedder is not None:
+        exemplars = ExemplarIndex.from_file(embedder)  # ~100 short texts, embedded once
+    return Guards(config.policies(), InjectionDetector(exemplars), InjectionDetector())
 
 
 def build_observers(settings: Settings) -> list[StageObserver]:

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipeline.guards.policy import PolicyBook
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,6 +47,11 @@ class LLMSettings(BaseModel):
     connect_timeout_seconds: float = Field(2.0, gt=0)
     read_timeout_seconds: float = Field(60.0, gt=0)
     max_connections: int = Field(256, gt=0)
+    tokenizer_path: Path | None = Field(
+        None,
+        description="tokenizer.json of the served model, to count tokens as it does "
+        "(unset: the one `make model` builds; none found: an approximate count).",
+    )
 
     @field_validator("models", mode="before")
     @classmethod
@@ -290,6 +297,27 @@ class JobSettings(BaseModel):
         return value
 
 
+class GuardSettings(BaseModel):
+    """Input and output guardrails (``RAG_GUARD__POLICY``: JSON, tenant -> overrides, "*" for
+    every tenant; keys: pii {kind: block|redact|allow}, injection block|allow,
+    max_input_tokens, blocked_output_terms, version)."""
+
+    enabled: bool = Field(True, description="guard_in, guard_similarity and guard_out.")
+    policy: str | dict[str, Any] | None = Field(None, description="Per-tenant policy overrides.")
+    similarity: bool = Field(
+        True, description="Also compare the query's embedding to known injection attacks."
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _valid_policy(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        PolicyBook.from_json(value)  # refuse a bad policy at start-up, not at the first request
+        return value
+
+    def policies(self) -> PolicyBook:
+        return PolicyBook.from_json(self.policy)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RAG_",
@@ -316,6 +344,7 @@ class Settings(BaseSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     features: FeatureSettings = Field(default_factory=FeatureSettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
+    guard: GuardSettings = Field(default_factory=GuardSettings)
 
     @field_validator("dev_api_key", mode="after")
     @classmethod

@@ -4,18 +4,19 @@
 
 Every server runs as its own uvicorn process on loopback, against a private redis-server: the
 floor (a bare FastAPI route doing one Redis GET) and the service (auth, validate, cache lookup;
-the answer is a cache hit) in up to three variants of its observability, so that its cost is
+the answer is a cache hit) in up to four variants of its observability, so that its cost is
 measured before and after in one run:
 
-- observability off: no metrics, no request log, no exporter (spans still recorded by the
-  SDK's default sampler, as the service did before it had metrics and logs);
+- all off: no metrics, no request log, no exporter, ``OTEL_TRACES_SAMPLER=always_off``;
+- before: no metrics, no request log, no exporter, spans recorded by the SDK's default
+  sampler (the service as it was before it had metrics and logs);
 - on, not sampled: metrics, the JSON request log (to a file), an OTLP/gRPC exporter configured
   and ``OTEL_TRACES_SAMPLER=always_off`` (the cost for requests that are not sampled);
 - on, sampled + exported: the same with every trace sampled and exported in batches over gRPC
   to a receiver process (``tests/support/otlp.py``) that counts what it gets.
 
 The same client measures each, interleaved by round, and prints p50/p99 latency and requests/s,
-the ratio to the floor, and what observability adds to the variant that has it off.
+the ratio to the floor, and the difference of each variant to "before".
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from opentelemetry import trace
 from app.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
-from pipeline.context import Completion
-from pipeline.stages.cache import CacheLookup, cache_key
+from pipeline.context import Completion, RequestContext
+from pipeline.runner import Concurrent
+from pipeline.stages.cache import CacheLookup
 from tests.support.servers import RedisServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,16 +100,24 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 async def prefill(settings: Settings) -> str:
     """Create a key and store the answer the benchmark request will hit, under the key the
-    service's own cache-lookup stage computes (its versions, personalisation and all)."""
+    service computes: the path's own stages run up to and including the cache lookup (its
+    versions, personalisation and what earlier stages add to the key)."""
     services = Services.build(settings, trace.NoOpTracer())
-    lookup = next(s for s in services.runner.steps if getattr(s, "name", "") == "cache_lookup")
-    assert isinstance(lookup, CacheLookup)
     raw: str = await services.keys.create("bench", "bench")
-    principal = await services.keys.resolve(raw)
-    assert principal is not None
     params = ChatCompletionRequest.model_validate(BODY).to_params(
         settings.retrieval.top_k, settings.llm.default_max_tokens
     )
+    ctx = RequestContext(
+        params=params, credential=raw, deadline=asyncio.get_running_loop().time() + 30
+    )
+    lookup = None
+    for step in services.runner.steps:
+        assert not isinstance(step, Concurrent), "no concurrent group before the cache lookup"
+        await step(ctx)
+        if isinstance(step, CacheLookup):
+            lookup = step
+            break
+    assert lookup is not None and ctx.cache_key is not None and ctx.cache_status == "miss"
     completion = Completion(
         content="The capital of France is Paris.",
         finish_reason="stop",
@@ -115,17 +125,9 @@ async def prefill(settings: Settings) -> str:
         prompt_tokens=20,
         completion_tokens=8,
     )
-    key = cache_key(
-        params,
-        principal,
-        lookup.index_version(principal.tenant),
-        personalised=lookup.personalised,
-        versions=lookup.versions,
-    )
-    await lookup.cache.put(key, completion)
+    await lookup.cache.put(ctx.cache_key, completion)
     await services.aclose()
-    redis_url = settings.redis.url
-    floor = aioredis.Redis.from_url(redis_url)
+    floor = aioredis.Redis.from_url(settings.redis.url)
     await floor.set("bench:floor", orjson.dumps(completion.to_dict()))
     await floor.aclose()
     return raw
@@ -160,19 +162,22 @@ async def measure(
     }
 
 
-# The service with its observability switched off (as before it had any: spans recorded by the
-# SDK's default sampler, no exporter, no metrics, no request log) and on, unsampled and sampled.
+# "before": the service as it was before metrics and logs (spans recorded by the SDK's default
+# sampler, no exporter); "all off" also samples nothing, which isolates what recording the hit
+# path's spans costs; "on" has metrics, the JSON request log and an OTLP/gRPC exporter, with
+# no trace sampled or every trace sampled and exported.
+BEFORE = "service, before (spans recorded, no export)"
 SERVICE_VARIANTS: dict[str, dict[str, str]] = {
-    "service, observability off": {
+    "service, all off": {
+        "OTEL_TRACES_SAMPLER": "always_off",
         "RAG_TELEMETRY__METRICS": "false",
         "RAG_LOG__REQUESTS": "false",
     },
-    "service, on, not sampled": {
-        "OTEL_TRACES_SAMPLER": "always_off",
-        "RAG_LOG__FORMAT": "json",
-    },
+    BEFORE: {"RAG_TELEMETRY__METRICS": "false", "RAG_LOG__REQUESTS": "false"},
+    "service, on, not sampled": {"OTEL_TRACES_SAMPLER": "always_off", "RAG_LOG__FORMAT": "json"},
     "service, on, sampled + exported": {"RAG_LOG__FORMAT": "json"},
 }
+EXPORTING = ("service, on, not sampled", "service, on, sampled + exported")
 
 
 def start_servers(
@@ -189,7 +194,7 @@ def start_servers(
     urls = {}
     for number, name in enumerate(variants):
         env = {**common, **SERVICE_VARIANTS[name]}
-        if "off" in name:
+        if name not in EXPORTING:
             env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER")}
         port = free_port()
         procs.append(serve("app.main:create_app", port, env, logs / f"service-{number}.log"))
@@ -207,13 +212,13 @@ def print_rows(concurrency: int, summary: dict[str, dict[str, float]]) -> None:
         cells = [f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['rps']:.0f}"]
         ratio = "" if name == "floor" else f"{s['p50_ms'] / floor['p50_ms']:.2f}x"
         print(f"| {concurrency} | {name} | " + " | ".join(cells) + f" | {ratio} |")
-    base = summary.get("service, observability off")
+    base = summary.get(BEFORE)
     if base is not None:
         for name, s in summary.items():
-            if name.startswith("service, on"):
+            if name not in ("floor", BEFORE):
                 extra = s["p50_ms"] - base["p50_ms"]
                 print(
-                    f"| {concurrency} | {name} vs off | {extra:+.3f} ms p50 "
+                    f"| {concurrency} | {name} vs before | {extra:+.3f} ms p50 "
                     f"({s['p50_ms'] / base['p50_ms'] - 1:+.1%}) | | "
                     f"{s['rps'] / base['rps'] - 1:+.1%} req/s | |"
                 )
@@ -232,7 +237,7 @@ async def ready_targets(urls: dict[str, str], key: str) -> dict[str, tuple[str, 
     async with httpx.AsyncClient() as client:
         for url, headers in targets.values():
             check = await client.post(url, json=BODY, headers=headers)
-            assert check.headers["x-cache"] == "hit", check.text
+            assert check.headers.get("x-cache") == "hit", f"{check.status_code} {check.text}"
     return {"floor": (f"{urls['floor']}/floor", {}), **targets}
 
 
@@ -246,7 +251,7 @@ async def main() -> None:
         nargs="+",
         choices=list(SERVICE_VARIANTS),
         default=list(SERVICE_VARIANTS),
-        help="service variants to run beside the floor (observability off, on, sampled)",
+        help="service variants to run beside the floor",
     )
     args = parser.parse_args()
 

@@ -45,23 +45,33 @@ _END = re.compile(
 _LAST_WORD = re.compile(r"(\S+)$")
 _NEXT_WORD = re.compile(r"\s*(\S+)")
 _INITIALS = re.compile(r"(?:[a-z]\.)+[a-z]")
+_OPENERS = "([\"'“‘"
+_CLOSERS = ".,;:!?)]\"'”’"
+# Words that abbreviate before a number only ("p. 561"), and end sentences otherwise.
+NUMBER_ABBREVIATIONS = frozenset({"p", "pp", "no", "nos", "vol", "fig", "figs", "ref", "refs"})
 
 
 def _ends_sentence(text: str, end: re.Match[str]) -> bool:
     if "." not in end.group():
         return True
-    # Only the word just before the stop matters: look back a bounded window, not the whole text.
+    # Only the words either side of the stop matter: bounded windows, not the whole text.
     before = _LAST_WORD.search(text, max(0, end.start() - 40), end.start())
-    word = before.group(1).lstrip("([\"'“‘").lower() if before else ""
-    if word in ABBREVIATIONS or _INITIALS.fullmatch(word):
-        return False
+    word = before.group(1).lstrip(_OPENERS) if before else ""
     after = _NEXT_WORD.match(text, end.end(), end.end() + 40)
     if after is None:
         return True
-    nxt = after.group(1).lstrip("([\"'“‘")
-    # "et al. reported", "approx. two": a plain lower-case word continues the sentence; one
+    nxt = after.group(1).lstrip(_OPENERS).rstrip(_CLOSERS)
+    if word.lower() in ABBREVIATIONS or _INITIALS.fullmatch(word.lower()):
+        return False
+    if word.lower() in NUMBER_ABBREVIATIONS and nxt[:1].isdigit():  # "p. 561", "No. 5"
+        return False
+    # An initial before a capitalised word ("B. Demple", "S. Aureus") is taken for a name; this
+    # also joins "vitamin D. Deficiency ...", but on SciFact it agrees with pysbd more often.
+    if len(word) == 1 and word.isupper() and nxt[:1].isupper():
+        return False
+    # "et al. reported", "S. cerevisiae": a plain lower-case word continues the sentence; one
     # with a capital or a digit inside (mRNA, p53, iPSCs) may well start the next.
-    return not (nxt[:1].islower() and nxt.isalpha() and nxt.islower())
+    return not (nxt.isalpha() and nxt.islower())
 
 
 def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
@@ -117,18 +127,19 @@ _STEM_CACHE_SIZE = 200_000
 def _stems(text: str) -> frozenset[str]:
     """`set(tokenize(text))`, stemming each distinct word once per process: a request's
     sentences are mostly words seen before, and a dict lookup is far cheaper than the stemmer."""
-    result = set()
-    for word in set(_WORD.findall(text.lower())):
-        stem = _STEM_CACHE.get(word)
-        if stem is None:
-            stemmed = tokenize(word)  # [] for a stop word
-            stem = stemmed[0] if stemmed else ""
-            if len(_STEM_CACHE) >= _STEM_CACHE_SIZE:
-                _STEM_CACHE.clear()
-            _STEM_CACHE[word] = stem
-        if stem:
-            result.add(stem)
-    return frozenset(result)
+    words = set(_WORD.findall(text.lower()))
+    stems = set(map(_STEM_CACHE.get, words))
+    if None in stems:
+        stems.discard(None)
+        for word in words:
+            if word not in _STEM_CACHE:
+                stemmed = tokenize(word)  # [] for a stop word
+                if len(_STEM_CACHE) >= _STEM_CACHE_SIZE:
+                    _STEM_CACHE.clear()
+                _STEM_CACHE[word] = stemmed[0] if stemmed else ""
+                stems.add(_STEM_CACHE[word])
+    stems.discard("")
+    return frozenset(s for s in stems if s is not None)
 
 
 def _overlap_scores(

@@ -93,7 +93,15 @@ class ToolRun:
     cache_ttl: int | None = None  # None: cacheable for the cache's TTL; 0: never
 
     def report(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "duration_ms": round(self.duration_ms, 3)}
+        """What the response's ``rag.tools`` says of the run: its result too (cut to 500
+        characters), so it reaches the caller even when the model garbles it."""
+        output = self.content if len(self.content) <= 500 else self.content[:500] + " …"
+        return {
+            "name": self.name,
+            "status": self.status,
+            "duration_ms": round(self.duration_ms, 3),
+            "output": output,
+        }
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,12 @@ _current_record: contextvars.ContextVar[StageRecord | None] = contextvars.Contex
 )
 
 
+def current_record() -> StageRecord | None:
+    """The explain record of the stage running now (for facts that arrive after it returned,
+    such as those of a stream filter it added)."""
+    return _current_record.get()
+
+
 @dataclass
 class RequestContext:
     """Everything a request accumulates on its way through the stages.
@@ -152,6 +166,7 @@ class RequestContext:
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.perf_counter)
     principal: Principal | None = None
+    key_parts: dict[str, str] = field(default_factory=dict)
     cache_key: str | None = None
     cache_status: str = "miss"
     features: Features = field(default_factory=Features)

@@ -119,8 +119,11 @@ class TracedChat:
             messages = orjson.dumps(payload.get("messages", [])).decode()
             span.set_attribute(gen_ai.GEN_AI_INPUT_MESSAGES, messages)
         record = _RoundRecord(span)
+        waiting = time.perf_counter()
         try:
             async with route.slot():
+                # Time queued for the route's concurrency bound, apart from the model's own.
+                span.set_attribute(attr.ROUTE_WAIT_MS, (time.perf_counter() - waiting) * 1000.0)
                 async for chunk in route.client.stream_chat(payload):
                     record.model = chunk.get("model") or record.model
                     for event in events_from_chunk(chunk):

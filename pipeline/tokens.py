@@ -110,40 +110,35 @@ class ModelTokenCounter:
 
     def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         cleaned = [_encodable(t) for t in texts]
-        runs: list[tuple[list[int], list[int]] | None] = [None] * len(cleaned)
-        whole = [
-            i
-            for i, t in enumerate(cleaned)
-            if self._pieces is None or (self._added is not None and self._added.search(t))
-        ]
+        piecewise = self._pieces is not None
+        added = self._added
+        whole = [i for i, t in enumerate(cleaned) if not piecewise or (added and added.search(t))]
+        runs: dict[int, tuple[list[int], list[int]]] = {}
         if whole:
             encoded = self.tokenizer.encode_batch(
                 [cleaned[i] for i in whole], add_special_tokens=False
             )
             for i, e in zip(whole, encoded, strict=True):
                 runs[i] = ([start for start, _ in e.offsets], [1] * len(e.ids))
-        pieces = [
-            [] if runs[i] is not None else _GPT2_PIECES.findall(t) for i, t in enumerate(cleaned)
-        ]
-        counts = self._piece_counts({p for ps in pieces for p in ps})
-        for i, ps in enumerate(pieces):
-            if runs[i] is None:
-                starts = list(itertools.accumulate((len(p) for p in ps[:-1]), initial=0))
-                runs[i] = (starts if ps else [], [counts[p] for p in ps])
-        return [r if r is not None else ([], []) for r in runs]
+        pieces = {i: _GPT2_PIECES.findall(t) for i, t in enumerate(cleaned) if i not in runs}
+        counts = self._piece_counts({p for ps in pieces.values() for p in ps})
+        for i, ps in pieces.items():
+            starts = list(itertools.accumulate(map(len, ps[:-1]), initial=0)) if ps else []
+            runs[i] = (starts, list(map(counts.__getitem__, ps)))
+        return [runs[i] for i in range(len(cleaned))]
 
     def _piece_counts(self, pieces: set[str]) -> dict[str, int]:
+        """The shared dict, holding a count for every piece in `pieces`. When it is full a new
+        one is started for later calls; callers holding the old one are not disturbed."""
         cache = self._pieces if self._pieces is not None else {}
-        found = {p: n for p in pieces if (n := cache.get(p)) is not None}
-        missing = [p for p in pieces if p not in found]
+        missing = [p for p in pieces if p not in cache]
         if missing:
             encoded = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
-            fresh = {p: len(e.ids) for p, e in zip(missing, encoded, strict=True)}
-            found.update(fresh)
-            if len(cache) + len(fresh) > PIECE_CACHE_SIZE:
-                cache.clear()
-            cache.update(fresh)
-        return found
+            if len(cache) + len(missing) > PIECE_CACHE_SIZE:
+                cache = {}
+                self._pieces = cache
+            cache.update(zip(missing, (len(e.ids) for e in encoded), strict=True))
+        return cache
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

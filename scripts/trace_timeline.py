@@ -61,6 +61,7 @@ async def record(vllm: str, documents: int) -> tuple[list[ReceivedSpan], list[Re
                 redis={"url": redis.url, "key_prefix": "timeline:"},
                 llm={"base_url": vllm},
                 retrieval={"index_dir": tempfile.mkdtemp(prefix="rag-timeline-")},
+                log={"format": "json"},  # the request lines, as production writes them
             )
             ids = await _requests(settings, documents)
             spans = receiver.spans()  # the app's exit flushed the batch exporter

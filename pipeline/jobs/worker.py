@@ -15,6 +15,7 @@ the request that submitted it, with the job id as an attribute.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -115,9 +116,7 @@ class JobWorker:
                             count=free,
                         )
                     if not deliveries:
-                        deliveries = await self.queue.read(
-                            self.consumer, count=free, block_ms=int(self.poll_seconds * 1000)
-                        )
+                        deliveries = await self._read_unless_stopped(free)
                 except StoreUnavailable as exc:
                     log.warning("job queue unreachable (%s); retrying", exc)
                     await self._first(asyncio.sleep(self.poll_seconds))
@@ -134,6 +133,23 @@ class JobWorker:
         _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for waiter in pending:
             waiter.cancel()
+
+    async def _read_unless_stopped(self, count: int) -> list[Delivery]:
+        """New entries; a ``stop()`` during the blocking read cuts it short. (Entries Redis
+        handed over in that very moment stay pending and are taken over after the visibility
+        timeout: late, never lost.)"""
+        read = asyncio.ensure_future(
+            self.queue.read(self.consumer, count=count, block_ms=int(self.poll_seconds * 1000))
+        )
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if read.done():
+            return read.result()
+        read.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StoreUnavailable):
+            await read
+        return []
 
     async def _until_stopped(self, call: Callable[[], Awaitable[Any]]) -> None:
         while not self._stopping.is_set():

@@ -51,14 +51,17 @@ def cache_key(
     *,
     personalised: bool = False,
     versions: Mapping[str, str] | None = None,
+    parts: Mapping[str, str] | None = None,
 ) -> str:
     """The SHA-256 of everything that decides the answer, prefixed by the tenant.
 
     ``personalised``: the answer depends on the user's features, so the user is part of the
-    key. ``versions`` are the versions of the prompt layout, the router and the policies."""
+    key. ``versions`` are the versions of the prompt layout, the router and the features;
+    ``parts`` what earlier stages of this request found decides it (the tenant's guard policy)."""
     rag = params.rag
     material = {
         "versions": {"prompt": PROMPT_VERSION, **(versions or {})},
+        "parts": dict(parts or {}),
         "tenant": principal.tenant,
         "user": principal.user if personalised else None,
         "model": params.model,
@@ -128,6 +131,7 @@ class CacheLookup:
             self.index_version(principal.tenant),
             personalised=self.personalised,
             versions=self.versions,
+            parts=ctx.key_parts,
         )
         if ctx.cache_control.no_cache:
             ctx.cache_status = "bypass"
@@ -149,7 +153,9 @@ class CacheStore:
     """Stores the answer when its stream ends normally, as it came out of the output filters.
 
     Only complete answers (``stop`` or ``length``) are stored, for the cache's TTL or the
-    shorter one of a time-dependent tool the answer used (0: not at all)."""
+    shorter one of a time-dependent tool the answer used (0: not at all), and only when no
+    degrading stage failed on the way (an answer made with defaults is not the one its key
+    stands for)."""
 
     name = "cache_store"
     reads = frozenset({"cache_key", "answer"})
@@ -166,6 +172,11 @@ class CacheStore:
             return ctx
 
         async def store(completion: Completion) -> None:
+            degraded = [r.name for r in ctx.records if r.status == "degraded"]
+            if degraded:
+                # Made with defaults in place of what failed (features, tools, the route):
+                # not the answer this key stands for, so it is not kept.
+                return
             await self._store(key, completion)
 
         ctx.answer.on_complete(store)

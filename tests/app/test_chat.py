@@ -13,9 +13,10 @@ from tests.conftest import make_settings, unique_question
 from tests.support.servers import LiveService, wait_for
 
 
-# The default path: the group of three runs concurrently, so its members may start in any order.
-PATH = ["auth", "validate", "cache_lookup", "features", "retrieve", "tools", "route", "generate"]
-PATH.append("cache_store")
+# The default path. The group's members run concurrently.
+GROUP = ["features", "retrieve", "tools", "guard_similarity"]
+PATH = ["auth", "validate", "guard_in", "cache_lookup", *GROUP, "route", "generate"]
+PATH += ["guard_out", "cache_store"]
 
 
 def body(question: str, **extra: object) -> dict:
@@ -221,10 +222,10 @@ async def test_one_trace_per_request_with_a_span_per_stage_in_order(harness) -> 
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
     stages = sorted((s for s in spans if s.name.startswith("stage ")), key=lambda s: s.start_time)
     assert [s.name for s in stages] == [f"stage {name}" for name in PATH]
-    group = next(s for s in spans if s.name == "group features+retrieve+tools")
+    group = next(s for s in spans if s.name == "group " + "+".join(GROUP))
     assert group.parent.span_id == root.context.span_id
     for stage in stages:
-        in_group = stage.name in ("stage features", "stage retrieve", "stage tools")
+        in_group = stage.name.removeprefix("stage ") in GROUP
         parent = group if in_group else root
         assert stage.parent.span_id == parent.context.span_id, stage.name
     chat = next(s for s in spans if s.name == "chat smollm2")
@@ -271,7 +272,7 @@ async def test_explain_reports_each_stage_and_its_duration(harness) -> None:
     assert stages["route"]["info"]["route"] in ("small", "large")
     assert stages["features"]["status"] in ("ok", "degraded")
     # The group's members started together, after the cache lookup and before the route.
-    group = [stages[n]["start_ms"] for n in ("features", "retrieve", "tools")]
+    group = [stages[n]["start_ms"] for n in GROUP]
     assert min(group) >= stages["cache_lookup"]["start_ms"]
     assert max(group) <= stages["route"]["start_ms"]
 

@@ -138,7 +138,8 @@ async def test_a_failed_embedding_falls_back_to_the_default_route_and_answers(
     # The centroids were embedded at start-up; from now on the query embedder fails.
     monkeypatch.setattr(shared_embedder, "embed", broken)
     key = await harness.key()
-    response = await harness.chat(key, body(f"A baleia é um mamífero ({ref()})?"))
+    request = body(f"A baleia é um mamífero ({ref()})?")
+    response = await harness.chat(key, request)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"]
     assert response.json()["rag"]["route"] == {
@@ -147,6 +148,9 @@ async def test_a_failed_embedding_falls_back_to_the_default_route_and_answers(
         "reason": "fallback:RuntimeError: embedding model unavailable",
     }
     assert route_record(response.json())["status"] == "degraded"
+    # An answer made with a stage degraded is not kept under the key of a routed answer.
+    again = await harness.chat(key, request)
+    assert again.json()["rag"]["cache"] == "miss"
 
 
 def first_chunk_and_end(span: ReadableSpan) -> tuple[float, float]:

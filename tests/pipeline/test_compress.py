@@ -58,16 +58,15 @@ TIDES = Passage(
 def test_sentences_split_at_stops_but_not_inside_abbreviations_or_numbers() -> None:
     text = (
         "Smith et al. found a 3.5-fold rise (p < 0.05). Effects were large, e.g. in mice, "
-        "i.e. in vivo. See Fig. 2 for details! Was it real? mRNA levels rose. Vitamin D. "
-        "Deficiency was common."
+        "i.e. in vivo. See Fig. 2 for details! Was it real? mRNA levels rose in S. cerevisiae "
+        "(p. 561), as B. Demple found. Deficiency was common."
     )
     assert split_sentences(text) == [
         "Smith et al. found a 3.5-fold rise (p < 0.05).",
         "Effects were large, e.g. in mice, i.e. in vivo.",
         "See Fig. 2 for details!",
         "Was it real?",
-        "mRNA levels rose.",
-        "Vitamin D.",
+        "mRNA levels rose in S. cerevisiae (p. 561), as B. Demple found.",
         "Deficiency was common.",
     ]
     assert split_sentences("") == [] and split_sentences("  \n ") == []

@@ -215,4 +215,5 @@ async def test_runs_carry_their_tool_cache_ttl_and_duration(tracing: Tracing) ->
         "name": "clock",
         "status": "ok",
         "duration_ms": round(run.duration_ms, 3),
+        "output": run.content,
     }

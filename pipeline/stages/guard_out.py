@@ -1,0 +1,136 @@
+"""The output guardrails, on the answer while it streams.
+
+The stage adds one filter to the answer stream (``pipeline.answer``), so the streamed and the
+plain answer pass the same code, and the completion that is returned and cached is what came
+out of it. The filter redacts PII and blocked terms as the text arrives, holding back only the
+tail that could still become a match (so the stream stays a stream); a violation the policy
+blocks ends the answer with ``finish_reason: "content_filter"`` and the rule as the detail (such
+an answer is never cached). When the answer is complete it checks its grounding: every cited
+``[doc-id]`` was in the context, and the share of its sentences the context supports; the
+results go on a ``guard_out grounding`` span and into ``rag.explain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from pipeline import attributes as attr
+from pipeline.context import Passage, RequestContext, StageRecord, current_record
+from pipeline.events import ContentDelta, Finish, StreamEvent
+from pipeline.guards.grounding import GroundingReport, check_grounding
+from pipeline.guards.output import StreamingRedactor
+from pipeline.guards.policy import PolicyBook
+from pipeline.runner import FailurePolicy
+
+
+class OutputGuard:
+    """The stream filter: redaction and blocking as the text passes, grounding at its end."""
+
+    name = "guard_out"
+
+    def __init__(self, redactor: StreamingRedactor, check: GroundingCheck) -> None:
+        self.redactor = redactor
+        self.check = check
+        self.text: list[str] = []
+        self.seen = 0
+        self.held_max = 0
+
+    def _out(self, text: str) -> list[StreamEvent]:
+        self.held_max = max(self.held_max, self.redactor.held)
+        if text:
+            self.text.append(text)
+        events: list[StreamEvent] = [ContentDelta(text)] if text else []
+        new = self.redactor.violations[self.seen :]
+        self.seen = len(self.redactor.violations)
+        blocking = [v for v in new if v.rule == "blocked_term" or v.rule in self.check.blocks]
+        if blocking:
+            finish = Finish("content_filter", blocking[0].rule)
+            events.append(finish)
+            self.check.done("".join(self.text), self.held_max, finish)
+        return events
+
+    def feed(self, event: StreamEvent) -> Sequence[StreamEvent]:
+        if isinstance(event, ContentDelta):
+            return self._out(self.redactor.feed(event.text))
+        if isinstance(event, Finish):
+            events = self._out(self.redactor.end())
+            if not any(isinstance(e, Finish) for e in events):
+                events.append(event)
+                self.check.done("".join(self.text), self.held_max, event)
+            return events
+        return [event]
+
+    def end(self) -> Sequence[StreamEvent]:
+        return self._out(self.redactor.end())
+
+
+class GroundingCheck:
+    """Judges the finished answer against the passages that were in the prompt."""
+
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        blocks: frozenset[str],
+        tracer: trace.Tracer,
+        record: StageRecord | None,
+    ) -> None:
+        self.passages = list(passages)
+        self.blocks = blocks
+        self.tracer = tracer
+        self.record = record
+        self.parent = otel_context.get_current()
+
+    def done(self, answer: str, held_max: int, finish: StreamEvent) -> None:
+        report = check_grounding(
+            answer, {p.document_id for p in self.passages}, [p.text for p in self.passages]
+        )
+        facts = _facts(report, held_max)
+        if isinstance(finish, Finish) and finish.reason == "content_filter":
+            facts[attr.GUARD_OUTPUT_VIOLATION] = finish.detail or "content_filter"
+        with self.tracer.start_as_current_span("guard_out grounding", context=self.parent) as span:
+            span.set_attributes(facts)
+        if self.record is not None:
+            self.record.info.update({k.removeprefix("rag."): v for k, v in facts.items()})
+
+
+def _facts(report: GroundingReport, held_max: int) -> dict[str, str | int | float | list[str]]:
+    facts: dict[str, str | int | float | list[str]] = {
+        attr.GROUNDING_SENTENCES: report.sentences,
+        attr.GROUNDING_CITED: list(report.cited),
+        attr.GROUNDING_UNKNOWN: list(report.unknown_citations),
+        attr.GUARD_OUTPUT_HELD_MAX: held_max,
+    }
+    if report.support is not None:
+        facts[attr.GROUNDING_SUPPORT] = round(report.support, 4)
+    return facts
+
+
+class GuardOutput:
+    name = "guard_out"
+    reads = frozenset({"principal", "answer"})
+    writes: frozenset[str] = frozenset()
+    policy: FailurePolicy = "fatal"
+
+    def __init__(self, policies: PolicyBook, tracer: trace.Tracer) -> None:
+        self.policies = policies
+        self.tracer = tracer
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        if ctx.answer is None:
+            return ctx
+        policy = self.policies.for_tenant(ctx.caller.tenant)
+        blocks = policy.kinds_with("block")
+        redactor = StreamingRedactor(
+            redact_kinds=policy.kinds_with("redact"),
+            block_kinds=blocks,
+            blocked_terms=policy.blocked_output_terms,
+        )
+        record = current_record()
+        check = GroundingCheck(
+            ctx.passages, frozenset(f"pii.{k}" for k in blocks), self.tracer, record
+        )
+        ctx.answer.add_filter(OutputGuard(redactor, check))
+        return ctx
