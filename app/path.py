@@ -2,7 +2,7 @@
 what it returns, so a job runs exactly what a chat request runs.
 
     auth -> validate -> guard_in -> cache_lookup
-         -> [features || retrieve || tools || guard_similarity] -> route -> generate
+         -> [features || retrieve || tools || guard_similarity] -> compress -> route -> generate
          -> guard_out -> cache_store
 
 A stage whose part is switched off in the settings is left out; ``Runner`` checks that what
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pipeline.runner import Concurrent, Stage, Step
 from pipeline.stages.auth import Authenticate
 from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache, no_index
+from pipeline.stages.compress import CompressSources
 from pipeline.stages.generate import Generate
 from pipeline.stages.guard_in import GuardInput
 from pipeline.stages.guard_out import GuardOutput
@@ -25,6 +26,7 @@ from pipeline.stages.route import ChooseRoute
 from pipeline.stages.tools import PlannedTools
 from pipeline.stages.validate import ValidateRequest
 from pipeline.tools.planner import ToolPlanner
+from retrieval import RelevanceGate
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -51,6 +53,7 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
         guard_similarity_stage(services, beside_retrieval=retrieve is not None),
     )
     steps.extend([Concurrent(*gathered)] if len(gathered) > 1 else gathered)
+    steps.extend(optional(compress_stage(settings, services)))
     steps.extend(optional(route_stage(settings, services, with_features=features is not None)))
     steps.append(
         Generate(
@@ -90,6 +93,18 @@ def cache_lookup_stage(
     )
 
 
+def compress_stage(settings: Settings, services: Services) -> Stage | None:
+    """Compression of the sources, when there can be sources (retrieval is on). Left in the
+    path when switched off in the settings, since a request may ask for it."""
+    search = services.retrieval
+    if search is None:
+        return None
+    config = settings.compress
+    return CompressSources(
+        services.tokens, budget_tokens=config.budget_tokens, enabled=config.enabled, idf=search.idf
+    )
+
+
 def guard_in_stage(services: Services) -> Stage | None:
     guards = services.guards
     if guards is None:
@@ -115,7 +130,9 @@ def retrieve_stage(settings: Settings, services: Services, *, with_features: boo
     if services.retrieval is None:
         return None
     filters = services.feature_filters() if with_features else None
-    return Retrieve(services.retrieval, feature_filters=filters)
+    threshold = settings.retrieval.relevance_threshold
+    gate = RelevanceGate(threshold, enabled=threshold > 0)
+    return Retrieve(services.retrieval, feature_filters=filters, gate=gate)
 
 
 def features_stage(settings: Settings, services: Services) -> Stage | None:

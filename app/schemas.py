@@ -97,6 +97,13 @@ class RagRequestOptions(BaseModel):
         description="Server tools offered to the model for function calling.",
     )
     plan_tools: bool = Field(True, description="Run the tools the request plainly needs.")
+    compress: bool | None = Field(None, description="Compress the sources (default: server's).")
+    budget_tokens: int | None = Field(
+        None, ge=16, le=8192, description="Token budget of the compressed sources."
+    )
+    min_relevance: float | None = Field(
+        None, ge=0.0, le=1.0, description="Relevance a passage needs to enter the prompt."
+    )
 
 
 def scrub(value: Any) -> Any:
@@ -179,6 +186,9 @@ class ChatCompletionRequest(BaseModel):
                 route=self.rag.route,
                 tools=tuple(self.rag.tools),
                 plan_tools=self.rag.plan_tools,
+                compress=self.rag.compress,
+                budget_tokens=self.rag.budget_tokens,
+                min_relevance=self.rag.min_relevance,
             ),
             tools=[t.model_dump(exclude_none=True) for t in self.tools or []],
             tool_choice=(

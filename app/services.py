@@ -72,7 +72,11 @@ class Services:
 
     def versions(self) -> dict[str, str]:
         """Versions of what shapes an answer besides the request (part of the cache key)."""
-        versions: dict[str, str] = {}
+        config = self.settings
+        versions = {
+            "relevance": str(config.retrieval.relevance_threshold),
+            "compress": f"{config.compress.enabled}:{config.compress.budget_tokens}",
+        }
         if self.features is not None:
             versions["features"] = FEATURE_SET_VERSION
         if self.router is not None:

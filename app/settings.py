@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator, model_validat
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipeline.guards.policy import PolicyBook
+from retrieval.relevance import DEFAULT_THRESHOLD
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,12 @@ class RetrievalSettings(BaseModel):
     query_batch_window_ms: float = Field(2.0, ge=0)
     query_batch_max: int = Field(32, ge=1)
     warm_up: bool = Field(True, description="Load the embedding model at start-up.")
+    relevance_threshold: float = Field(
+        DEFAULT_THRESHOLD,
+        ge=0.0,
+        le=1.0,
+        description="Passages less relevant than this stay out of the prompt (0: no gate).",
+    )
 
 
 class RouteSettings(BaseModel):
@@ -297,6 +304,14 @@ class JobSettings(BaseModel):
         return value
 
 
+class CompressSettings(BaseModel):
+    """Extractive compression of the sources: the sentences most relevant to the question,
+    in their order, under a token budget (counted with the served model's tokenizer)."""
+
+    enabled: bool = Field(True, description="Compress the sources before generating.")
+    budget_tokens: int = Field(384, ge=16, le=8192, description="Tokens the sources may take.")
+
+
 class GuardSettings(BaseModel):
     """Input and output guardrails (``RAG_GUARD__POLICY``: JSON, tenant -> overrides, "*" for
     every tenant; keys: pii {kind: block|redact|allow}, injection block|allow,
@@ -345,6 +360,7 @@ class Settings(BaseSettings):
     features: FeatureSettings = Field(default_factory=FeatureSettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
     guard: GuardSettings = Field(default_factory=GuardSettings)
+    compress: CompressSettings = Field(default_factory=CompressSettings)
 
     @field_validator("dev_api_key", mode="after")
     @classmethod

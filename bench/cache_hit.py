@@ -146,7 +146,13 @@ async def measure(
         async def worker() -> None:
             for _ in queue:
                 started = time.perf_counter()
-                response = await client.post(url, json=BODY, headers=headers)
+                try:
+                    response = await client.post(url, json=BODY, headers=headers)
+                except httpx.TransportError as exc:
+                    # A pooled connection the server closed as it was reused: counted, and
+                    # the request is not measured.
+                    print(f"# {url}: {type(exc).__name__}, request dropped", file=sys.stderr)
+                    continue
                 latencies.append(time.perf_counter() - started)
                 if response.status_code != 200:
                     raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")

@@ -83,14 +83,26 @@ def passages_for(split: Split, top_k: int) -> list[tuple[str, str, list[Passage]
 
 
 def token_counts(
-    split: Split, counter: TokenCounter, *, top_k: int = 8, budget: int = DEFAULT_BUDGET_TOKENS
+    split: Split,
+    counter: TokenCounter,
+    *,
+    top_k: int = 8,
+    budget: int = DEFAULT_BUDGET_TOKENS,
+    represent_all: bool = True,
 ) -> list[QueryCount]:
     """Every query of `split`: its top_k passages, compressed, and the prompt tokens both ways
     (preamble + rendered sources + the question)."""
     rows = []
     for qid, query, passages in passages_for(split, top_k):
         idf = split.index.bm25.idf_of(tokenize(query))
-        done = compress(query, passages, budget_tokens=budget, counter=counter, idf=idf)
+        done = compress(
+            query,
+            passages,
+            budget_tokens=budget,
+            counter=counter,
+            idf=idf,
+            represent_all=represent_all,
+        )
         before, after = counter.count_many(
             [
                 PREAMBLE + render(passages) + "\n\n" + query,
@@ -331,6 +343,12 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET_TOKENS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=400, help="train sample (embedding)")
+    parser.add_argument(
+        "--no-represent-all",
+        action="store_true",
+        help="fill by score alone, without first keeping each passage's best sentence",
+    )
+    parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()
     counter = load_token_counter()
     if not isinstance(counter, ModelTokenCounter):
@@ -342,8 +360,15 @@ def main() -> None:
         embedding_gain(load_split("train"), counter, args.top_k, args.budget, args.queries)
         return
     split = load_split("test")
-    rows = token_counts(split, counter, top_k=args.top_k, budget=args.budget)
-    cost(rows, counter, args.rounds)
+    rows = token_counts(
+        split,
+        counter,
+        top_k=args.top_k,
+        budget=args.budget,
+        represent_all=not args.no_represent_all,
+    )
+    if not args.skip_cost:
+        cost(rows, counter, args.rounds)
     tokens_and_keeps(split, rows, args.budget)
 
 

@@ -8,7 +8,7 @@ numpy; the threshold is the highest at which at least `--keep-target` of the tra
 all their retrieved relevant documents, and the variant that then rejects the most off-topic
 questions wins. Prints the constants to paste into retrieval/relevance.py.
 
-    .venv/bin/python -m bench.relevance_tune            # about a minute with embeddings cached
+    .venv/bin/python -m bench.relevance_tune            # a few minutes with embeddings cached
 """
 
 from __future__ import annotations

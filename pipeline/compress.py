@@ -26,7 +26,7 @@ from retrieval.tokenize import tokenize
 DEFAULT_BUDGET_TOKENS = 512
 # A "sentence" of more tokens than this (a table, a list without full stops) is cut into pieces,
 # at a space where one is near, so one run-on sentence can neither take the whole budget nor be
-# lost whole. SciFact's sentences: median 28 tokens, 99th percentile 84 (bench.compress_bench).
+# lost whole. SciFact's 46,976 sentences: median 30 tokens, 99th percentile 105; 1.4% are cut.
 MAX_SENTENCE_TOKENS = 96
 
 # Words after which a full stop does not end a sentence (lower case, without the stop).
@@ -139,7 +139,8 @@ def _stems(text: str) -> frozenset[str]:
                 _STEM_CACHE[word] = stemmed[0] if stemmed else ""
                 stems.add(_STEM_CACHE[word])
     stems.discard("")
-    return frozenset(s for s in stems if s is not None)
+    stems.discard(None)
+    return frozenset(stems)  # type: ignore[arg-type]  # None was discarded
 
 
 def _overlap_scores(
@@ -239,8 +240,9 @@ def compress(
     chosen = _select(units, len(passages), budget_tokens, represent_all=represent_all)
     texts = _render(units, chosen, len(passages))
     after_each = counter.count_many([t for t in texts if t])
-    # Sentences were counted one by one; joined, a merge across the space could differ by a
-    # token, so the exact total is checked and the last-chosen sentence given back if over.
+    # Sentences were counted where they stand in their passage; joined by a space, the token at
+    # a junction can differ (a space before CJK text is a token of its own), so the total of
+    # the texts as sent is counted and the last-chosen sentence given back while over budget.
     while chosen and sum(after_each) > budget_tokens:
         chosen.pop()
         texts = _render(units, chosen, len(passages))

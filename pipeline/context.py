@@ -42,6 +42,9 @@ class RagOptions:
     route: str | None = None
     tools: tuple[str, ...] = ()
     plan_tools: bool = True
+    compress: bool | None = None  # None: the server's setting
+    budget_tokens: int | None = None
+    min_relevance: float | None = None
 
 
 @dataclass(frozen=True)

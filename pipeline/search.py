@@ -26,6 +26,7 @@ from retrieval import (
     SearchResult,
     parse_filters,
 )
+from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray
 
 
@@ -54,6 +55,11 @@ class PassageSearch:
 
     def version(self, tenant: str) -> str:
         return self.store.version(tenant)
+
+    def idf(self, tenant: str, query: str) -> dict[str, float]:
+        """The tenant index's IDF of the query's terms (what compression weighs words by)."""
+        index = self.store.current(tenant)
+        return {} if index is None else index.bm25.idf_of(tokenize(query))
 
     def has_index(self, tenant: str) -> bool:
         return self.store.current(tenant) is not None

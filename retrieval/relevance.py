@@ -5,17 +5,16 @@ capital of France included. The gate reads two raw signals that are comparable a
 instead, both on each `Hit`:
 
 - `bm25_norm`: the passage's BM25 score divided by the highest score the query could reach
-  (`BM25Index.max_score`: the sum over the query's terms of `idf * (k1 + 1)`, query words the
-  index lacks counted at the IDF of an unseen term), so it lies in [0, 1];
+  (`BM25Index.max_score`: the sum over the query's terms of `max(idf, 0) * (k1 + 1)`, query
+  words the index lacks counted at the IDF of an unseen term), so it lies in [0, 1];
 - `vector_score`: the cosine of the query and passage vectors (both unit length).
 
 A logistic model over both turns them into `relevance`, a probability-like score in (0, 1);
-passages below a threshold are dropped. Tuning gave BM25 a weight of 0 (see DEFAULT_MODEL):
-the cosine alone separates best, and the model keeps both inputs so another corpus can be
-tuned to use BM25. When none is left, the request runs without
+passages below a threshold are dropped, and when none is left the request runs without
 sources. Coefficients and threshold come from `python -m bench.relevance_tune` (SciFact train
-relevant pairs against hand-written off-topic questions); see BENCHMARKS.md for how they do on
-SciFact test and on held-out off-topic questions.
+relevant pairs against hand-written off-topic questions); tuning gave BM25 a weight of 0 (see
+DEFAULT_MODEL), and the model keeps both inputs so that another corpus can be tuned to use it.
+BENCHMARKS.md has how the gate does on SciFact test and on held-out off-topic questions.
 """
 
 from __future__ import annotations
@@ -60,9 +59,8 @@ class RelevanceModel:
 # tried (score = sin(a) * bm25_norm + cos(a) * cosine, a = 0..90 degrees, threshold set so 97%
 # of train queries keep all their relevant documents): the share of off-topic questions left
 # without sources falls as BM25 weighs in (0.98 at a = 0, 0.95 at 20, 0.86 at 50, 0.24 for BM25
-# alone), so the shipped model is the cosine alone, calibrated by a logistic fit. BM25 adds
-# nothing here because an off-topic question that shares a word with the corpus ("capital",
-# "cell") gets a high BM25 share on that word alone. The threshold equals a cosine of 0.356.
+# alone), so the shipped model is the cosine alone, calibrated by a logistic fit; normalising
+# BM25 without the unseen query words was worse still. The threshold is a cosine of 0.356.
 DEFAULT_MODEL = RelevanceModel(intercept=-4.3145, bm25_weight=0.0, cosine_weight=11.8805)
 DEFAULT_THRESHOLD = 0.4785
 

@@ -76,6 +76,9 @@ def cache_key(
             "route": rag.route,
             "tools": sorted(rag.tools),
             "plan_tools": rag.plan_tools,
+            "compress": rag.compress,
+            "budget_tokens": rag.budget_tokens,
+            "min_relevance": rag.min_relevance,
         },
         "index_version": index_version,
     }

@@ -2,7 +2,9 @@
 
 The tenant comes from the principal, never from the request: each tenant has its own index,
 so a search can only touch the caller's documents. The request's ``rag.filters`` narrow it
-further (before BM25, and so for the vector side too).
+further (before BM25, and so for the vector side too). Then the relevance gate keeps only the
+passages whose calibrated relevance (retrieval.relevance) reaches the threshold: an off-topic
+question runs without sources rather than with the least irrelevant ones.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pipeline.context import Passage, RequestContext
 from pipeline.messages import last_user_text
 from pipeline.runner import FailurePolicy
 from pipeline.search import PassageSearch, parse_request_filters
+from retrieval import RelevanceGate
 
 # Kept for callers of the old name.
 query_text = last_user_text
@@ -39,10 +42,15 @@ class Retrieve:
     writes = frozenset({"passages", "query_vector"})
 
     def __init__(
-        self, search: PassageSearch, *, feature_filters: Mapping[str, str] | None = None
+        self,
+        search: PassageSearch,
+        *,
+        feature_filters: Mapping[str, str] | None = None,
+        gate: RelevanceGate | None = None,
     ) -> None:
         self.search = search
         self.feature_filters = dict(feature_filters or {})
+        self.gate = gate or RelevanceGate(enabled=False)
         self.reads = frozenset({"principal", *(["features"] if self.feature_filters else [])})
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
@@ -65,6 +73,7 @@ class Retrieve:
         result = await self.search.search(
             tenant, query, top_k=options.top_k, filters=filters, vector=ctx.query_vector
         )
+        kept, dropped = self.gate.apply(result.hits, options.min_relevance)
         ctx.passages = [
             Passage(
                 document_id=hit.document_id,
@@ -73,12 +82,14 @@ class Retrieve:
                 text=hit.text,
                 score=hit.score,
             )
-            for hit in result.hits
+            for hit in kept
         ]
         ctx.annotate(
             **{
                 attr.RETRIEVAL_CANDIDATES: result.candidates,
-                attr.RETRIEVAL_RESULTS: len(result.hits),
+                attr.RETRIEVAL_RESULTS: len(kept),
+                attr.RETRIEVAL_DROPPED: len(dropped),
+                attr.RETRIEVAL_NO_SOURCES: bool(result.hits) and not kept,
                 attr.RETRIEVAL_INDEX_VERSION: result.version,
             }
         )

@@ -15,7 +15,7 @@ from tests.support.servers import LiveService, wait_for
 
 # The default path. The group's members run concurrently.
 GROUP = ["features", "retrieve", "tools", "guard_similarity"]
-PATH = ["auth", "validate", "guard_in", "cache_lookup", *GROUP, "route", "generate"]
+PATH = ["auth", "validate", "guard_in", "cache_lookup", *GROUP, "compress", "route", "generate"]
 PATH += ["guard_out", "cache_store"]
 
 

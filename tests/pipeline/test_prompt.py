@@ -33,3 +33,48 @@ def test_the_prefix_is_byte_stable_across_questions() -> None:
     one = build_messages([{"role": "user", "content": "q1"}], sources)
     two = build_messages([{"role": "user", "content": "q2"}], sources)
     assert one[0] == two[0]
+
+
+def test_the_rendered_prefix_is_identical_across_users_and_requests() -> None:
+    """What vLLM's prefix cache sees: the model's own chat template, tokenised. Every prompt
+    that carries our system message starts with the same tokens, through the instructions,
+    whoever asks and whatever the sources, the personal line and the question."""
+    from transformers import AutoTokenizer
+
+    from pipeline.context import Features, ToolRun
+    from pipeline.prompt import personalisation
+    from pipeline.tokens import find_tokenizer
+
+    found = find_tokenizer(None)
+    assert found is not None, "the SmolLM2 model directory is missing: `make model` builds it"
+    tokenizer = AutoTokenizer.from_pretrained(str(found.parent))
+    pro = Features({"language": "pt", "tier": "pro"})
+    prompts = [
+        build_messages([{"role": "user", "content": "q1"}], [passage("a", "alpha")]),
+        build_messages(
+            [{"role": "user", "content": "another question entirely"}],
+            [passage("b", "beta"), passage("c", "gamma")],
+            personal=personalisation(pro),
+        ),
+        build_messages(
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q3"}],
+            [],
+            tool_runs=[ToolRun("calculator", "c1", "ok", "2 + 2 = 4")],
+        ),
+    ]
+    rendered = [
+        tokenizer(tokenizer.apply_chat_template(p, tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
+        for p in prompts
+    ]
+    instructions = len(tokenizer(INSTRUCTIONS, add_special_tokens=False)["input_ids"])
+    shared = min(
+        next((i for i, (x, y) in enumerate(zip(rendered[0], r, strict=False)) if x != y), len(r))
+        for r in rendered[1:]
+    )
+    assert shared >= instructions, (shared, instructions)
+    texts = [p[0]["content"] for p in prompts]
+    assert all(t.startswith(INSTRUCTIONS + "\n\n") for t in texts)
+    # The user's line comes after the fixed prefix, before the sources.
+    assert texts[1].index("About the user:") < texts[1].index("Sources:")
