@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from app.auth import bearer_token
 from app.jobs import job_queue
+from app.path import guard_in_stage
 from app.responses import JSONResponse
 from app.schemas import ChatCompletionRequest
 from app.services import Services, ServicesDep
@@ -100,8 +101,10 @@ def _parse(raw: bytes) -> JobRequest:
         raise RequestValidationError(exc.errors(include_url=False)) from None
 
 
-async def _check(services: Services, body: JobRequest, principal: Principal) -> None:
-    """The checks the path's validate stage makes, run now rather than when the job runs."""
+async def _check(services: Services, body: JobRequest, principal: Principal) -> RequestContext:
+    """The checks the path's validate and guard_in stages make, run now rather than when the
+    job runs: a refused request is refused at submit, and personal data is redacted before
+    the job is stored."""
     settings = services.settings
     ctx = RequestContext(
         params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
@@ -114,6 +117,9 @@ async def _check(services: Services, body: JobRequest, principal: Principal) -> 
         context_length=settings.llm.context_length,
         server_tools=services.server_tools,
     )(ctx)
+    guard = guard_in_stage(services)
+    if guard is not None:
+        await guard(ctx)
     if body.webhook_url is not None:
         policy = UrlPolicy(settings.jobs.webhook_allow)
         try:
@@ -125,6 +131,7 @@ async def _check(services: Services, body: JobRequest, principal: Principal) -> 
             ) from None
         except OSError:
             pass  # not resolvable now: checked again, and refused if need be, at delivery
+    return ctx
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -152,13 +159,13 @@ async def create_job(request: Request, services: ServicesDep) -> Response:
             code="request_too_large",
         )
     body = _parse(raw)
-    await _check(services, body, principal)
+    checked = await _check(services, body, principal)
     key = _idempotency_key(request)
     carrier: dict[str, str] = {}
     inject(carrier)  # the submitting request's trace: the job's trace links to it
     job = Job.create(
         principal,
-        body.chat_body(),
+        {**body.chat_body(), "messages": checked.params.messages},
         max_attempts=services.settings.jobs.max_attempts,
         webhook_url=body.webhook_url,
         metadata=body.metadata,
