@@ -169,6 +169,13 @@ class AnswerStream:
                     if _accepts(builder, event):
                         builder.take(event)
                         yield event
+        except Exception:
+            # The upstream failed mid-answer: what the filters held back has passed their
+            # checks in full at end(), so the reader gets it before the error.
+            for event in self._flush():
+                if isinstance(event, ContentDelta | ToolCallDelta) and _accepts(builder, event):
+                    yield event
+            raise
         finally:
             await upstream.aclose()
             await _aclose(self._source)

@@ -235,3 +235,18 @@ async def test_a_stream_is_read_once_and_filters_come_first() -> None:
         answer.add_filter(Upper())
     with pytest.raises(RuntimeError):
         await answer.drain()
+
+
+async def test_text_held_back_reaches_the_reader_before_an_upstream_error() -> None:
+    async def breaks() -> AsyncIterator[StreamEvent]:
+        yield ContentDelta("Half")
+        raise RuntimeError("connection broke")
+
+    answer = AnswerStream(breaks(), base)
+    answer.add_filter(HoldUntilEnd())
+    seen: list[StreamEvent] = []
+    with pytest.raises(RuntimeError, match="broke"):
+        async for event in answer.events():
+            seen.append(event)
+    assert seen == [ContentDelta("[late]")]  # HoldUntilEnd lets out only what end() gives
+    assert answer.completion is None  # and nothing is built or stored from a broken answer
