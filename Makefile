@@ -9,7 +9,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: help install vllm model redis run test lint typecheck pytest bench bench-cache bench-retrieval bench-jobs compose-check clean
+.PHONY: help install vllm model redis run test lint typecheck pytest bench bench-cache \
+	bench-retrieval bench-jobs bench-group bench-stages bench-ttft compose-check clean
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -90,7 +91,24 @@ BENCH_VLLM_URL ?= http://127.0.0.1:$${RAG_VLLM_PORT:-8001}
 bench-jobs: install redis
 	$(PY) -m bench.jobs_bench --llm-url $(BENCH_VLLM_URL)
 
-bench: bench-cache bench-retrieval bench-jobs
+# The concurrent group (features || retrieve || tools) against the same stages in a row.
+bench-group: install redis
+	$(PY) -m bench.group_bench
+
+# The path's own costs: routing, tools, guardrails, relevance gate and compression.
+bench-stages: install model
+	$(PY) -m bench.router_bench
+	$(PY) -m bench.tools_bench
+	$(PY) -m bench.guard_eval
+	$(PY) -m bench.relevance_eval
+	$(PY) -m bench.compress_bench
+
+# Time to first token with compression off and on, and the prefix cache, through the service
+# against the real CPU vLLM (started for the run unless RAG_TEST_VLLM_URL names one).
+bench-ttft: install model redis
+	$(PY) -m bench.ttft_bench
+
+bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry import trace
 
 from pipeline import attributes as attr
-from pipeline.errors import InvalidRequest
+from pipeline.errors import InvalidRequest, ServiceUnavailable
 from retrieval import (
     Document,
     Filter,
@@ -65,8 +65,16 @@ class PassageSearch:
         return self.store.current(tenant) is not None
 
     async def embed(self, query: str) -> FloatArray:
-        """The query's vector (batched with other requests' queries, off the event loop)."""
-        return await self.queries.embed(query)
+        """The query's vector (batched with other requests' queries, off the event loop).
+
+        A failure of the embedding model is converted here: a 503 for the request, never an
+        unhandled error."""
+        try:
+            return await self.queries.embed(query)
+        except Exception as exc:
+            raise ServiceUnavailable(
+                f"The embedding model failed ({type(exc).__name__}).", code="embedding_unavailable"
+            ) from exc
 
     async def search(
         self,
@@ -85,7 +93,7 @@ class PassageSearch:
         ) as span:
             started = time.perf_counter()
             if vector is None:
-                vector = await self.queries.embed(query)
+                vector = await self.embed(query)
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await asyncio.to_thread(
                 self.retriever.search, tenant, query, vector, top_k=top_k, filters=parsed

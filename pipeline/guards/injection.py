@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -93,6 +94,12 @@ class InjectionDecision:
     similarity: float | None = None
 
 
+# Embedding model -> exemplar file -> (texts, labels, vectors).
+_EXEMPLARS: weakref.WeakKeyDictionary[Any, dict[str, tuple[list[str], list[str], FloatArray]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class ExemplarIndex:
     """Unit embeddings of labelled exemplars ("injection" or "benign"), built once."""
 
@@ -114,10 +121,17 @@ class ExemplarIndex:
 
     @classmethod
     def from_file(cls, embedder: TextEmbedder, path: Path = DEFAULT_EXEMPLARS) -> ExemplarIndex:
-        """Read a JSON-lines file of {"text", "label"} and embed every text."""
-        rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
-        texts = [str(r["text"]) for r in rows]
-        return cls(texts, [str(r["label"]) for r in rows], embedder.embed(texts), embedder)
+        """Read a JSON-lines file of {"text", "label"} and embed every text (once per embedding
+        model and file in a process: apps that share a model share the vectors)."""
+        memo = _EXEMPLARS.setdefault(embedder, {})
+        key = str(path)
+        if key not in memo:
+            lines = path.read_text("utf-8").splitlines()
+            rows = [json.loads(line) for line in lines if line.strip()]
+            texts = [str(r["text"]) for r in rows]
+            memo[key] = (texts, [str(r["label"]) for r in rows], embedder.embed(texts))
+        texts, labels, vectors = memo[key]
+        return cls(texts, labels, vectors, embedder)
 
     def nearest(self, vector: FloatArray) -> tuple[float, float, str]:
         """(best cosine to an injection exemplar, best to a benign one, that injection text)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from pipeline import attributes as attr
-from pipeline.context import RequestContext
+from pipeline.context import RequestContext, current_record
+from pipeline.errors import ServiceUnavailable
 from pipeline.guards.injection import InjectionDetector
 from pipeline.guards.normalize import scrub_surrogates
 from pipeline.guards.policy import PolicyBook
@@ -55,7 +56,16 @@ class GuardSimilarity:
             await ctx.available("query_vector")
         vector = ctx.query_vector
         if vector is None:
-            vector = await self.embed(scrub_surrogates(text))
+            try:
+                vector = await self.embed(scrub_surrogates(text))
+            except ServiceUnavailable as exc:
+                # The rules (guard_in) have judged the text; without a model this signal is
+                # skipped, and the stage says it ran degraded (so its answer is not cached).
+                record = current_record()
+                if record is not None:
+                    record.status = "degraded"
+                ctx.annotate(**{attr.GUARD_SIMILARITY_SKIPPED: exc.message})
+                return ctx
         decision = self.detector.check(text, vector)
         ctx.annotate(
             **{

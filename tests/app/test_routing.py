@@ -145,7 +145,7 @@ async def test_a_failed_embedding_falls_back_to_the_default_route_and_answers(
     assert response.json()["rag"]["route"] == {
         "name": "small",
         "model": "smollm2",
-        "reason": "fallback:RuntimeError: embedding model unavailable",
+        "reason": "fallback:ServiceUnavailable: The embedding model failed (RuntimeError).",
     }
     assert route_record(response.json())["status"] == "degraded"
     # An answer made with a stage degraded is not kept under the key of a routed answer.

@@ -75,3 +75,29 @@ def test_without_a_vector_or_an_embedder_the_rules_still_decide(
 def test_text_with_lone_surrogates_is_embedded_without_error(exemplars: ExemplarIndex) -> None:
     decision = InjectionDetector(exemplars).check("hello \ud800 world")
     assert decision.similarity is not None
+
+
+def test_the_similarity_signal_stays_quiet_on_hundreds_of_ordinary_requests(
+    exemplars: ExemplarIndex, shared_embedder: Embedder
+) -> None:
+    """Requests written for other purposes (off-topic questions, routing examples, SciFact
+    claims): the signal must not fire on them. It once did on "Translate 'good morning' into
+    French." (close to an attack that hides in a translation request); ordinary task requests
+    among the benign exemplars keep the margin rule from firing on such neighbours."""
+    from bench.retrieval_data import load_queries
+    from tests.support.servers import ROOT
+
+    texts = [
+        line.strip()
+        for line in (ROOT / "bench/data/offtopic_questions.txt").read_text("utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for name in ("tests/pipeline/data/route_queries.jsonl", "pipeline/data/route_examples.jsonl"):
+        texts += [json.loads(line)["text"] for line in (ROOT / name).read_text().splitlines()]
+    texts += list(load_queries().values())[:300]
+    texts.append("Translate 'good morning' into French.")
+    detector = InjectionDetector(exemplars)
+    vectors = shared_embedder.embed(texts)
+    fired = [t for t, v in zip(texts, vectors, strict=True) if detector.similarity(t, v)[1]]
+    assert len(texts) > 500
+    assert fired == [], fired
