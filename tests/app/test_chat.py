@@ -12,7 +12,6 @@ from app.main import create_app
 from tests.conftest import make_settings, unique_question
 from tests.support.servers import LiveService, wait_for
 
-
 # The default path. The group's members run concurrently.
 GROUP = ["features", "retrieve", "tools", "guard_similarity"]
 PATH = ["auth", "validate", "guard_in", "cache_lookup", *GROUP, "compress", "route", "generate"]

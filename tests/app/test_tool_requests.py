@@ -61,7 +61,11 @@ async def test_bad_tool_input_is_a_400_naming_the_field(harness, extra, param, c
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
     lambda children: (
         st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
     ),
