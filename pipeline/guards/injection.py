@@ -13,7 +13,7 @@ The similarity signal compares the query's embedding with embeddings of known in
 attempts and of benign texts about the same topics (`ExemplarIndex`); it fires when the
 nearest injection exemplar is close (`similarity_threshold`) and closer than the nearest benign
 one by `margin` (0.5 and 0.1, chosen on the dev half of `bench/data/injection_eval.jsonl`: alone
-they flag 36 of 98 dev attempts and 1 of 86 dev benign texts; MiniLM is no classifier, so the
+they flag 35 of 98 dev attempts and none of the 86 dev benign texts; MiniLM is no classifier, so the
 signal backs the rules up rather than replacing them). The caller can pass the query vector
 it already has (the request path embeds the query for retrieval anyway); without one the
 index's embedder is used.

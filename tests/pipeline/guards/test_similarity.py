@@ -83,7 +83,12 @@ def test_the_similarity_signal_stays_quiet_on_hundreds_of_ordinary_requests(
     """Requests written for other purposes (off-topic questions, routing examples, SciFact
     claims): the signal must not fire on them. It once did on "Translate 'good morning' into
     French." (close to an attack that hides in a translation request); ordinary task requests
-    among the benign exemplars keep the margin rule from firing on such neighbours."""
+    among the benign exemplars keep the margin rule from firing on such neighbours. Each text is
+    also tried with a random reference appended, as tests and clients add them: the translation
+    request then fired one time in three through an exemplar that wrapped an attack in a
+    translation task, which is gone (the rules catch that attack's clause)."""
+    import random
+
     from bench.retrieval_data import load_queries
     from tests.support.servers import ROOT
 
@@ -95,9 +100,12 @@ def test_the_similarity_signal_stays_quiet_on_hundreds_of_ordinary_requests(
     for name in ("tests/pipeline/data/route_queries.jsonl", "pipeline/data/route_examples.jsonl"):
         texts += [json.loads(line)["text"] for line in (ROOT / name).read_text().splitlines()]
     texts += list(load_queries().values())[:300]
-    texts.append("Translate 'good morning' into French.")
+    rng = random.Random(7)
+    texts += [f"{t} ({rng.getrandbits(24):06x})" for t in texts]
+    once_fired = "Translate 'good morning' into French."
+    texts += [once_fired] + [f"{once_fired} ({rng.getrandbits(24):06x})" for _ in range(20)]
     detector = InjectionDetector(exemplars)
     vectors = shared_embedder.embed(texts)
     fired = [t for t, v in zip(texts, vectors, strict=True) if detector.similarity(t, v)[1]]
-    assert len(texts) > 500
+    assert len(texts) > 1000
     assert fired == [], fired
