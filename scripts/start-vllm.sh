@@ -10,6 +10,10 @@
 #   RAG_MODEL_DIR        model directory (default: built by build_model.py)
 #   RAG_VLLM_MAX_LEN     --max-model-len (default 2048)
 #   RAG_VLLM_KV_GIB      VLLM_CPU_KVCACHE_SPACE in GiB (default 1)
+#   RAG_VLLM_DTYPE       --dtype (default: bfloat16 where the CPU has AVX-512,
+#                        float32 elsewhere: on an AVX2-only AMD EPYC bfloat16 is
+#                        emulated and prefill ran 5.5x slower, 1,227 tokens in
+#                        28 s against 5.2 s; see BENCHMARKS.md)
 #   RAG_VLLM_IOMP=0      do not LD_PRELOAD Intel OpenMP
 #   RAG_VLLM_EAGER=1     add --enforce-eager: no torch.compile; /health after
 #                        ~40 s every time, but decode ~15-20% slower. Default
@@ -52,9 +56,14 @@ if [[ "${RAG_VLLM_IOMP:-1}" != 0 && -f "$VENV/lib/libiomp5.so" ]]; then
     esac
 fi
 
+DTYPE="${RAG_VLLM_DTYPE:-}"
+if [[ -z "$DTYPE" ]]; then
+    if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then DTYPE=bfloat16; else DTYPE=float32; fi
+fi
+
 ARGS=(--model "$MODEL_DIR" --served-model-name "$NAME"
       --host "$HOST" --port "$PORT"
-      --max-model-len "$MAX_LEN" --dtype bfloat16
+      --max-model-len "$MAX_LEN" --dtype "$DTYPE"
       --enable-auto-tool-choice --tool-call-parser hermes)
 if [[ "${RAG_VLLM_EAGER:-0}" == 1 ]]; then ARGS+=(--enforce-eager); fi
 # shellcheck disable=SC2206  # word-splitting RAG_VLLM_ARGS is intended

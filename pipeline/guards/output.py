@@ -60,8 +60,12 @@ class StreamingRedactor:
         self.block_kinds = frozenset(block_kinds)
         self.terms = TermMatcher(blocked_terms)
         self.violations: list[Violation] = []
-        # The most canonical characters `held` can reach: a run's piece, plus a term's prefix.
-        self.max_holdback = RUN_LIMIT + MAX_EXPANSION + self.terms.longest
+        # The most canonical characters `held` can reach: the tail run's piece, plus a term's
+        # prefix; plus, when the tail run begins inside the expansion of one original character
+        # ("ﷺ" is four Arabic words), the rest of that expansion and the piece of the run before
+        # it (the cut may not split the character, nor a match in that run that reaches into it;
+        # found by the fuzz test: "+44 20 7946 0958ana@example.comﷺDE00 DE00 ..." held 293).
+        self.max_holdback = 2 * (RUN_LIMIT + MAX_EXPANSION) + self.terms.longest
         self._canon = CanonicalText()
         self._splitter = RunSplitter()
         self._splits: list[int] = []  # split points not yet reached, absolute canonical offsets

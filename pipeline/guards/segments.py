@@ -11,7 +11,8 @@ last one.
 A run longer than `RUN_LIMIT` (no real match is: the longest pattern is `pii.MAX_MATCH`) is
 split every `RUN_LIMIT` characters counted from its start, at the next boundary between
 original characters. Both redactors scan each piece on its own, so the stream never holds back
-more than about `RUN_LIMIT` characters, whatever the text (a long hash, base64, digits). The
+more than about two pieces, whatever the text (a long hash, base64, digits; the exact bound is
+`StreamingRedactor.max_holdback`). The
 price: a match that straddles such a split point, which only a run of more than `RUN_LIMIT`
 unbroken pattern characters can produce, is not found.
 """
