@@ -2,21 +2,26 @@
 
 1. Compression off and on, for the same SciFact test questions and the same retrieved passages
    (the relevance gate as configured; the request's ``rag.compress`` toggled): the prompt
-   tokens vLLM reports (usage) and the time to the first content chunk at the client.
-2. The prefix cache: the same question asked by a second user (different user, so the response
-   cache cannot answer) after the first: the second's prompt shares the first's prefix through
-   the sources; and a second user with a personalisation line, who shares only the fixed
-   instructions (our layout puts the user's line before the sources).
+   tokens vLLM reports (usage) and the time to the first content chunk at the client. Once at
+   the service's defaults (top_k 4) and once at top_k 8 (as in ``bench.compress_bench``; the
+   uncompressed prompt then needs vLLM's ``--max-model-len`` above 2,048: the run starts its own
+   vLLM with 4,096 unless ``RAG_TEST_VLLM_URL`` names one).
+2. The prefix cache, on questions not asked before in the run (so nothing after the fixed
+   instructions is cached): the first user, then a second user asking the same (a different
+   user, so the response cache cannot answer; the same prompt, so vLLM's prefix cache can), then
+   a third user with a personalisation line, who shares only the fixed instructions (our layout
+   puts the user's line before the sources).
 
 Order alternates between pairs, so neither side always finds vLLM's cache warmer.
 
-    .venv/bin/python -m bench.ttft_bench [--queries 30]
+    .venv/bin/python -m bench.ttft_bench [--queries 24] [--prefix-queries 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import tempfile
@@ -117,10 +122,11 @@ async def prefix_cache(
     }
 
 
-async def run(live: LiveService, app: Any, count: int, extra: int) -> None:
+async def run(live: LiveService, app: Any, count: int, fresh_count: int, extra: int) -> None:
     services = app.state.services
-    asked = questions(count)
-    documents = corpus_for(asked, extra)
+    everything = questions(count + fresh_count)
+    asked, fresh = everything[:count], everything[count:]
+    documents = corpus_for(everything, extra)
     await asyncio.wrap_future(
         asyncio.run_coroutine_threadsafe(
             services.retrieval.ingest(TENANT, documents), live.server_loop
@@ -135,16 +141,20 @@ async def run(live: LiveService, app: Any, count: int, extra: int) -> None:
     async with httpx.AsyncClient(base_url=live.url, timeout=300) as client:
         await first_token(client, keys["ann"], "Warm-up: what is a cell?")
         squeeze = await compression(client, keys["ann"], asked)
-        cached = await prefix_cache(client, keys, asked[: max(10, count // 3)])
+        wide = await compression(client, keys["ann"], asked, top_k=8)
+        cached = await prefix_cache(client, keys, fresh)
     print(f"{len(asked)} SciFact test questions, {extra} other abstracts indexed beside theirs\n")
-    print("| compression | prompt tokens (median) | TTFT p50 (s) |")
-    print("| --- | --- | --- |")
-    print(f"| off | {squeeze['tokens_off']:.0f} | {squeeze['ttft_off']:.3f} |")
-    print(f"| on | {squeeze['tokens_on']:.0f} | {squeeze['ttft_on']:.3f} |")
-    ratio = squeeze["tokens_off"] / squeeze["tokens_on"]
-    print(
-        f"| on/off | **{ratio:.2f}x fewer** | **{squeeze['ttft_ratio']:.2f}** (median of pairs) |"
-    )
+    print("| top_k | compression | pairs | prompt tokens (median) | TTFT p50 (s) |")
+    print("| --- | --- | --- | --- | --- |")
+    for top_k, result in (("4 (default)", squeeze), ("8", wide)):
+        for side in ("off", "on"):
+            tokens, ttft = result[f"tokens_{side}"], result[f"ttft_{side}"]
+            print(f"| {top_k} | {side} | {result['pairs']} | {tokens:.0f} | {ttft:.3f} |")
+        ratio = result["tokens_off"] / result["tokens_on"]
+        print(
+            f"| {top_k} | on/off | | **{ratio:.2f}x fewer** "
+            f"| **{result['ttft_ratio']:.2f}** (median of pairs) |"
+        )
     print("\n| who asks | TTFT p50 (s) | ratio to the first |")
     print("| --- | --- | --- |")
     print(f"| first user | {cached['first']:.3f} | 1 |")
@@ -158,9 +168,11 @@ async def run(live: LiveService, app: Any, count: int, extra: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--queries", type=int, default=30)
+    parser.add_argument("--queries", type=int, default=24)
+    parser.add_argument("--prefix-queries", type=int, default=10)
     parser.add_argument("--extra-documents", type=int, default=500)
     args = parser.parse_args()
+    os.environ.setdefault("RAG_VLLM_MAX_LEN", "4096")  # read by a vLLM this run starts
     redis, vllm = RedisServer(), VLLMServer()
     redis.start()
     vllm.start()
@@ -174,7 +186,7 @@ def main() -> None:
     app = create_app(settings)
     try:
         with LiveService(app) as live:
-            asyncio.run(run(live, app, args.queries, args.extra_documents))
+            asyncio.run(run(live, app, args.queries, args.prefix_queries, args.extra_documents))
     finally:
         vllm.stop()
         redis.stop()
