@@ -274,7 +274,9 @@ def build_search(
     return PassageSearch(store, retriever, queries, tracer)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request
+    # (measured on the cache-hit path: see BENCHMARKS.md).
     services: Services = request.app.state.services
     return services
 

@@ -16,7 +16,9 @@ measured before and after in one run:
   to a receiver process (``tests/support/otlp.py``) that counts what it gets.
 
 The same client measures each, interleaved by round, and prints p50/p99 latency and requests/s,
-the ratio to the floor, and the difference of each variant to "before".
+the ratio to the floor, and the difference of each variant to "before". The client is
+`bench.rawclient` (pre-encoded requests over keep-alive sockets), so it costs less than the
+servers; ``--client httpx`` measures with httpx instead, to see what a heavier client hides.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from opentelemetry import trace
 from app.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
+from bench.rawclient import measure_raw
 from pipeline.context import Completion, RequestContext
 from pipeline.runner import Concurrent
 from pipeline.stages.cache import CacheLookup
@@ -252,6 +255,7 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw")
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -270,7 +274,8 @@ async def main() -> None:
     try:
         targets = await ready_targets(urls, key)
         print(
-            f"# cache-hit benchmark, {args.requests} requests x {args.rounds} rounds, "
+            f"# cache-hit benchmark, {args.client} client, "
+            f"{args.requests} requests x {args.rounds} rounds, "
             f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; server logs in {logs}"
         )
         print("| concurrency | target | p50 ms | p99 ms | req/s | p50 / floor |")
@@ -279,7 +284,12 @@ async def main() -> None:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
             for _ in range(args.rounds):
                 for name, (url, headers) in targets.items():
-                    runs[name].append(await measure(url, headers, args.requests, concurrency))
+                    if args.client == "raw":
+                        body = orjson.dumps(BODY)
+                        result = await measure_raw(url, body, headers, args.requests, concurrency)
+                    else:
+                        result = await measure(url, headers, args.requests, concurrency)
+                    runs[name].append(result)
             summary = {
                 name: {k: statistics.median(r[k] for r in results) for k in results[0]}
                 for name, results in runs.items()
