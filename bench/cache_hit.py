@@ -42,7 +42,7 @@ from opentelemetry import trace
 from app.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
-from bench.rawclient import measure_raw
+from bench.rawclient import measure_raw, summarise
 from pipeline.context import Completion, RequestContext
 from pipeline.runner import Concurrent
 from pipeline.stages.cache import CacheLookup
@@ -163,12 +163,7 @@ async def measure(
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
-    latencies.sort()
-    return {
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
-        "rps": len(latencies) / wall,
-    }
+    return summarise(latencies, wall)
 
 
 # "before": the service as it was before metrics and logs (spans recorded by the SDK's default
@@ -280,12 +275,12 @@ async def main() -> None:
         )
         print("| concurrency | target | p50 ms | p99 ms | req/s | p50 / floor |")
         print("|---|---|---|---|---|---|")
+        body = orjson.dumps(BODY)
         for concurrency in args.concurrency:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
             for _ in range(args.rounds):
                 for name, (url, headers) in targets.items():
                     if args.client == "raw":
-                        body = orjson.dumps(BODY)
                         result = await measure_raw(url, body, headers, args.requests, concurrency)
                     else:
                         result = await measure(url, headers, args.requests, concurrency)

@@ -87,9 +87,14 @@ async def measure_raw(
     finally:
         for _, writer in connections:
             writer.close()
-    latencies.sort()
+    return summarise(latencies, wall)
+
+
+def summarise(latencies: list[float], wall: float) -> dict[str, float]:
+    """p50 and p99 (ms) of request latencies in seconds, and requests/s over `wall` seconds."""
+    ordered = sorted(latencies)
     return {
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[max(0, int(len(latencies) * 0.99) - 1)] * 1000,
-        "rps": len(latencies) / wall,
+        "p50_ms": statistics.median(ordered) * 1000,
+        "p99_ms": ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000,
+        "rps": len(ordered) / wall,
     }

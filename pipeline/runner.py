@@ -7,7 +7,9 @@ concurrent group, which it then awaits with ``ctx.available``). Its ``policy`` s
 failure means: ``fatal`` (auth, validation, retrieval, generation) ends the request with that
 error and cancels the siblings of its group; ``degrade`` (features, tools) is recorded on the
 span and in ``rag.explain`` and the request goes on, after the stage's ``fallback`` has put
-defaults in place. A degrading stage may also set ``timeout_s``, its own time budget.
+defaults in place. A degrading stage may also set ``timeout_s``, its own time budget. Degrading
+is for faults (a dependency down, a budget spent): a stage's refusal of the request (a 4xx) and
+the request's own deadline end the request whatever the policy.
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ class Runner:
                 await self._call(stage, ctx)
             except Exception as exc:
                 mark_failed(span, exc)
-                if policy_of(stage) != "degrade" or isinstance(exc, DeadlineExceeded):
+                if policy_of(stage) != "degrade" or ends_the_request(exc):
                     record.status = "error"
                     raise
                 self._degrade(stage, ctx, record, exc)
@@ -201,6 +203,14 @@ class Runner:
         fallback = getattr(stage, "fallback", None)
         if fallback is not None:
             fallback(ctx, exc)
+
+
+def ends_the_request(exc: Exception) -> bool:
+    """Errors no failure policy absorbs: the request's deadline, and refusals of the request
+    (a 4xx decided by a stage, such as a guardrail's block)."""
+    if isinstance(exc, DeadlineExceeded):
+        return True
+    return isinstance(exc, PipelineError) and exc.status_code < 500
 
 
 class StageTimeout(Exception):

@@ -107,3 +107,17 @@ def make_app(shared_embedder: Embedder) -> Callable[[Settings], Any]:
 def unique_question() -> str:
     """A question no earlier test asked, so its first request is a cache miss."""
     return f"In one short sentence, what is the capital of France? (ref {uuid.uuid4().hex[:6]})"
+
+
+def chat_request(
+    question: str, *, max_tokens: int = 8, model: str = "smollm2", **extra: Any
+) -> dict[str, Any]:
+    """A chat-completions body: one user message, greedy decoding, `max_tokens` short (the
+    small model's answers are not what the tests read); `extra` fields go in as they are."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **extra,
+    }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline import attributes as attr
 from pipeline.context import RequestContext
@@ -123,14 +123,17 @@ class GuardInput:
                 continue
             decision = self._injection(text_of(message.get("content")))
             if decision.flagged:
-                ctx.annotate(
-                    **{
-                        attr.GUARD_INJECTION_RULE: decision.rule,
-                        attr.GUARD_INJECTION_SCORE: decision.score,
-                    }
-                )
-                raise Blocked(
-                    "The request looks like an attempt to override the assistant's "
-                    f"instructions ({decision.rule}).",
-                    decision.rule or "injection",
-                )
+                refuse_injection(ctx, decision)
+
+
+def refuse_injection(ctx: RequestContext, decision: InjectionDecision) -> NoReturn:
+    """Record a flagged decision (rule and score) on the stage and refuse the request with a 400
+    whose code names the rule."""
+    ctx.annotate(
+        **{attr.GUARD_INJECTION_RULE: decision.rule, attr.GUARD_INJECTION_SCORE: decision.score}
+    )
+    raise Blocked(
+        "The request looks like an attempt to override the assistant's instructions "
+        f"({decision.rule}).",
+        decision.rule or "injection",
+    )

@@ -4,7 +4,9 @@ It runs in the concurrent group beside retrieval, and uses the query vector retr
 anyway (embedding it itself only when retrieval did not), so it costs no embedding of its own on
 the usual path and nothing at all on a cache hit: a cached answer's key holds the exact text
 and the guard policy, so that text passed this check before. A flagged request fails the group
-(the stage is fatal), which cancels its siblings, before any answer is generated.
+(a refusal ends the request under any policy), which cancels its siblings, before any answer is
+generated. The stage degrades on faults: should the embedding model fail, the rules (`guard_in`)
+have judged the text, the runner records the stage as degraded, and the answer is not cached.
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from pipeline import attributes as attr
-from pipeline.context import RequestContext, current_record
-from pipeline.errors import ServiceUnavailable
+from pipeline.context import RequestContext
 from pipeline.guards.injection import InjectionDetector
 from pipeline.guards.normalize import scrub_surrogates
 from pipeline.guards.policy import PolicyBook
 from pipeline.messages import last_user_text
 from pipeline.runner import FailurePolicy
-from pipeline.stages.guard_in import Blocked
+from pipeline.stages.guard_in import refuse_injection
 from retrieval.vectors import FloatArray
 
 Embed = Callable[[str], Awaitable[FloatArray]]
@@ -28,7 +29,7 @@ Embed = Callable[[str], Awaitable[FloatArray]]
 class GuardSimilarity:
     name = "guard_similarity"
     writes: frozenset[str] = frozenset()
-    policy: FailurePolicy = "fatal"
+    policy: FailurePolicy = "degrade"
 
     def __init__(
         self,
@@ -56,16 +57,7 @@ class GuardSimilarity:
             await ctx.available("query_vector")
         vector = ctx.query_vector
         if vector is None:
-            try:
-                vector = await self.embed(scrub_surrogates(text))
-            except ServiceUnavailable as exc:
-                # The rules (guard_in) have judged the text; without a model this signal is
-                # skipped, and the stage says it ran degraded (so its answer is not cached).
-                record = current_record()
-                if record is not None:
-                    record.status = "degraded"
-                ctx.annotate(**{attr.GUARD_SIMILARITY_SKIPPED: exc.message})
-                return ctx
+            vector = await self.embed(scrub_surrogates(text))
         decision = self.detector.check(text, vector)
         ctx.annotate(
             **{
@@ -74,10 +66,5 @@ class GuardSimilarity:
             }
         )
         if decision.flagged:
-            ctx.annotate(**{attr.GUARD_INJECTION_RULE: decision.rule})
-            raise Blocked(
-                "The request looks like an attempt to override the assistant's instructions "
-                f"({decision.rule}).",
-                decision.rule or "injection",
-            )
+            refuse_injection(ctx, decision)
         return ctx

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from app.main import create_app
-from tests.conftest import make_settings, unique_question
+from tests.conftest import chat_request, make_settings, unique_question
 from tests.support.servers import LiveService, wait_for
 
 # The default path. The group's members run concurrently.
@@ -18,14 +19,8 @@ PATH = ["auth", "validate", "guard_in", "cache_lookup", *GROUP, "compress", "rou
 PATH += ["guard_out", "cache_store"]
 
 
-def body(question: str, **extra: object) -> dict:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 12,
-        "temperature": 0,
-        **extra,
-    }
+def body(question: str, **extra: Any) -> dict[str, Any]:
+    return chat_request(question, **{"max_tokens": 12, **extra})
 
 
 def sse_events(text: str) -> list[dict | str]:

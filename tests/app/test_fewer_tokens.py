@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import make_settings, unique_question
+from tests.conftest import chat_request, make_settings, unique_question
 
 BIRDS = [
     {
@@ -38,13 +38,7 @@ BIRDS = [
 
 
 def body(question: str, **rag: Any) -> dict[str, Any]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 4,
-        "temperature": 0,
-        "rag": {"explain": True, **rag},
-    }
+    return chat_request(question, max_tokens=4, rag={"explain": True, **rag})
 
 
 def stage(response: Any, name: str) -> dict[str, Any]:

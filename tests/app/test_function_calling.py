@@ -11,7 +11,7 @@ import pytest
 
 from app.main import create_app
 from tests.app.test_chat import sse_events
-from tests.conftest import make_settings, unique_question
+from tests.conftest import chat_request, make_settings, unique_question
 from tests.support.servers import LiveService
 
 WEATHER = {
@@ -31,14 +31,7 @@ FORCE_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def body(question: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 48,
-        "temperature": 0,
-        "rag": {"enabled": False},
-        **extra,
-    }
+    return chat_request(question, **{"max_tokens": 48, "rag": {"enabled": False}, **extra})
 
 
 @pytest.fixture

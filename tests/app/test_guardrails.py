@@ -16,18 +16,12 @@ from hypothesis import strategies as st
 from app.main import create_app
 from tests.app.test_chat import sse_events
 from tests.app.test_errors import assert_openai_error
-from tests.conftest import make_settings, unique_question
+from tests.conftest import chat_request, make_settings, unique_question
 from tests.support.servers import LiveService
 
 
 def body(question: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 16,
-        "temperature": 0,
-        **extra,
-    }
+    return chat_request(question, **{"max_tokens": 16, **extra})
 
 
 @pytest.fixture

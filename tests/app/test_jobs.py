@@ -16,19 +16,13 @@ import pytest
 from app.jobs import job_queue
 from pipeline.jobs.signing import verify
 from tests.app.test_errors import assert_openai_error
-from tests.conftest import AppHarness, make_settings, unique_question
+from tests.conftest import AppHarness, chat_request, make_settings, unique_question
 from tests.pipeline.jobs.receiver import Receiver
 from tests.support.servers import RedisServer, free_port
 
 
 def chat_body(question: str = "What is the capital of France?", **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 12,
-        "temperature": 0,
-        **extra,
-    }
+    return chat_request(question, **{"max_tokens": 12, **extra})
 
 
 def auth(key: str) -> dict[str, str]:

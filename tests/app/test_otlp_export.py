@@ -16,7 +16,7 @@ from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSett
 from app.main import create_app
 from pipeline.runner import Concurrent
 from retrieval import Document
-from tests.conftest import AppHarness, make_settings
+from tests.conftest import AppHarness, chat_request, make_settings
 from tests.support.otlp import GrpcTraceReceiver, ReceivedSpan, of_trace
 from tests.support.servers import free_port
 
@@ -33,12 +33,7 @@ def question() -> str:
 
 
 def chat_body(text: str) -> dict[str, object]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 8,
-        "temperature": 0,
-    }
+    return chat_request(text, max_tokens=8)
 
 
 @pytest.fixture

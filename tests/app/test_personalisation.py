@@ -13,7 +13,7 @@ import pytest
 from pipeline import attributes as attr
 from pipeline.features.spec import FEATURE_SET_VERSION, SPECS
 from pipeline.features.store import FeatureRow
-from tests.conftest import AppHarness, make_settings, unique_question
+from tests.conftest import AppHarness, chat_request, make_settings, unique_question
 from tests.support.servers import RedisServer
 
 BATCH = sorted(name for name, spec in SPECS.items() if spec.source == "batch")
@@ -34,13 +34,7 @@ DOCS = [
 
 
 def body(question: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 8,
-        "temperature": 0,
-        **extra,
-    }
+    return chat_request(question, **{"max_tokens": 8, **extra})
 
 
 async def load(harness: AppHarness, user: str, **values: Any) -> None:

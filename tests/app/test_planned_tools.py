@@ -13,17 +13,11 @@ from pydantic import ValidationError
 
 from app.settings import HttpToolSettings, Settings
 from pipeline.features.store import FeatureRow
-from tests.conftest import AppHarness, make_settings
+from tests.conftest import AppHarness, chat_request, make_settings
 
 
 def body(question: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 8,
-        "temperature": 0,
-        **extra,
-    }
+    return chat_request(question, **{"max_tokens": 8, **extra})
 
 
 def ref() -> str:

@@ -15,7 +15,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 from app.services import Services
 from pipeline import attributes as attr
 from retrieval import Embedder
-from tests.conftest import make_settings
+from tests.conftest import chat_request, make_settings
 
 
 def routing(url: str, small_limit: int = 1, large_limit: int = 4) -> dict[str, Any]:
@@ -37,13 +37,7 @@ async def harness(make_app, redis_server, vllm):
 
 
 def body(text: str, *, model: str = "auto", max_tokens: int = 8, **rag: Any) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "rag": {"explain": True, **rag},
-    }
+    return chat_request(text, model=model, max_tokens=max_tokens, rag={"explain": True, **rag})
 
 
 def route_record(answer: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +142,10 @@ async def test_a_failed_embedding_falls_back_to_the_default_route_and_answers(
         "reason": "fallback:ServiceUnavailable: The embedding model failed (RuntimeError).",
     }
     assert route_record(response.json())["status"] == "degraded"
+    # The similarity guard needed the same embedder: it degrades too (the rules have judged).
+    stages = {r["name"]: r for r in response.json()["rag"]["explain"]["stages"]}
+    assert stages["guard_similarity"]["status"] == "degraded"
+    assert stages["guard_similarity"]["info"]["error_type"] == "ServiceUnavailable"
     # An answer made with a stage degraded is not kept under the key of a routed answer.
     again = await harness.chat(key, request)
     assert again.json()["rag"]["cache"] == "miss"

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.context import ChatParams, Completion, Features, RequestContext, StageRecord
-from pipeline.errors import DeadlineExceeded, InvalidRequest
+from pipeline.errors import DeadlineExceeded, InvalidRequest, ServiceUnavailable
 from pipeline.runner import Concurrent, PathError, Runner
 
 
@@ -191,6 +191,26 @@ async def test_a_fatal_error_in_a_degrading_stage_is_still_a_deadline(tracing) -
     runner = Runner([Broken(delay=5.0)], provider.get_tracer("t"))
     with pytest.raises(DeadlineExceeded):
         await runner.run(new_ctx(0.1))
+
+
+async def test_a_refusal_from_a_degrading_stage_ends_the_request_and_a_fault_does_not(
+    tracing,
+) -> None:
+    """Degrading absorbs faults (a 503 from a model that is down), never a stage's decision to
+    refuse the request (a 4xx, such as a guardrail's block), which cancels the group."""
+    provider, _ = tracing
+    log: list[str] = []
+    refusing = Runner(
+        [Concurrent(Broken(InvalidRequest("blocked")), Sleep("retrieve", 1.0, log))],
+        provider.get_tracer("t"),
+    )
+    with pytest.raises(InvalidRequest, match="blocked"):
+        await refusing.run(new_ctx())
+    assert log == ["start retrieve"]  # the sibling was cancelled
+    faulty = Runner([Broken(ServiceUnavailable("model down"))], provider.get_tracer("t"))
+    ctx = await faulty.run(new_ctx())
+    assert ctx.records[0].status == "degraded"
+    assert ctx.records[0].info["error_type"] == "ServiceUnavailable"
 
 
 async def test_a_stage_waits_for_a_sibling_that_writes_what_it_reads(tracing) -> None:
