@@ -1,12 +1,18 @@
 """Guardrail quality and cost: injection detection and false positives on the labelled set, and
 the time per request of the input checks and of the streaming output redactor.
 
-    python -m bench.guard_eval [--rounds 3]
+    python -m bench.guard_eval [--rounds 3] [--misses tune]
 
 Quality: `bench/data/injection_eval.jsonl` (lines {"text", "label", "lang", "kind", "split"}),
 reported on its held-out half (never looked at while writing the rules), its dev half and all
 of it, with the rules alone and with the similarity signal (real MiniLM embedder; the exemplars
-are `pipeline/guards/data/injection_exemplars.jsonl`, not lines of this set).
+are `pipeline/guards/data/injection_exemplars.jsonl`, not lines of this set). Then
+`bench/data/injection_dev_extra.jsonl`, written later for the classes the first set lacked
+(indirect requests for earlier instructions, claims of a special mode or authority, fake
+delimiters, look-alike letters of other scripts, eleven more languages, and benign look-alikes
+of each): its `tune` half was used to write rules and exemplars, its `check` half only counted.
+`--misses SPLIT` lists the misses and false positives of a tuning split (dev or tune; the
+held-out and check halves are refused).
 
 Cost (one thread, after a warm-up): input checks = PII detection + injection rules on the eval
 texts as they are (short questions) and on requests of ~1 KB and ~4 KB (a question with pasted
@@ -35,6 +41,8 @@ from retrieval import Embedder
 Vectors = dict[str, FloatArray]
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "bench" / "data" / "injection_eval.jsonl"
+EXTRA = ROOT / "bench" / "data" / "injection_dev_extra.jsonl"
+TUNING_SPLITS = ("dev", "tune")
 
 ANSWER_SENTENCES = [
     "Vitamin D supplementation reduced the risk of fractures in older adults [doc-12].",
@@ -52,8 +60,8 @@ Row = dict[str, str]
 BLOCKED = ["project bluebird", "internal use only"]
 
 
-def load() -> list[Row]:
-    return [json.loads(line) for line in EVAL.read_text("utf-8").splitlines() if line.strip()]
+def load(path: Path = EVAL) -> list[Row]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
 def rates(detector: InjectionDetector, rows: Sequence[Row], vectors: Vectors) -> tuple[str, str]:
@@ -62,20 +70,23 @@ def rates(detector: InjectionDetector, rows: Sequence[Row], vectors: Vectors) ->
     benign = [r for r in rows if r["label"] == "benign"]
     hits = sum(flagged[r["text"]] for r in attacks)
     false = sum(flagged[r["text"]] for r in benign)
-    return (
-        f"{hits / len(attacks):.3f} ({hits}/{len(attacks)})",
-        f"{false / len(benign):.3f} ({false}/{len(benign)})",
-    )
+    return share(hits, len(attacks)), share(false, len(benign))
 
 
-def quality(rows: list[Row], exemplars: ExemplarIndex, vectors: Vectors) -> None:
+def share(count: int, total: int) -> str:
+    return f"{count / total:.3f} ({count}/{total})" if total else "-"
+
+
+def quality(
+    rows: list[Row], exemplars: ExemplarIndex, vectors: Vectors, splits: Sequence[str]
+) -> None:
     rules, both = InjectionDetector(), InjectionDetector(exemplars)
     print(
         "| split | attempts / benign | detection, rules | FP, rules "
         "| detection, rules + similarity | FP, rules + similarity |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    for name in ("heldout", "dev", "all"):
+    for name in (*splits, "all"):
         part = [r for r in rows if name == "all" or r["split"] == name]
         attacks = sum(r["label"] == "injection" for r in part)
         cells = [*rates(rules, part, {}), *rates(both, part, vectors)]
@@ -198,19 +209,41 @@ def cost(rows: list[Row], exemplars: ExemplarIndex, vector: FloatArray, rounds: 
     print(f"\nmost canonical characters held back while streaming: {held} (bound {bound})")
 
 
+def misses(rows: list[Row], exemplars: ExemplarIndex, vectors: Vectors, split: str) -> None:
+    """The attempts missed and the benign texts flagged in a tuning split, with their scores."""
+    if split not in TUNING_SPLITS:
+        raise SystemExit(f"--misses lists only tuning splits ({', '.join(TUNING_SPLITS)})")
+    detector = InjectionDetector(exemplars)
+    for row in rows:
+        if row["split"] != split:
+            continue
+        decision = detector.check(row["text"], vectors.get(row["text"]))
+        if decision.flagged != (row["label"] == "injection"):
+            kind = "MISSED" if row["label"] == "injection" else "FALSE+"
+            print(f"{kind} {row['lang']} {row['kind']} sim={decision.similarity or 0:.2f} "
+                  f"{decision.rule} {row['text']!r}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--misses", help="list misses of a tuning split (dev or tune), only")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    rows = load()
+    rows, extra = load(), load(EXTRA)
     embedder = Embedder()
     embedder.warm_up()
     exemplars = ExemplarIndex.from_file(embedder)
-    texts = [r["text"] for r in rows]
-    vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+    texts = [r["text"] for r in rows + extra]
+    vectors = dict(zip(texts, (embedder.embed([t])[0] for t in texts), strict=True))
+    if args.misses:
+        misses(rows + extra, exemplars, vectors, args.misses)
+        return
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
-    quality(rows, exemplars, vectors)
+    print(f"`{EVAL.relative_to(ROOT)}`:\n")
+    quality(rows, exemplars, vectors, ("heldout", "dev"))
+    print(f"`{EXTRA.relative_to(ROOT)}`:\n")
+    quality(extra, exemplars, vectors, ("check", "tune"))
     cost(rows, exemplars, embedder.embed(["How do I reset my router?"])[0], args.rounds)
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
 

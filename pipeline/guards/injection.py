@@ -10,19 +10,29 @@ as `injection.encoded`, one on the de-leeted or letters-only view as `injection.
 Scores of different families combine as 1 - prod(1 - s); the text is flagged at `threshold`.
 
 The similarity signal compares the query's embedding with embeddings of known injection
-attempts and of benign texts about the same topics (`ExemplarIndex`); it fires when the
-nearest injection exemplar is close (`similarity_threshold`) and closer than the nearest benign
-one by `margin` (0.5 and 0.1, chosen on the dev half of `bench/data/injection_eval.jsonl`: alone
-they flag 35 of 98 dev attempts and none of the 86 dev benign texts; MiniLM is no classifier, so the
-signal backs the rules up rather than replacing them). The caller can pass the query vector
-it already has (the request path embeds the query for retrieval anyway); without one the
-index's embedder is used.
+attempts and of benign texts about the same topics (`ExemplarIndex`), in fourteen languages.
+When the nearest injection exemplar is close (cosine >= `similarity_threshold`, 0.5) and closer
+than the nearest benign one by `margin` (0.2), it decides alone (`similarity_score`, 0.6); closer
+by only `weak_margin` to `margin` (0.05 to 0.2), it is a weak signal (0.36) that flags a text only
+together with a weak rule signal, so a borderline neighbour of an attack is not refused on its
+looks alone. The numbers were chosen on the dev half of `bench/data/injection_eval.jsonl` and the
+tune half of `bench/data/injection_dev_extra.jsonl` (no false positive on those benign texts nor
+on 571 ordinary requests). MiniLM is an English model and no classifier: the signal backs the
+rules up rather than replacing them. Across languages it is weaker still: texts in one script
+sit close together whatever they say, so the margin must stay strict, and on its own it decides
+1 of the 24 non-Latin attempts of the extra set (the multilingual exemplars mostly add weak
+signals, and benign neighbours that keep ordinary text in those languages from firing). The
+caller can pass the query vector it already has (the request path embeds the query for
+retrieval anyway); without one the text is embedded alone with the index's embedder.
+
+Every pattern that reads caller text runs on RE2 (`linear`): the rules, once per text and view,
+each searched once over the view's UTF-8 bytes; the literal-prefix index (`prefilter`) only
+chooses which rules can match at all.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.guards import rules
+from pipeline.guards.linear import compile_linear, encode
 from pipeline.guards.normalize import (
     canonical_lines,
     fold,
@@ -41,17 +52,21 @@ from pipeline.guards.normalize import (
     scrub_surrogates,
 )
 from pipeline.guards.prefilter import PrefixIndex
+from pipeline.guards.rules import Rule
 
 FloatArray = npt.NDArray[np.float32]
 DEFAULT_EXEMPLARS = Path(__file__).with_name("data") / "injection_exemplars.jsonl"
 RULES = rules.RULES
 _INDEX = PrefixIndex([rule.prefixes for rule in RULES])
-_COMPACT = re.compile("|".join(rules.COMPACT_PHRASES))
+_COMPACT = compile_linear("|".join(rules.COMPACT_PHRASES))
 MAX_CHECKED = 40_000  # characters; longer texts are checked at their head and tail
 
-_LEET = str.maketrans("013457@$|", "oieastasl")
-_MIXED_WORD = re.compile(r"\b(?=[\w@$|]*[a-z])(?=[\w@$|]*[0-9@$|])[\w@$|]+\b")
-_ENCODING_HINT = re.compile(
+_LEET = bytes.maketrans(b"013457@$|", b"oieastasl")
+_NOT_A_TO_Z = bytes(b for b in range(256) if not 0x61 <= b <= 0x7A)
+# A word of letters and digits or leet symbols ("1gn0r3", "$y$tem"): both kinds in one run.
+_MIXED_WORD = compile_linear(r"[\w@$|]*(?:[a-z][\w@$|]*[0-9@$|]|[0-9@$|][\w@$|]*[a-z])[\w@$|]*")
+_LEET_CONTEXT = 120  # bytes of context on each side of a de-leeted word
+_ENCODING_HINT = compile_linear(
     r"rot-? ?13|caesar|cesar|cifra|backwards|reversed|in reverse|invertid|al reves|a l'envers"
     r"|umgekehrt|ruckwarts|de tras para (?:a )?frente"
 )
@@ -61,10 +76,11 @@ _COMMON = frozenset(
     une pas der die das und ist nicht zu ein""".split()  # noqa: SIM905
 )
 # A chat-template marker followed by "tag", "token", "format"... is being talked about.
-_MENTION = re.compile(
+_MENTION = compile_linear(
     r"[`'\")\]]*\s*(?:(?:and|or|,|/|&)\s*\S+\s*)?(?:tags?|tokens?|markers?|delimiters?|"
     r"format|template|syntax|sequences?|placeholders?)\b"
 )
+_AFTER_MATCH = 64  # bytes after a match that `_MENTION` and `Rule.unless` may read
 _DECODED = frozenset({"base64", "hex", "url", "unicode_escape", "tags", "rot13", "reversed"})
 
 
@@ -153,61 +169,92 @@ def _combine(signals: Iterable[Signal]) -> float:
     return 1.0 - remaining
 
 
-def _rule_signals(text: str, view: str, *, strong_only: bool = False) -> list[Signal]:
+def _rule_signals(data: bytes, view: str, *, strong_only: bool = False) -> list[Signal]:
     out = []
-    for index, offsets in _INDEX.candidates(text).items():
+    for index in _INDEX.candidates(data):
         rule = RULES[index]
         if strong_only and rule.score < 0.5:
             continue
-        match = _first_match(rule.pattern, text, offsets)
-        if match is None:
-            continue
-        score = rule.score
-        if rule.family == "role_marker" and _MENTION.match(text, match.end()):
-            score = min(score, 0.2)  # "what does the [INST] tag do?" talks about a marker
-        out.append(Signal(f"injection.{rule.family}", score, view))
+        score = _score(rule, data)
+        if score is not None:
+            out.append(Signal(f"injection.{rule.family}", score, view))
     return out
 
 
-def _first_match(pattern: re.Pattern[str], text: str, offsets: list[int]) -> re.Match[str] | None:
-    if not offsets:  # a rule without literal prefixes: search everywhere
-        return pattern.search(text)
-    for offset in offsets:
-        match = pattern.match(text, offset)
-        if match is not None:
-            return match
-    return None
+def _score(rule: Rule, data: bytes) -> float | None:
+    """The rule's score if it matches `data` (one search, or one pass over its matches when a
+    match can be vetoed): the first match its `unless` does not veto counts; a role marker that
+    is only talked about ("what does the [INST] tag do?") is a weak signal (0.2)."""
+    marker = rule.family == "role_marker"
+    if rule.unless is None and not marker:
+        return rule.score if rule.pattern.search(data) is not None else None
+    found = None
+    for match in rule.pattern.finditer(data):
+        end = match.end()
+        if rule.unless is not None and rule.unless.match(data, end, end + _AFTER_MATCH):
+            continue
+        if marker and _MENTION.match(data, end, end + _AFTER_MATCH):
+            found = min(rule.score, 0.2)
+            continue
+        return rule.score
+    return found
 
 
-def _reads_as_gibberish(folded: str) -> bool:
-    words = folded.split()
+def _deleeted(data: bytes) -> bytes:
+    """The neighbourhood of each word that mixes letters and digits or leet symbols, with those
+    words de-leeted ("1gn0r3" -> "ignore"); overlapping neighbourhoods are merged, so the view is
+    never longer than the text."""
+    windows: list[list[int]] = []
+    words: list[tuple[int, int]] = []
+    for match in _MIXED_WORD.finditer(data):
+        start, end = match.span()
+        words.append((start, end))
+        low, high = max(0, start - _LEET_CONTEXT), end + _LEET_CONTEXT
+        if windows and low <= windows[-1][1]:
+            windows[-1][1] = high
+        else:
+            windows.append([low, high])
+    out = bytearray()
+    word = 0
+    for low, high in windows:
+        at = low
+        while word < len(words) and words[word][0] < high:
+            start, end = words[word]
+            out += data[at:start] + data[start:end].translate(_LEET)
+            at = end
+            word += 1
+        out += data[at:high] + b"\n"
+    return bytes(out).decode("utf-8", "ignore").encode()  # a window may cut a character
+
+
+def _reads_as_gibberish(folded: bytes) -> bool:
+    """Latin letters that make no common words (rot13 and reversed text only move those)."""
+    words = [w for w in folded.decode().split() if w.isascii()]
     return len(words) >= 5 and sum(w in _COMMON for w in words) < 0.1 * len(words)
 
 
-def _clip(text: str) -> str:
-    if len(text) <= MAX_CHECKED:
+def _clip(text: str, limit: int = MAX_CHECKED) -> str:
+    if len(text) <= limit:
         return text
-    return text[: MAX_CHECKED * 3 // 4] + "\n" + text[-MAX_CHECKED // 4 :]
+    return text[: limit * 3 // 4] + "\n" + text[-limit // 4 :]
 
 
 def rule_signals(text: str) -> list[Signal]:
     """Every rule that fires on any view of `text`."""
     raw = _clip(text)
     lines = canonical_lines(raw)
-    folded = fold_lines(lines)
+    # One character can become 18 ("ﷺ"): the folded text is clipped too, to twice the limit.
+    folded = encode(_clip(fold_lines(lines), 2 * MAX_CHECKED))
     signals = _rule_signals(folded, "plain")
-    mixed = [m.span() for m in _MIXED_WORD.finditer(folded)]
-    if mixed:  # the neighbourhood of words like "1gn0r3", de-leeted
-        windows = (folded[max(0, a - 120) : b + 120] for a, b in mixed)
-        text = _MIXED_WORD.sub(lambda m: m.group().translate(_LEET), "\n".join(windows))
-        signals += _rule_signals(text, "leet", strong_only=True)
-
-    compact = re.sub(r"[^a-z]", "", folded.translate(_LEET))
-    if _COMPACT.search(compact):
+    leet = _deleeted(folded)
+    if leet:
+        signals += _rule_signals(leet, "leet", strong_only=True)
+    compact = folded.translate(_LEET).translate(None, _NOT_A_TO_Z)
+    if _COMPACT.search(compact) is not None:
         signals.append(Signal("injection.obfuscated", 0.8, "compact"))
     ciphers = _ENCODING_HINT.search(folded) is not None or _reads_as_gibberish(folded)
     for view, decoded in hidden_views(raw, " ".join(lines), ciphers=ciphers):
-        signals += _rule_signals(fold(decoded), view, strong_only=True)
+        signals += _rule_signals(encode(fold(decoded)), view, strong_only=True)
     return signals
 
 
@@ -220,14 +267,18 @@ class InjectionDetector:
         *,
         threshold: float = 0.5,
         similarity_threshold: float = 0.5,
-        margin: float = 0.1,
+        margin: float = 0.2,
+        weak_margin: float = 0.05,
         similarity_score: float = 0.6,
+        weak_similarity_score: float = 0.36,
     ) -> None:
         self.exemplars = exemplars
         self.threshold = threshold
         self.similarity_threshold = similarity_threshold
         self.margin = margin
+        self.weak_margin = weak_margin
         self.similarity_score = similarity_score
+        self.weak_similarity_score = weak_similarity_score
 
     def check(self, text: str, vector: FloatArray | None = None) -> InjectionDecision:
         """The decision for `text`; `vector` is its unit embedding if the caller has it."""
@@ -242,16 +293,51 @@ class InjectionDetector:
     ) -> tuple[float | None, Signal | None]:
         """The cosine to the nearest injection exemplar, and the signal if it fires (None, None
         without exemplars, or without a vector and an embedder to make one)."""
-        if self.exemplars is None:
-            return None, None
         if vector is None:
-            if self.exemplars.embedder is None or not text.strip():
-                return None, None
-            vector = self.exemplars.embedder.embed([scrub_surrogates(_clip(text))])[0]
+            vector = self.embed_alone(_clip(text))
+        near = self.closeness(vector) if vector is not None else None
+        if near is None:
+            return None, None
+        return near.injection, near.signal
+
+    def embed_alone(self, text: str) -> FloatArray | None:
+        """The unit embedding of `text` alone (a batch of one, so no other text's padding moves
+        it), or None without an embedder or text."""
+        if self.exemplars is None or self.exemplars.embedder is None or not text.strip():
+            return None
+        vectors = self.exemplars.embedder.embed([scrub_surrogates(text)])
+        return np.asarray(vectors[0], dtype=np.float32)
+
+    def closeness(self, vector: FloatArray) -> Closeness | None:
+        """How close `vector` is to the exemplars, the similarity signal that gives, and how far
+        the cosines are from changing that signal (None without exemplars)."""
+        if self.exemplars is None:
+            return None
         injection, benign, _ = self.exemplars.nearest(np.asarray(vector, dtype=np.float32))
-        fires = injection >= self.similarity_threshold and injection - benign >= self.margin
-        signal = Signal("injection.similarity", self.similarity_score) if fires else None
-        return injection, signal
+        above, gap = injection - self.similarity_threshold, injection - benign
+        score = 0.0
+        if above >= 0 and gap >= self.margin:
+            score = self.similarity_score
+        elif above >= 0 and gap >= self.weak_margin:
+            score = self.weak_similarity_score
+        # Both cosines move with the vector: their gap moves up to twice as far as either.
+        slack = min(abs(above), abs(gap - self.margin) / 2, abs(gap - self.weak_margin) / 2)
+        return Closeness(injection, benign, score, slack)
+
+
+@dataclass(frozen=True, slots=True)
+class Closeness:
+    """The nearest exemplars' cosines, the similarity signal's score (0: none), and its slack:
+    a change of the vector that moves no cosine by more than `slack` cannot change the score."""
+
+    injection: float
+    benign: float
+    score: float
+    slack: float
+
+    @property
+    def signal(self) -> Signal | None:
+        return Signal("injection.similarity", self.score) if self.score else None
 
 
 def decide(

@@ -4,8 +4,9 @@ Two forms:
 
 - `CanonicalText` (for PII and output redaction): every original character is mapped on its own
   to zero or more canonical characters -- NFKC, format and control characters (zero-width
-  spaces, joiners, bidi controls, tag characters, variation selectors) removed, Cyrillic and
-  Greek look-alikes folded to Latin, every decimal digit of any script turned into 0-9, lone
+  spaces, joiners, bidi controls, tag characters, variation selectors) removed, look-alikes of
+  Latin letters and digits in any script folded to them (`look_alikes`, from Unicode's
+  confusables data), every decimal digit of any script turned into 0-9, lone
   surrogates turned into U+FFFD, every whitespace run squashed to one space -- and each
   canonical character remembers the index of the original character it came from. Detectors
   match on the canonical text and report spans in the original text through that map, so
@@ -16,6 +17,11 @@ Two forms:
 
 `hidden_views()` decodes what may be smuggled inside a text (base64, hex, URL-encoding, rot13,
 reversed text, Unicode tag characters) so injection rules can read the decoded text too.
+
+Every pattern here runs in time linear in the text: those with repetition over canonical text
+on RE2 (`linear`); those that read raw text, which may hold lone surrogates RE2 cannot take,
+stay on `re` and are single characters or fixed alternatives, or use possessive quantifiers
+only, so Python's engine has nothing to retry (tests/pipeline/guards/test_linear_time.py).
 """
 
 from __future__ import annotations
@@ -24,29 +30,27 @@ import base64
 import binascii
 import codecs
 import functools
+import itertools
 import re
 import unicodedata
 import urllib.parse
 from collections.abc import Callable
 
-# Look-alikes NFKC leaves alone: Cyrillic and Greek letters drawn like Latin ones.
-_HOMOGLYPHS = dict(
-    zip(
-        "аеорсухіјѕһԁԛԝɡӏАВЕКМНОРСТХУІЈЅԜαοριυνκτχεϲΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
-        "aeopcyxijshdqwglABEKMHOPCTXYIJSWaopiuvktxecABEZHIKMNOPTYX",
-        strict=True,
-    )
-)
+from pipeline.guards.linear import Regex, compile_linear
+
 # Typographic quotes and dashes: "don’t" must read as "don't", "555–123–4567" as a phone.
-_HOMOGLYPHS.update(dict.fromkeys("\u2018\u2019\u201a\u201b\u2032", "'"))
-_HOMOGLYPHS.update(dict.fromkeys("\u201c\u201d\u201e\u201f\u2033", '"'))
-_HOMOGLYPHS.update(dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"))
+_PUNCTUATION = dict.fromkeys("\u2018\u2019\u201a\u201b\u2032", "'")
+_PUNCTUATION.update(dict.fromkeys("\u201c\u201d\u201e\u201f\u2033", '"'))
+_PUNCTUATION.update(dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"))
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 # Invisible characters that are not format characters (fillers, blanks, grapheme joiner).
 _INVISIBLE = frozenset({0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0})
 # Printable ASCII other than space maps to itself: the fast path of `CanonicalText.extend`.
 _ASCII_SAME = frozenset(chr(c) for c in range(0x21, 0x7F))
 # Runs copied as they are: printable ASCII, single spaces inside (no space at either end).
-_ASCII_RUN = re.compile(r"[\x21-\x7e]+(?: [\x21-\x7e]+)*|.", re.DOTALL)
+# It reads raw text (lone surrogates included, which RE2 cannot take), so it stays on `re`, with
+# possessive quantifiers: there is one way to read each character and nothing is ever retried.
+_ASCII_RUN = re.compile(r"[\x21-\x7e]++(?: [\x21-\x7e]++)*+|.", re.DOTALL)
 
 
 def _is_invisible(cp: int, category: str) -> bool:
@@ -63,13 +67,41 @@ def _plain_ascii(raw: str) -> bool:
     return raw.isascii() and raw.isprintable() and "  " not in raw
 
 
+@functools.cache
+def look_alikes() -> dict[str, str]:
+    """Every character that Unicode's confusables data (UTS #39, through the
+    `confusable-homoglyphs` package) draws like one ASCII letter or digit, mapped to it, plus
+    typographic quotes and dashes: Cyrillic "а", Greek "ο", Armenian "օ", Cherokee "Ꭺ", Roman
+    numerals, APL symbols... Built once, on first use (the data file takes ~70 ms to load).
+
+    The data's "l" stands for the whole I/l/1/| family; a capital letter of it or a letter
+    named I or iota (Greek "Ι", Cyrillic "І", Lisu "ꓲ") becomes "I", as the word it hides in
+    reads ("Ιgnore"). Decimal digits of any script are not taken from here: `canonical_char`
+    gives them their value ("৪" is 4, not 8)."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    table = dict(_PUNCTUATION)
+    for prototype in _ALNUM:
+        for entry in confusables_data.get(prototype, ()):
+            char = entry["c"]
+            if len(char) == 1 and not char.isascii():
+                table[char] = _capital_i(char) if prototype == "l" else prototype
+    return table
+
+
+def _capital_i(char: str) -> str:
+    name = unicodedata.name(char, "")
+    capital = unicodedata.category(char) == "Lu" or name.endswith(" I")
+    return "I" if capital or "IOTA" in name or "IAUDA" in name else "l"
+
+
 def _fold_char(c: str) -> str:
-    c = _HOMOGLYPHS.get(c, c)
-    if not c.isascii():
-        digit = unicodedata.decimal(c, None)
-        if digit is not None:
-            return str(digit)
-    return c
+    if c.isascii():
+        return c
+    digit = unicodedata.decimal(c, None)
+    if digit is not None:
+        return str(digit)
+    return look_alikes().get(c, c)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -82,8 +114,11 @@ def canonical_char(ch: str) -> str:
         return " "
     if _is_invisible(cp, unicodedata.category(ch)):
         return ""
+    nfkc = unicodedata.normalize("NFKC", ch)
+    if not nfkc.isascii() and unicodedata.decimal(ch, None) is None and ch in look_alikes():
+        return look_alikes()[ch]  # a look-alike NFKC would turn into another non-Latin letter
     out = []
-    for c in unicodedata.normalize("NFKC", ch):
+    for c in nfkc:
         if c.isspace():
             out.append(" ")
         elif not _is_invisible(ord(c), unicodedata.category(c)):
@@ -152,7 +187,7 @@ class CanonicalText:
         self.text = self.text[index:]
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # one character: nothing to retry
 
 
 def scrub_surrogates(text: str) -> str:
@@ -169,13 +204,27 @@ def canonicalize(text: str) -> CanonicalText:
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\x0b\x0c\x85\u2028\u2029]")
 
 
-# Combining marks of Latin, Greek and Cyrillic accents: what stripping accents removes.
-_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+# What stripping accents removes: combining marks of Latin, Greek and Cyrillic accents, Hebrew
+# points, Arabic vowel marks and the tatweel that stretches Arabic words ("تجـــاهل"). A character
+# class without quantifiers: `re` cannot backtrack on it.
+_COMBINING = re.compile(
+    "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+    "\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7\u0610-\u061a\u0640\u064b-\u065f\u0670]"
+)
 
 
 def canonical_lines(text: str) -> list[str]:
-    """The canonical text of each line (line breaks are the one whitespace kept apart)."""
-    return [canonicalize(line).text.strip(" ") for line in _LINE_BREAK.split(text)]
+    """The canonical text of each line (line breaks are the one whitespace kept apart): what
+    `CanonicalText` makes of it, less the offset map, which detection of injections has no use
+    for (building it costs a list entry per canonical character, and one character can make 18)."""
+    return [_canonical_line(line) for line in _LINE_BREAK.split(text)]
+
+
+def _canonical_line(line: str) -> str:
+    if _plain_ascii(line):
+        return line.strip(" ")
+    # canonical_char turns every whitespace into " ": split() squashes the runs and the ends.
+    return " ".join("".join(map(canonical_char, line)).split())
 
 
 def fold_lines(lines: list[str]) -> str:
@@ -196,14 +245,12 @@ def fold(text: str) -> str:
 
 _MAX_VIEW_INPUT = 20_000
 _MAX_RUNS = 8
-_BASE64_RUN = re.compile(
-    r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{16,}={0,2}|(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{16,}={0,2}"
-)
-_HEX_RUN = re.compile(
-    r"(?:\\x[0-9a-fA-F]{2}){6,}|(?<![0-9a-fA-F])(?:0x)?(?:[0-9a-fA-F]{2}[ :-]?){8,}"
-)
-_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
-_UNICODE_ESCAPES = re.compile(r"(?:\\u[0-9a-fA-F]{4}){4,}")
+# RE2 (linear time) over canonical text. Matches are taken left to right and each run is read
+# whole, so a match starts where a run starts: what Python's lookbehinds said.
+_BASE64_RUN = compile_linear(r"[A-Za-z0-9+/]{16,}={0,2}|[A-Za-z0-9_-]{16,}={0,2}")
+_HEX_RUN = compile_linear(r"(?:\\x[0-9a-fA-F]{2}){6,}|(?:0x)?(?:[0-9a-fA-F]{2}[ :-]?){8,}")
+_PERCENT = compile_linear(r"%[0-9A-Fa-f]{2}")
+_UNICODE_ESCAPES = compile_linear(r"(?:\\u[0-9a-fA-F]{4}){4,}")
 
 
 def readable(text: str) -> bool:
@@ -234,19 +281,17 @@ def _decode_hex(run: str) -> str | None:
         return None
 
 
-def _decoded_runs(
-    text: str, pattern: re.Pattern[str], decode: Callable[[str], str | None]
-) -> list[str]:
+def _decoded_runs(text: str, pattern: Regex, decode: Callable[[str], str | None]) -> list[str]:
     out = []
-    for match in list(pattern.finditer(text))[:_MAX_RUNS]:
+    for match in itertools.islice(pattern.finditer(text), _MAX_RUNS):
         decoded = decode(match.group())
         if decoded is not None and readable(decoded):
             out.append(decoded)
     return out
 
 
-_TAG = re.compile("[\U000e0020-\U000e007e]+")
-_ASCII_LETTER = re.compile("[A-Za-z]")
+_TAG = re.compile("[\U000e0020-\U000e007e]++")  # reads raw text: `re`, possessive
+_ASCII_LETTER = re.compile("[A-Za-z]")  # one character: nothing to retry
 
 
 def _tag_payload(raw: str) -> str:
@@ -264,9 +309,9 @@ def hidden_views(raw: str, canon: str, *, ciphers: bool = True) -> list[tuple[st
     views: list[tuple[str, str]] = []
     views += [("base64", s) for s in _decoded_runs(text, _BASE64_RUN, _decode_base64)]
     views += [("hex", s) for s in _decoded_runs(text, _HEX_RUN, _decode_hex)]
-    if len(_PERCENT.findall(text)) >= 2:
+    if "%" in text and len(list(itertools.islice(_PERCENT.finditer(text), 2))) == 2:
         views.append(("url", urllib.parse.unquote(text, errors="replace")))
-    for match in list(_UNICODE_ESCAPES.finditer(text))[:_MAX_RUNS]:
+    for match in itertools.islice(_UNICODE_ESCAPES.finditer(text), _MAX_RUNS):
         views.append(("unicode_escape", codecs.decode(match.group(), "unicode_escape")))
     tags = _tag_payload(raw[: _MAX_VIEW_INPUT * 2])
     if tags.strip():

@@ -1,18 +1,19 @@
 """A cheap pre-check for regex rules: the literal strings every match must start with.
 
-Python's regex engine tries a pattern at every offset; with ~150 rules that is most of the cost
-of injection detection. `literal_prefixes` reads a pattern's parse tree and returns a set of
-short literals such that every match begins with one of them (or None when the pattern can
-begin with an open class such as ``\\w``). A rule whose literals do not occur in the text cannot
-match, so it is not run; one whose literals do occur is only tried where they occur.
+With ~200 rules, calling each on every text would be most of the cost of injection detection.
+`literal_prefixes` reads a pattern's parse tree (`sre_parse` reads RE2's syntax too, as far as
+the rules use it) and returns a set of short literals such that every match begins with one of
+them (or None when the pattern can begin with an open class such as ``\\w``). A rule whose
+literals do not occur in the text cannot match, so it is not run.
 """
 
 from __future__ import annotations
 
-import re
 import re._constants as sre
 import re._parser as sre_parse
 from typing import Any
+
+from pipeline.guards.linear import literal_set
 
 PREFIX_LENGTH = 6  # longer literals are cut: enough to be selective, few n-gram sizes to index
 _MAX_CLASS = 32  # a character class wider than this ends a literal
@@ -63,43 +64,34 @@ def literal_prefixes(pattern: str) -> frozenset[str] | None:
 
 
 class PrefixIndex:
-    """Where each of many rules could match a text: the offsets at which one of its literals
-    occurs. A rule is then tried only there (an anchored match) instead of at every offset."""
+    """Which of many rules could match a text at all: those one of whose literals occurs in it,
+    found by one pass of an RE2 set of all the literals over the text's bytes (linear time, a
+    single call), plus the rules without literals. Each candidate is then searched once."""
 
     def __init__(self, prefixes: list[frozenset[str] | None]) -> None:
         self._always = [i for i, p in enumerate(prefixes) if p is None]
-        self._rules_of: dict[str, list[int]] = {}
+        rules_of: dict[str, list[int]] = {}
         for index, literals in enumerate(prefixes):
             for literal in literals or ():
-                self._rules_of.setdefault(literal, []).append(index)
-        self._short = [lit for lit in self._rules_of if len(lit) < PREFIX_LENGTH]
-        self._full = frozenset(lit for lit in self._rules_of if len(lit) == PREFIX_LENGTH)
+                rules_of.setdefault(literal, []).append(index)
+        self._literals = sorted(rules_of)
+        self._rules_of = [rules_of[literal] for literal in self._literals]
+        # The sentinel, appended to every text, must always be found: if it is not, the set's
+        # automaton ran out of memory (RE2 then reports no match at all) and every rule is tried.
+        self._sentinel = len(self._literals)
+        self._set = literal_set([*self._literals, _SENTINEL.decode()])
+        self._every = sorted(set(self._always).union(*self._rules_of))
 
-    def candidates(self, text: str) -> dict[int, list[int]]:
-        """Rule index -> sorted offsets where it could match (`ALL` for rules without literals)."""
-        offsets: dict[int, set[int]] = {i: ALL for i in self._always}
-        size = PREFIX_LENGTH
-        starts = {text[m.start() : m.start() + size] for m in _MATCH_START.finditer(text)}
-        grams = {literal: _occurrences(text, literal) for literal in self._full & starts}
-        for literal in self._short:
-            found = _occurrences(text, literal)
-            if found:
-                grams[literal] = found
-        for literal, places in grams.items():
-            for index in self._rules_of[literal]:
-                offsets.setdefault(index, set()).update(places)
-        return {i: sorted(o) if o is not ALL else [] for i, o in sorted(offsets.items())}
-
-
-# Where a rule's match can begin: every pattern starts with a word boundary, a line start or a
-# non-word character, never inside a word (tests/pipeline/guards/test_prefilter.py checks it).
-_MATCH_START = re.compile(r"\b\w|[^\w ]")
-ALL: set[int] = set()  # marker: try the rule everywhere (a search, not anchored matches)
+    def candidates(self, data: bytes) -> list[int]:
+        """Indices of the rules whose literals occur in `data` (UTF-8), in rule order."""
+        found = self._set.Match(data + _SENTINEL) or ()
+        if self._sentinel not in found:
+            return self._every
+        rules = set(self._always)
+        for literal in found:
+            if literal != self._sentinel:
+                rules.update(self._rules_of[literal])
+        return sorted(rules)
 
 
-def _occurrences(text: str, literal: str) -> list[int]:
-    out, at = [], text.find(literal)
-    while at != -1:
-        out.append(at)
-        at = text.find(literal, at + 1)
-    return out
+_SENTINEL = b"\x00\x01\x02end"  # control bytes: never in folded text, which drops them

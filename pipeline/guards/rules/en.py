@@ -48,10 +48,14 @@ OVERRIDE = rules(
     r"(?:was |were |is |has been |you were |you've been |you have been )"
     r"(?:said|written|told|stated|mentioned|given|provided|typed|sent) )?"
     r"(?:above|previously|so far|until now|up to (?:now|here|this point)|prior to this)\b",
-    rf"\b{_VERB} (?:the |all (?:of )?the |everything )?(?:above|foregoing|aforementioned)\b"
-    r"(?! (?:\w+ )?(?:warning|error|step|link|code|example|output|line|comment)s?\b)",
     r"\bforget (?:everything|all|what) (?:you (?:know|were told|have been told|learned)|"
     r"(?:that )?(?:you were|you've been|you have been) (?:told|taught|instructed))",
+)  # fmt: skip
+# "ignore the above warning" is about a message on screen, not about instructions.
+OVERRIDE += rules(
+    "override", 0.85,
+    rf"\b{_VERB} (?:the |all (?:of )?the |everything )?(?:above|foregoing|aforementioned)\b",
+    unless=r" (?:\w+ )?(?:warning|error|step|link|code|example|output|line|comment)s?\b",
 )  # fmt: skip
 OVERRIDE += rules(
     "override", 0.6, rf"(?:^|[.!?:;] )(?:now )?{_VERB} (?:the )?{_TARGET}\s*(?:[.!]|$)"
@@ -234,10 +238,11 @@ REVEAL = rules(
     r"all (?:the )?(?:text|words) |what(?:ever)? (?:is|was|comes|came|appears) )"
     r"(?:(?:written|printed|shown|that (?:is|was|appears)) )?(?:above|before (?:this|my)|prior)\b",
     r"\bwhat (?:were|was|have|had) you (?:been )?(?:told|instructed|asked|programmed|given|"
-    r"trained|prompted|configured|set up)(?: to do)? (?:before|prior to|at the (?:start|"
-    r"beginning) of|earlier in)\b",
-    r"\bwhat (?:instructions|rules|guidelines|directives|orders|prompt) (?:were|was|have|did) "
-    r"you (?:been )?(?:given|told|receive|get|provided|fed)\b",
+    r"trained|prompted|configured|set up)(?: to do)?\b[^.?!\n]{0,24}?\b(?:before|prior to|at "
+    r"the (?:start|beginning) of|earlier in)\b",
+    r"\b(?:what|which) (?:\w+ )?(?:instructions|rules|guidelines|directives|orders|prompt|"
+    r"guidance|directions) (?:were|was|have|did) you (?:been )?(?:given|told|receive|get|"
+    r"provided|fed)\b",
     r"\b(?:what|which) (?:text|words|message|instructions) (?:came|come|is|are|was|were|"
     r"appears?) (?:before|above|prior to) (?:this|my|the (?:user|first))\b",
     rf"\b(?:begin|start) your (?:answer|response|reply|output) with (?:the|your) "
@@ -260,7 +265,8 @@ REVEAL += rules(
     r"\bwhat(?: is|'s| are| was| were| would| does| did| do| will| might) (?:\w+ )?(?:your|ur) "
     r"(?:(?:full|exact|original|initial|hidden|"
     r"secret|system|internal) )*(?:system prompt|prompt|instructions|system message|"
-    r"programming)\b(?! (?:for|on|about|regarding|to)\b)",
+    r"programming)\b",
+    unless=r" (?:for|on|about|regarding|to)\b",  # "what is your prompt for X?" asks for advice
 )  # fmt: skip
 
 RULES: list[Rule] = OVERRIDE + PERSONA + NEW_INSTRUCTIONS + REVEAL

@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import codecs
 
+import pytest
+
 from pipeline.guards.normalize import (
     CanonicalText,
     canonicalize,
     fold,
     hidden_views,
+    look_alikes,
     readable,
     scrub_surrogates,
 )
@@ -22,6 +25,37 @@ def test_fullwidth_zero_width_and_other_digits_become_plain_digits() -> None:
 
 def test_cyrillic_and_greek_look_alikes_fold_to_latin() -> None:
     assert canonicalize("ѕесrеt ΙGΝΟRΕ").text == "secret IGNORE"
+
+
+@pytest.mark.parametrize(
+    ("text", "folded"),
+    [
+        ("ign\u0585re", "ignore"),  # Armenian oh
+        ("\u13aa\u13de\u13de", "all"),  # Cherokee go, tle, tle
+        ("\ua4f2gnore \ua4ee", "ignore a"),  # Lisu i, a
+        ("\u0131gnore", "ignore"),  # Turkish dotless i
+        ("sh\u0ce6w", "sh0w"),  # Kannada zero: a digit keeps its value
+        ("\u217eisregard", "disregard"),  # small Roman numeral five hundred
+        ("\U0001d5f6\U0001d5f4\U0001d5fb\U0001d5fc\U0001d5ff\U0001d5f2", "ignore"),  # math sans
+        ("\u0399gnore \u0406gnore", "ignore ignore"),  # Greek and Cyrillic capital I
+    ],
+)
+def test_look_alikes_of_many_scripts_fold_to_latin_with_the_confusables_data(
+    text: str, folded: str
+) -> None:
+    assert fold(text) == folded
+
+
+def test_the_look_alike_table_comes_from_the_confusables_data_and_maps_to_ascii() -> None:
+    table = look_alikes()
+    assert len(table) > 1000  # the hand list it replaced knew 57 letters of two scripts
+    assert {table["\u0430"], table["\u03bf"], table["\u0585"], table["\u13aa"]} == {"a", "o", "A"}
+    assert all(len(v) == 1 and v.isascii() for v in table.values())
+    assert all(not k.isascii() for k in table)
+
+
+def test_decimal_digits_of_any_script_keep_their_value_not_their_look() -> None:
+    assert canonicalize("\u09ea\u0966").text == "40"  # Bengali four looks like 8, Devanagari 0
 
 
 def test_mathematical_alphanumerics_fold_through_nfkc() -> None:
