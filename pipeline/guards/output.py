@@ -4,8 +4,9 @@
 any chunking, the concatenated output equals `redact_answer(whole text)`. What is held back is
 only what could still become part of a match:
 
-- for PII, the run at the end of the text (see `segments`: ordinary prose holds back at most
-  its last word; a long run of pattern characters is split every `segments.RUN_LIMIT`);
+- for PII, the run at the end of the text (see `segments`: ordinary prose holds back its last
+  word, and the word before a final space until the next character shows it is not "[at]";
+  a long run of pattern characters is split every `segments.RUN_LIMIT`);
 - for blocked terms, the longest tail that is a prefix of a term (a whole term too, while the
   character after it, which decides the word boundary, has not arrived);
 - and never a cut through a pattern match, valid or not.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pipeline.guards import pii
 from pipeline.guards.normalize import CanonicalText
 from pipeline.guards.segments import (
+    LINK_AHEAD,
     MAX_EXPANSION,
     RUN_LIMIT,
     RunSplitter,
@@ -46,7 +48,8 @@ class StreamingRedactor:
 
     `redact_kinds` are replaced by their tokens; `block_kinds` and `blocked_terms` are replaced
     too and recorded in `violations`, so the caller can end the stream with
-    ``finish_reason: "content_filter"``.
+    ``finish_reason: "content_filter"``. `context` is read as if it came just before the text
+    (a JSON value's key: "phone: " before "5551234567"), and never emitted.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class StreamingRedactor:
         redact_kinds: Collection[str] = pii.PII_KINDS,
         block_kinds: Collection[str] = (),
         blocked_terms: Iterable[str] = (),
+        context: str = "",
     ) -> None:
         self.kinds = tuple(k for k in pii.PII_KINDS if k in set(redact_kinds) | set(block_kinds))
         self.block_kinds = frozenset(block_kinds)
@@ -65,7 +69,8 @@ class StreamingRedactor:
         # ("ﷺ" is four Arabic words), the rest of that expansion and the piece of the run before
         # it (the cut may not split the character, nor a match in that run that reaches into it;
         # found by the fuzz test: "+44 20 7946 0958ana@example.comﷺDE00 DE00 ..." held 293).
-        self.max_holdback = 2 * (RUN_LIMIT + MAX_EXPANSION) + self.terms.longest
+        # Plus the few characters after the last split point that decide whether it is one.
+        self.max_holdback = 2 * (RUN_LIMIT + MAX_EXPANSION) + LINK_AHEAD + self.terms.longest
         self._canon = CanonicalText()
         self._splitter = RunSplitter()
         self._splits: list[int] = []  # split points not yet reached, absolute canonical offsets
@@ -73,6 +78,13 @@ class StreamingRedactor:
         self._pos = 0  # offset in `_canon` of the first character not yet emitted
         self._pending = ""  # original text not yet emitted
         self._emitted = 0  # original offset where `_pending` starts
+        self._start = 0  # canonical offset where the text (after the context) starts
+        if context:
+            self._canon.extend(context)
+            self._start = len(self._canon.text)
+            self._splitter.extend(self._canon.text, self._canon.origin)
+            self._emitted = len(context)
+            self._forget_before(self._start)
 
     @property
     def held(self) -> int:
@@ -87,14 +99,16 @@ class StreamingRedactor:
         self._canon.extend(text)
         self._pending += text
         canon, origin = self._canon.text, self._canon.origin
-        for i in range(known, len(canon)):
-            if self._splitter.push(canon[i], origin[i]):
-                self._splits.append(self._dropped + i)
+        self._take_splits(self._splitter.extend(canon[known:], origin[known:]))
         return self._emit(final=False)
 
     def end(self) -> str:
         """The answer is complete: return everything still held, redacted."""
+        self._take_splits(self._splitter.finish())
         return self._emit(final=True)
+
+    def _take_splits(self, splits: list[int]) -> None:
+        self._splits += [p for p in splits if p > self._start]  # none inside the context
 
     def _emit(self, *, final: bool) -> str:
         out = []
@@ -106,7 +120,14 @@ class StreamingRedactor:
             out.append(self._emit_until(len(canon), canon))
             return "".join(out)
         lowered = lower(canon) if self.terms.terms else canon
-        cut = min(pii_tail_start(canon, self._pos), self.terms.tail_start(lowered, self._pos))
+        splitter, dropped = self._splitter, self._dropped
+        run = pii_tail_start(
+            canon,
+            self._pos,
+            decided=splitter.decided - dropped,
+            run_start=splitter.run_start - dropped,
+        )
+        cut = min(run, self.terms.tail_start(lowered, self._pos))
         if cut > self._pos:
             out.append(self._emit_until(cut, canon, lowered))
         return "".join(out)
@@ -119,8 +140,9 @@ class StreamingRedactor:
         self.terms.scan(lowered, self._pos, result)
         if cut < len(canon):
             cut = self._safe_cut(cut, result)
-        found = pii.resolve([c for c in result.found if c.end <= cut])
-        self.violations += violations(found, self._canon, self.block_kinds)
+        emitted = [c for c in result.found if c.end <= cut]
+        found = pii.resolve(emitted)
+        self.violations += violations(emitted, self._canon, self.block_kinds)
         end = self._canon.original_index(cut)
         spans = [
             pii.Candidate(c.kind, *self._canon.original_span(c.start, c.end), c.score)
@@ -163,9 +185,10 @@ class StreamingRedactor:
 def violations(
     found: list[pii.Candidate], canon: CanonicalText, block_kinds: Collection[str]
 ) -> list[Violation]:
-    """The blocked terms and blocked PII kinds among resolved matches, at original offsets."""
+    """The blocked terms and blocked PII kinds among the matches (all of them, overlapping ones
+    too: a blocked kind under a match of another kind still counts), at original offsets."""
     out = []
-    for c in found:
+    for c in sorted(found, key=lambda c: (c.start, c.end, c.kind)):
         if c.kind == "blocked":
             rule = "blocked_term"
         elif c.kind in block_kinds:
@@ -193,9 +216,11 @@ def redact_answer(
     full, lowered = canon.text, lower(canon.text)
     bounds = [0, *split_points(full, canon.origin), len(full)]
     found: list[pii.Candidate] = []
+    every: list[pii.Candidate] = []
     for start, end in itertools.pairwise(bounds):
         result = pii.scan(full[:end], start, kinds)
         terms.scan(lowered[:end], start, result)
         found += pii.resolve(result.found)
+        every += result.found
     spans = [pii.Candidate(c.kind, *canon.original_span(c.start, c.end), c.score) for c in found]
-    return pii.redact(text, spans), violations(found, canon, block_kinds)
+    return pii.redact(text, spans), violations(every, canon, block_kinds)

@@ -1,10 +1,13 @@
 """PII detection: typed findings with spans in the original text, and redaction.
 
-Kinds: `email`; `phone` (international +CC, 00CC, and the national shapes of `pii_checks`);
-`card` (13-19 digits, Luhn, a network's first digit, not an ISBN-13); `iban` (country length
-and mod 97); `ip` (IPv4 with valid octets, IPv6; loopback and unspecified addresses are not
-personal); `national_id` (US SSN with its never-issued ranges excluded, Brazilian CPF with its
-check digits, UK National Insurance number).
+Kinds: `email` (plain and obfuscated: "name [at] example [dot] com" and the other shapes of
+`pii_email`); `phone` (international +CC, 00CC, and the national shapes of `pii_checks`);
+`card` (13-19 digits, Luhn, a network's first digit, not an ISBN-13; grouped by spaces, hyphens,
+dots, slashes or underscores, mixed too: the last three only in a card's own grouping, 4-4-4-4,
+4-6-5...); `iban` (country length and mod 97, any case, the same separators: with lower-case
+letters only compact or in groups of four); `ip` (IPv4 with valid octets, IPv6; loopback and
+unspecified addresses are not personal); `national_id` (US SSN with its never-issued ranges
+excluded, Brazilian CPF with its check digits, UK National Insurance number).
 
 Look-alikes that pass: dates, order/invoice/ticket numbers (a phone-shaped number right after
 such a word is not a phone), version strings (an IP-looking string right after "version",
@@ -18,18 +21,24 @@ Every pattern is written so a match can only start where its run starts (the loo
 forbid starting inside a run the pattern could have extended over) and must end where its run
 ends (the lookaheads): matches of one pattern never overlap, and what is found from offset `pos`
 does not depend on text before `pos - CONTEXT`. The streaming redactor relies on this to scan
-only new text and still agree exactly with a scan of the whole answer.
+only new text and still agree exactly with a scan of the whole answer. No pattern crosses the
+end of a run of `segments` (an obfuscated e-mail's spaces and a lower-case IBAN's "gb82 west"
+are among the spaces it links).
+
+Every pattern runs in linear time: bounded repetitions that cannot overlap one another, and
+starts limited by lookbehinds (`tests/pipeline/guards/test_pii_timing.py` times each one on
+inputs built to make a backtracking engine stumble).
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.guards import pii_checks as checks
+from pipeline.guards import pii_email
 from pipeline.guards.normalize import CanonicalText, canonicalize
 
 PiiKind = Literal["email", "phone", "card", "iban", "ip", "national_id"]
@@ -47,8 +56,8 @@ TOKENS: dict[str, str] = {
 PRIORITY: dict[str, int] = {
     "blocked": 7, "card": 6, "iban": 5, "national_id": 4, "email": 3, "ip": 2, "phone": 1,
 }  # fmt: skip
-CONTEXT = 32  # canonical characters before a match that its rules may look at
-MAX_MATCH = 256  # no pattern matches more canonical characters than this
+CONTEXT = checks.CONTEXT  # canonical characters before a match that its rules may look at
+MAX_MATCH = 256  # no pattern matches more canonical characters inside one run than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +91,7 @@ class PiiFinding:
     detail: str = ""
 
 
-def _before(text: str, start: int) -> str:
-    """The few characters before `start`, lower-case and without accents, for context words."""
-    window = text[max(0, start - CONTEXT) : start]
-    if not window.isascii():
-        decomposed = unicodedata.normalize("NFKD", window)
-        window = "".join(c for c in decomposed if not unicodedata.combining(c))
-    return window.lower()
-
+_before = checks.context_before
 
 _NOT_PHONE = re.compile(
     r"(?:\b(?:order|invoice|ref|reference|ticket|tracking|isbn|issn|pedido|encomenda|fatura"
@@ -106,14 +108,17 @@ _VERSION_WORD = re.compile(
 _SSN_WORD = re.compile(r"\b(?:ssn|social security(?: number| no)?)\b(?:\W+is)?\W{0,6}$")
 _CPF_WORD = re.compile(r"\bcpf\b(?:\W+(?:e|is))?\W{0,6}$")
 
-_EMAIL = re.compile(r"(?<![\w.%+@-])[\w.%+-]{1,64}@[\w.-]{1,190}(?![\w.%+@-])")
-_CARD_RUN = re.compile(r"(?<!\d)(?<!\d[ -])\d(?:[ -]?\d){0,30}(?![ -]?\d)")
+SEPARATORS = " ./_-"  # what may stand between the groups of a card number or an IBAN
+_SEP = "[ ./_-]"
+_CARD_RUN = re.compile(rf"(?<!\d)(?<!\d{_SEP})\d(?:{_SEP}?\d){{0,30}}+(?!{_SEP}?\d)")
+# A card's own groupings, the only ones accepted with dots, slashes or underscores.
+_CARD_GROUPINGS = frozenset({(4, 4, 4, 4), (4, 4, 4, 4, 3), (4, 6, 5), (4, 6, 4)})
 _PHONE_STEP = r"(?:[ .-]|\)[ .-]?|[ .-]?\()?\d"
 _PHONE_RUN = re.compile(
     r"(?:(?<![\w+])\+|(?<![\w+().-])(?<![\d)] ))\(?\d"
     rf"(?:{_PHONE_STEP}){{0,24}}(?!{_PHONE_STEP})"
 )
-_IBAN_START = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}")
+_IBAN_START = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}\d{2}")
 _NINO = re.compile(
     r"(?<![A-Za-z0-9])([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D]"
     r"(?![A-Za-z0-9])"
@@ -125,37 +130,35 @@ _IPV6 = re.compile(r"(?<![\w:.])(?=[0-9A-Fa-f.]*:[0-9A-Fa-f.]*:)[0-9A-Fa-f:.]{2,
 
 
 def _email(text: str, pos: int, scan: Scan) -> None:
-    for m in _EMAIL.finditer(text, pos):
-        scan.extents.append(m.span())
-        address = m.group().rstrip(".-")
-        local, _, domain = address.partition("@")
-        labels = domain.split(".")
-        if (
-            local[0] != "."
-            and local[-1] != "."
-            and ".." not in address
-            and len(labels) >= 2
-            and all(0 < len(x) <= 63 and x[0] != "-" and x[-1] != "-" for x in labels)
-            and labels[-1].isalpha()
-            and len(labels[-1]) >= 2
-        ):
-            scan.found.append(Candidate("email", m.start(), m.start() + len(address), 0.95))
+    if text.find("@", pos) >= 0:
+        for start, end, valid_end in pii_email.plain(text, pos):
+            scan.extents.append((start, end))
+            if valid_end is not None:
+                scan.found.append(Candidate("email", start, valid_end, 0.95))
+    for start, end, valid in pii_email.obfuscated(text, pos):
+        scan.extents.append((start, end))
+        if valid:
+            scan.found.append(Candidate("email", start, end, 0.9, "obfuscated"))
 
 
-def _groups(run: str, sep: str) -> list[tuple[int, int]]:
+Span = tuple[int, int]
+
+
+def _groups(run: str, sep: str) -> list[Span]:
     """Spans of the pieces of `run` between separators (any character of `sep`)."""
     return [m.span() for m in re.finditer(rf"[^{re.escape(sep)}]+", run)]
 
 
 def _windows(
-    run: str, groups: list[tuple[int, int]], accept: Callable[[str, int], float]
+    run: str, groups: list[tuple[int, int]], accept: Callable[[str, int, int], float]
 ) -> Iterator[tuple[int, int, float]]:
-    """Leftmost-longest runs of whole groups that `accept` scores above 0, without overlaps."""
+    """Leftmost-longest runs of whole groups that `accept` (window, first group, end group)
+    scores above 0, without overlaps."""
     i = 0
     while i < len(groups):
         for j in range(len(groups), i, -1):
             start, end = groups[i][0], groups[j - 1][1]
-            score = accept(run[start:end], i)
+            score = accept(run[start:end], i, j)
             if score > 0:
                 yield start, end, score
                 i = j
@@ -164,10 +167,19 @@ def _windows(
             i += 1
 
 
-def _card_window(window: str, _: int) -> float:
-    parts = re.split(r"[ -]", window)
+_SPLIT = re.compile(_SEP)
+
+
+_GLUE = "./_"  # a number that goes on after one of these is a decimal, a version, a path
+
+
+def _card_window(window: str) -> float:
+    parts = _SPLIT.split(window)
     if min(map(len, parts)) < 3:  # lists of small numbers are not cards
         return 0.0
+    odd = set(_SPLIT.findall(window)) - {" ", "-"}
+    if odd and tuple(map(len, parts)) not in _CARD_GROUPINGS:
+        return 0.0  # decimals, versions, dates and paths are grouped otherwise
     return 0.95 if checks.card_ok("".join(parts)) else 0.0
 
 
@@ -175,19 +187,36 @@ def _card(text: str, pos: int, scan: Scan) -> None:
     for m in _CARD_RUN.finditer(text, pos):
         scan.extents.append(m.span())
         run = m.group()
-        for s, e, score in _windows(run, _groups(run, " -"), _card_window):
+        if m.end() - m.start() < 13:
+            continue  # fewer digits than any card has
+        groups = _groups(run, SEPARATORS)
+
+        def accept(
+            window: str, i: int, j: int, run: str = run, groups: list[Span] = groups
+        ) -> float:
+            (start, _), (_, end) = groups[i], groups[j - 1]
+            if (start and run[start - 1] in _GLUE) or (end < len(run) and run[end] in _GLUE):
+                return 0.0  # "2.2719650530458397", "4111111111111111.5": not a card
+            return _card_window(window)
+
+        for s, e, score in _windows(run, groups, accept):
             scan.found.append(Candidate("card", m.start() + s, m.start() + e, score))
+
+
+_PHONE_DIGITS = 8  # the fewest digits `checks.phone_score` accepts
 
 
 def _phone(text: str, pos: int, scan: Scan) -> None:
     for m in _PHONE_RUN.finditer(text, pos):
         scan.extents.append(m.span())
+        if m.end() - m.start() < _PHONE_DIGITS:
+            continue  # fewer characters than any phone number has digits
         before = _before(text, m.start())
         if _NOT_PHONE.search(before):
             continue
         context = bool(_PHONE_WORD.search(before))
 
-        def accept(window: str, index: int, context: bool = context) -> float:
+        def accept(window: str, index: int, _: int, context: bool = context) -> float:
             if window.startswith("+") and index:
                 return 0.0
             return checks.phone_score(window, context=context and index == 0)
@@ -197,24 +226,50 @@ def _phone(text: str, pos: int, scan: Scan) -> None:
             scan.found.append(Candidate("phone", m.start() + s, m.start() + e, score))
 
 
+def _alnum(c: str) -> bool:
+    return c.isascii() and c.isalnum()
+
+
 def _iban(text: str, pos: int, scan: Scan) -> None:
     for m in _IBAN_START.finditer(text, pos):
-        want = checks.IBAN_LENGTHS.get(m.group()[:2])
+        want = checks.IBAN_LENGTHS.get(m.group()[:2].upper())
         if want is None:
             continue
         chars: list[str] = []
+        groups = [0]
         j = m.start()
         while j < len(text) and len(chars) < want:
             c = text[j]
-            if c.isascii() and (c.isdigit() or c.isupper()):
+            if _alnum(c):
                 chars.append(c)
-            elif not (c == " " and j + 1 < len(text) and text[j + 1].isalnum()):
+                groups[-1] += 1
+            elif c in SEPARATORS and j + 1 < len(text) and _alnum(text[j + 1]):
+                if c == " " and _letters_apart(text[j - 1], text[j + 1]):
+                    break
+                groups.append(0)
+            else:
                 break
             j += 1
         scan.extents.append((m.start(), j))
-        bounded = j == len(text) or not (text[j].isascii() and text[j].isalnum())
-        if len(chars) == want and bounded and checks.iban_ok("".join(chars)):
+        bounded = j == len(text) or not _alnum(text[j])
+        compact = "".join(chars)
+        valid = len(chars) == want and bounded and _iban_grouping_ok(compact, groups)
+        if valid and checks.iban_ok(compact.upper()):
             scan.found.append(Candidate("iban", m.start(), j, 0.97))
+
+
+def _letters_apart(left: str, right: str) -> bool:
+    """Two letters, one of them lower-case, around a space: prose, never inside one IBAN
+    (and a space `segments` does not link)."""
+    return left.isalpha() and right.isalpha() and (left.islower() or right.islower())
+
+
+def _iban_grouping_ok(compact: str, groups: list[int]) -> bool:
+    """Upper case in any grouping; with lower-case letters, compact or in groups of four (a
+    lower-case IBAN is rarer, and prose words can line up to the right length)."""
+    if not any(c.islower() for c in compact) or len(groups) == 1:
+        return True
+    return all(g == 4 for g in groups[:-1]) and 0 < groups[-1] <= 4
 
 
 def _national_id(text: str, pos: int, scan: Scan) -> None:
@@ -263,21 +318,34 @@ _DIGIT = re.compile(r"\d")
 def scan(text: str, pos: int = 0, kinds: Collection[str] = PII_KINDS) -> Scan:
     """Scan canonical `text` from `pos` (earlier text is only looked at as context)."""
     result = Scan()
-    # Every kind but email needs a digit (an IPv6 address too, see `ipv6_ok`); email needs "@".
+    # Every kind but email needs a digit (an IPv6 address too, see `ipv6_ok`).
     has_digit = _DIGIT.search(text, pos) is not None
     for kind in kinds:
-        if has_digit if kind != "email" else text.find("@", pos) >= 0:
+        if has_digit or kind == "email":
             _SCANNERS[kind](text, pos, result)
     return result
 
 
+def _rank(c: Candidate) -> tuple[int, int, int]:
+    return (-PRIORITY[c.kind], c.start - c.end, c.start)
+
+
 def resolve(found: list[Candidate]) -> list[Candidate]:
-    """Non-overlapping matches: higher priority first, then longer, then earlier; by start."""
-    kept: list[Candidate] = []
-    for cand in sorted(found, key=lambda c: (-PRIORITY[c.kind], c.start - c.end, c.start)):
-        if all(cand.end <= k.start or cand.start >= k.end for k in kept):
-            kept.append(cand)
-    return sorted(kept, key=lambda c: c.start)
+    """Non-overlapping matches, by start: matches that overlap become one that spans them all,
+    of the kind that ranks first (priority, then the longer, then the earlier), so no character
+    of any match is left out ("jane.doe@" of an address with a blocked term at its end)."""
+    merged: list[Candidate] = []
+    best: Candidate | None = None
+    for cand in sorted(found, key=lambda c: (c.start, c.end)):
+        if merged and cand.start < merged[-1].end:
+            assert best is not None
+            best = min(best, cand, key=_rank)
+            end = max(merged[-1].end, cand.end)
+            merged[-1] = Candidate(best.kind, merged[-1].start, end, best.score, best.detail)
+        else:
+            best = cand
+            merged.append(cand)
+    return merged
 
 
 def to_findings(canon: CanonicalText, found: list[Candidate]) -> list[PiiFinding]:

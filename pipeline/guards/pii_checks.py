@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
+
+CONTEXT = 32  # canonical characters before a match that its rules may look at
 
 # IBAN length per country (SWIFT IBAN registry).
 IBAN_LENGTHS: dict[str, int] = {
@@ -20,6 +23,16 @@ IBAN_LENGTHS: dict[str, int] = {
     "SC": 31, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "ST": 25, "SV": 28, "TL": 23, "TN": 24,
     "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20,
 }  # fmt: skip
+
+
+def context_before(text: str, start: int) -> str:
+    """The `CONTEXT` characters before `start`, lower-case and without accents, for the
+    context words of some rules ("phone", "ssn", "email")."""
+    window = text[max(0, start - CONTEXT) : start]
+    if not window.isascii():
+        decomposed = unicodedata.normalize("NFKD", window)
+        window = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return window.lower()
 
 
 def luhn_ok(digits: str) -> bool:

@@ -2,6 +2,9 @@
 
 The stage lays out the prompt, starts the function-calling flow (one round when no tools are
 offered) and waits for the first event, so that a failure before any output is an HTTP error.
+The flow may run only the server tools this request offered and its tenant may use
+(``tools.offer``, ``tools.access``), with arguments that passed the tenant's output guardrails
+(``guards.arguments``) first.
 It leaves ``ctx.answer``, the answer stream, for the later stages (the cache store, output
 guardrails) to hook into and for the response to read; the ``chat {model}`` spans stay open
 until their streams end.
@@ -19,12 +22,15 @@ from pipeline.answer import AnswerStream
 from pipeline.completion import Completion
 from pipeline.context import RequestContext, RouteChoice
 from pipeline.generation import TracedChat
+from pipeline.guards.arguments import ArgumentsGuard
+from pipeline.guards.policy import PolicyBook
 from pipeline.prompt import build_messages, personalisation
 from pipeline.routing import Route, RouteTable
 from pipeline.runner import FailurePolicy
+from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.loop import Invoker, ToolLoop
-from pipeline.tools.offer import function_names, offered_tools
+from pipeline.tools.offer import function_names, offer
 
 
 class Generate:
@@ -41,12 +47,16 @@ class Generate:
         server_tools: dict[str, Tool] | None = None,
         invoker: Invoker | None = None,
         max_rounds: int = 3,
+        access: ToolAccess | None = None,
+        policies: PolicyBook | None = None,
     ) -> None:
         self.routes = routes
         self.chat = chat
         self.server_tools = server_tools or {}
         self.invoker = invoker
         self.max_rounds = max_rounds
+        self.access = access
+        self.policies = policies
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
@@ -55,6 +65,7 @@ class Generate:
             ctx.route = RouteChoice(route.name, route.model, "default")
         else:
             route = self.routes.get(ctx.route.name)
+        tools = offer(params, self.server_tools, tenant=ctx.caller.tenant, access=self.access)
         payload: dict[str, Any] = {
             "model": route.model,
             "messages": build_messages(
@@ -64,9 +75,9 @@ class Generate:
                 tool_runs=ctx.tool_runs,
             ),
             **params.sampling,
-            **offered_tools(params, self.server_tools),
+            **tools.options,
         }
-        loop = self._loop(ctx, route)
+        loop = self._loop(ctx, route, tools.server)
         answer = AnswerStream(loop.events(payload), lambda: base_completion(ctx, route.model))
         started = time.perf_counter()
         await answer.prime()
@@ -74,12 +85,14 @@ class Generate:
         ctx.answer = answer
         return ctx
 
-    def _loop(self, ctx: RequestContext, route: Route) -> ToolLoop:
+    def _loop(self, ctx: RequestContext, route: Route, offered: frozenset[str]) -> ToolLoop:
         parent = otel_context.get_current()
 
         def model_round(request: dict[str, Any]) -> Any:
             return self.chat.stream(route, request, parent)
 
+        tenant = ctx.caller.tenant
+        policy = self.policies.for_tenant(tenant) if self.policies is not None else None
         return ToolLoop(
             model_round,
             self.invoker,
@@ -88,6 +101,11 @@ class Generate:
             max_rounds=self.max_rounds,
             parent=parent,
             runs=ctx.tool_runs,
+            # Validation checked the offer against the tenant's tools; asked again all the same.
+            offered=frozenset(
+                n for n in offered if self.access is None or self.access.allows(tenant, n)
+            ),
+            guard=ArgumentsGuard(policy) if policy is not None else None,
         )
 
 

@@ -1,6 +1,7 @@
 """The tools stage: the calls a request plainly needs, run beside retrieval, for the prompt.
 
-The planner reads the last user message; the planned calls run at once through the invoker
+The planner reads the last user message and plans only tools the caller's tenant may use
+(``tools.access``); the planned calls run at once through the invoker
 (each in its ``execute_tool`` span, under its tool's limits) and their runs go into
 ``ctx.tool_runs``, which the prompt shows under "Tool results:" and the response reports in
 ``rag.tools``. The stage degrades: if it fails, the request goes on with what ran. A tool that
@@ -13,6 +14,7 @@ from pipeline import attributes as attr
 from pipeline.context import Features, RequestContext
 from pipeline.messages import last_user_text
 from pipeline.runner import FailurePolicy
+from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import ToolContext
 from pipeline.tools.loop import Invoker
 from pipeline.tools.planner import ToolPlanner
@@ -36,15 +38,19 @@ class PlannedTools:
     writes = frozenset({"tool_runs"})
     policy: FailurePolicy = "degrade"
 
-    def __init__(self, planner: ToolPlanner, invoker: Invoker) -> None:
+    def __init__(
+        self, planner: ToolPlanner, invoker: Invoker, access: ToolAccess | None = None
+    ) -> None:
         self.planner = planner
         self.invoker = invoker
+        self.access = access or ToolAccess()
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         if not ctx.params.rag.plan_tools:
             ctx.annotate(**{attr.TOOLS_PLANNED: []})
             return ctx
-        calls = self.planner.plan(last_user_text(ctx.params.messages))
+        allowed = self.access.usable(ctx.caller.tenant, self.planner.available)
+        calls = self.planner.plan(last_user_text(ctx.params.messages), allowed)
         ctx.annotate(**{attr.TOOLS_PLANNED: [call.name for call in calls]})
         if calls:
             ctx.tool_runs.extend(await self.invoker.run(calls, features_when_ready(ctx)))

@@ -7,4 +7,5 @@ calculator  clock  builtins  http     the tools themselves
 planner     the calls a request plainly needs (planned tools)
 loop        the function-calling flow (model, tools, model again)
 offer       which tools a request offers the model
+access      which tools each tenant may use
 """

@@ -94,6 +94,10 @@ def search_tool(
     )
 
 
+# Every built-in's name (the search only exists with retrieval), for settings that name tools.
+BUILTIN_TOOL_NAMES = ("calculator", "clock", "profile", "search_documents")
+
+
 def builtin_tools(
     search: PassageSearch | None = None, *, timeout_s: float = 2.0, max_concurrency: int = 64
 ) -> list[Tool]:

@@ -9,6 +9,12 @@ as ``tool`` messages, and the next round starts. The last allowed round is asked
 ``tool_choice: "none"``, so the flow always ends with an answer. Usage is summed over rounds.
 A round whose ``tool_choice`` names a function is made with structured output (see
 ``_forced_call``), so the forced call's arguments follow the function's schema.
+
+The model can only run what the request offered: a call of a server tool this request did not
+offer (``offered``: validated against the tenant's tool policy) is never run, and goes back to
+the model as an error that lists only the tools offered. Before anything runs, the arguments of
+every held call pass the output guardrails (``guard``: PII redacted inside the JSON, as in the
+answer); a blocked term or PII kind there ends the answer with ``content_filter`` instead.
 """
 
 from __future__ import annotations
@@ -27,10 +33,24 @@ from pipeline.tools.base import ToolCall, ToolContext
 from pipeline.tools.offer import forced_name
 
 ModelRound = Callable[[dict[str, Any]], AsyncIterator[StreamEvent]]
+_SHOWN_NAME = 64  # characters of a name the model made up that are shown back to it
 
 
 class Invoker(Protocol):
     async def run(self, calls: Sequence[ToolCall], context: ToolContext) -> list[ToolRun]: ...
+
+
+class Guarded(Protocol):
+    """A call's arguments after the output guardrails: redacted, or blocked by a rule."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def blocked(self) -> str | None: ...
+
+
+GuardArguments = Callable[[str], Guarded]
 
 
 @dataclass
@@ -149,6 +169,8 @@ class ToolLoop:
         max_rounds: int,
         parent: Context | None,
         runs: list[ToolRun],
+        offered: frozenset[str] = frozenset(),
+        guard: GuardArguments | None = None,
     ) -> None:
         self.model_round = model_round
         self.invoker = invoker
@@ -157,6 +179,8 @@ class ToolLoop:
         self.max_rounds = max_rounds
         self.parent = parent
         self.runs = runs
+        self.offered = offered
+        self.guard = guard
 
     async def events(self, payload: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         usage = Usage(0, 0)
@@ -186,6 +210,11 @@ class ToolLoop:
                 yield Finish("tool_calls" if current.clients else current.finish)
                 yield usage
                 return
+            calls, blocked = self._guarded(calls)
+            if blocked is not None:
+                yield Finish("content_filter", blocked)
+                yield usage
+                return
             messages.extend(await self._run_tools(current, calls))
         yield Finish("length")  # not reached: the last round is asked for no tool calls
         yield usage
@@ -204,15 +233,49 @@ class ToolLoop:
             request["tool_choice"] = "none" if number >= self.max_rounds else "auto"
         return request
 
+    def _guarded(self, calls: list[ToolCall]) -> tuple[list[ToolCall], str | None]:
+        """The calls with their arguments redacted, or the rule that blocks one of them."""
+        if self.guard is None:
+            return calls, None
+        out = []
+        for call in calls:
+            guarded = self.guard(call.arguments)
+            if guarded.blocked is not None:
+                self.runs.append(
+                    ToolRun(
+                        call.name[:_SHOWN_NAME],
+                        call.id,
+                        "refused",
+                        f"Not run: its arguments hold what the policy blocks ({guarded.blocked}).",
+                    )
+                )
+                return [], guarded.blocked
+            out.append(ToolCall(call.id, call.name, guarded.text))
+        return out, None
+
+    def _not_offered(self, call: ToolCall) -> ToolRun:
+        """The refusal of a call of a tool this request did not offer (it is never run)."""
+        offered = ", ".join(sorted(self.offered | self.client_tools)) or "none"
+        return ToolRun(
+            call.name[:_SHOWN_NAME],
+            call.id,
+            "refused",
+            f"There is no tool named '{call.name[:_SHOWN_NAME]}' here. Tools offered: {offered}.",
+        )
+
     async def _run_tools(self, current: _Round, calls: list[ToolCall]) -> list[dict[str, Any]]:
         assert self.invoker is not None
+        runnable = [call for call in calls if call.name in self.offered]
         # The tool spans belong under the generate stage even when a response writer is reading.
         token = otel_context.attach(self.parent) if self.parent is not None else None
         try:
-            runs = await self.invoker.run(calls, self.context)
+            ran = iter(await self.invoker.run(runnable, self.context) if runnable else [])
         finally:
             if token is not None:
                 otel_context.detach(token)
+        runs = [
+            next(ran) if call.name in self.offered else self._not_offered(call) for call in calls
+        ]
         self.runs.extend(runs)
         assistant = {
             "role": "assistant",

@@ -110,11 +110,12 @@ class ToolRegistry:
         return [tool.definition() for tool in chosen.values()]
 
     def lookup(self, name: str) -> Tool:
-        """The tool called ``name``, or ``UnknownTool`` listing the ones there are."""
+        """The tool called ``name``, or ``UnknownTool``. The error lists no tools: the registry
+        holds every tenant's, and which ones a caller may see is the request's to say (the
+        tool loop answers a call of a tool it did not offer with the tools it did)."""
         tool = self._tools.get(name)
         if tool is None:
-            known = ", ".join(sorted(self._tools)) or "none"
-            raise UnknownTool(f"There is no tool named '{_shorten(name)}'. Tools: {known}.")
+            raise UnknownTool(f"There is no tool named '{_shorten(name)}'.")
         return tool
 
     def arguments(self, tool: Tool, raw: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ the store's ``load`` waits 100 ms first, and the tool is a registered server too
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 from pipeline.context import ChatParams, Features, Principal, RequestContext
@@ -34,7 +35,9 @@ class SlowStore(FeatureStore):
 
 
 class PlanSlowLookup:
-    def plan(self, text: str) -> list[ToolCall]:
+    available = frozenset({"slow_lookup"})
+
+    def plan(self, text: str, allowed: Collection[str] | None = None) -> list[ToolCall]:
         return [ToolCall("plan-1", "slow_lookup", "{}"), ToolCall("plan-2", "slow_lookup", "{}")]
 
 

@@ -1,9 +1,11 @@
-"""The output guard on the answer stream: PII redacted across chunk boundaries, the same result
+"""The output guard on the answer stream: PII redacted across chunk boundaries, in the text and
+in tool-call arguments (kept valid JSON, a forced tool_choice included), the same result
 streamed or drained, grounding judged when the answer ends, a violation ending the stream."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -16,9 +18,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pipeline.answer import AnswerStream
 from pipeline.completion import Completion
 from pipeline.context import ChatParams, Passage, Principal, RequestContext
-from pipeline.events import ContentDelta, Finish, StreamEvent, Usage
+from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.guards.policy import PolicyBook
 from pipeline.stages.guard_out import GuardOutput
+from pipeline.tools.base import ToolContext
+from pipeline.tools.loop import ToolLoop
+from tests.pipeline.test_tool_loop import Script, collect
+from tests.support.fuzzing import examples
 
 ANSWER = "Write to jane.doe@example.com or call +44 20 7946 0958 about [kea] and [moa]."
 PASSAGES = [Passage("kea", "kea#0", "Kea", "The kea is a parrot of the Southern Alps.", 1.0)]
@@ -91,7 +97,7 @@ async def test_a_blocked_kind_ends_the_answer_with_content_filter() -> None:
     assert span.attributes["rag.guard.output.violation"] == "pii.email"
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(text=st.text(max_size=120), size=st.integers(min_value=1, max_value=9))
 async def test_streamed_and_whole_answers_come_out_the_same(text: str, size: int) -> None:
     streamed, completion, _ = await guarded(chunks(text + " mail me at ab@cd.io", size))
@@ -99,3 +105,72 @@ async def test_streamed_and_whole_answers_come_out_the_same(text: str, size: int
     assert completion.content == again.content
     assert "".join(e.text for e in streamed if isinstance(e, ContentDelta)) == again.content
     assert "ab@cd.io" not in completion.content
+
+
+CALL_ARGUMENTS = json.dumps(
+    {"to": "jane.doe@example.com", "body": "Call me on +44 20 7946 0958", "n": 4111111111111111}
+)
+
+
+def call_events(arguments: str, size: int) -> list[StreamEvent]:
+    pieces = [arguments[i : i + size] for i in range(0, len(arguments), size)]
+    deltas: list[StreamEvent] = [
+        ToolCallDelta(0, "call-1" if i == 0 else None, "send_email" if i == 0 else None, piece)
+        for i, piece in enumerate(pieces)
+    ]
+    return [*deltas, Finish("tool_calls"), Usage(10, 20)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 500])
+async def test_tool_call_arguments_are_redacted_as_json_whatever_the_fragments(size: int) -> None:
+    out, completion, _ = await guarded(call_events(CALL_ARGUMENTS, size))
+    deltas = [e for e in out if isinstance(e, ToolCallDelta)]
+    assert (deltas[0].id, deltas[0].name) == ("call-1", "send_email")
+    streamed = "".join(d.arguments for d in deltas)
+    assert json.loads(streamed) == {"to": "[EMAIL]", "body": "Call me on [PHONE]", "n": "[CARD]"}
+    (call,) = completion.tool_calls
+    assert call["function"]["arguments"] == streamed
+    assert completion.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "policy, rule",
+    [
+        ('{"*": {"pii": {"email": "block"}}}', "pii.email"),
+        ('{"*": {"blocked_output_terms": ["call me"]}}', "blocked_term"),
+    ],
+)
+async def test_a_blocked_kind_or_term_in_arguments_ends_the_answer(policy: str, rule: str) -> None:
+    out, completion, exporter = await guarded(call_events(CALL_ARGUMENTS, 4), policy)
+    assert out[-1] == Finish("content_filter", rule)
+    assert completion.finish_reason == "content_filter" and completion.finish_detail == rule
+    sent = "".join(e.arguments for e in out if isinstance(e, ToolCallDelta))
+    assert "jane.doe" not in sent and "7946" not in sent
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "guard_out grounding"]
+    assert span.attributes["rag.guard.output.violation"] == rule
+
+
+async def test_a_forced_tool_choice_makes_the_whole_answer_guarded_arguments() -> None:
+    # The model answers a forced call in plain text (structured output); the loop turns that
+    # text into the call's arguments, and those pass the output guard on their way out.
+    schema = {"type": "object", "properties": {"email": {"type": "string"}}}
+    function = {"type": "function", "function": {"name": "subscribe", "parameters": schema}}
+    script = Script(
+        [ContentDelta('{"email": "ana.sil'), ContentDelta('va@example.org"}'), Finish("stop")]
+    )
+    loop = ToolLoop(
+        script,
+        None,
+        ToolContext(Principal("acme", "alice", frozenset({"chat"}), "k")),
+        client_tools=frozenset({"subscribe"}),
+        max_rounds=3,
+        parent=None,
+        runs=[],
+    )
+    request = {"messages": [], "tools": [function], "tool_choice": function}
+    out, completion, _ = await guarded(await collect(loop.events(request)))
+    (call,) = completion.tool_calls
+    assert call["function"]["name"] == "subscribe"
+    assert json.loads(call["function"]["arguments"]) == {"email": "[EMAIL]"}
+    assert completion.finish_reason == "tool_calls"
+    assert "ana.silva" not in "".join(e.arguments for e in out if isinstance(e, ToolCallDelta))

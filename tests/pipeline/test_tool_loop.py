@@ -55,6 +55,8 @@ def loop(script: Script, invoker: Invoker | None, runs: list[ToolRun], **options
         max_rounds=options.get("max_rounds", 3),
         parent=None,
         runs=runs,
+        offered=frozenset(options.get("offered", {"calculator"})),
+        guard=options.get("guard"),
     )
 
 
@@ -169,15 +171,22 @@ async def test_a_fragment_before_its_name_waits_for_it() -> None:
     assert json.loads("".join(c.arguments for c in calls)) == {"a": 1}
 
 
-async def test_a_call_of_an_unknown_name_is_the_servers_to_answer() -> None:
+async def test_a_call_of_an_unknown_name_is_refused_listing_only_the_offered_tools() -> None:
     script = Script(
         [ToolCallDelta(0, "u-1", "no_such_tool", "{}"), Finish("tool_calls"), Usage(1, 1)],
         [ContentDelta("ok"), Finish("stop"), Usage(1, 1)],
     )
     invoker = Invoker()
-    await collect(loop(script, invoker, []).events({"messages": [], **TOOLS}))
-    # The invoker (not the client) gets it, and answers the model with an error result.
-    assert [c.name for c in invoker.calls] == ["no_such_tool"]
+    runs: list[ToolRun] = []
+    await collect(loop(script, invoker, runs, client={"lookup"}).events({"messages": [], **TOOLS}))
+    # Not the client's, not run: the model is told which tools this request offers.
+    assert invoker.calls == []
+    assert [(r.name, r.status) for r in runs] == [("no_such_tool", "refused")]
+    result = script.requests[1]["messages"][-1]
+    assert result["role"] == "tool" and result["tool_call_id"] == "u-1"
+    assert result["content"] == (
+        "There is no tool named 'no_such_tool' here. Tools offered: calculator, lookup."
+    )
 
 
 async def test_a_forced_call_is_asked_for_with_the_functions_schema() -> None:

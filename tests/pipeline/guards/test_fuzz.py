@@ -17,11 +17,13 @@ from pipeline.guards.output import StreamingRedactor
 from pipeline.guards.pii import find_pii, redact
 from pipeline.guards.policy import PolicyBook, PolicyError
 from retrieval import Embedder
+from tests.support.fuzzing import examples
 
 _TRICKY = [
     "\ud800", "\udfff", "\u200b", "\u202e", "\ufeff", "\u2060", "а", "ο", "４", "𝐢", "ﷺ", "ß",
     "İ", "\U000e0041", "%41", "\\u0041", "\\x41", "aWdub3Jl", "0x41", "+1 555", "@x.co",
     "[doc-1]", "<|im_start|>", "\n", "\r\n", "ignore", "4111", "DE89", "::", "1.2.3.4", " ",
+    "[at]", " at ", " dot ", "(at)", "de89", "4111.", "_", "/",
 ]  # fmt: skip
 TEXTS = st.one_of(
     st.text(),
@@ -29,7 +31,7 @@ TEXTS = st.one_of(
     st.lists(st.sampled_from(_TRICKY), max_size=40).map("".join),
     st.lists(st.one_of(st.sampled_from(_TRICKY), st.text(max_size=5)), max_size=20).map("".join),
 )
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 RULES_ONLY = InjectionDetector()
 
 
@@ -82,7 +84,7 @@ def similarity_detector(shared_embedder: Embedder) -> InjectionDetector:
     return InjectionDetector(ExemplarIndex.from_file(shared_embedder))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=list(HealthCheck))
 @given(TEXTS)
 def test_the_similarity_signal_decides_any_text_with_the_real_embedder(
     similarity_detector: InjectionDetector, text: str

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline.guards.output import StreamingRedactor, redact_answer
 from pipeline.guards.segments import RUN_LIMIT
+from tests.support.fuzzing import examples
 
 ANSWER = (
     "Contact Ana at ana.silva@example.com or +44 20 7946 0958. Pay with 4111 1111 1111 1111 "
@@ -42,14 +43,16 @@ def test_the_first_text_is_emitted_long_before_the_answer_ends() -> None:
     assert first < 12 < len(text) // 50
 
 
-def test_prose_is_emitted_with_at_most_the_current_word_held_back() -> None:
+def test_prose_is_emitted_with_at_most_the_last_two_words_held_back() -> None:
+    # The word before the last space waits for the next character: "name [at] ..." would make
+    # it an address.
     redactor = StreamingRedactor()
     text = "the quick brown fox jumps over the lazy dog and keeps running far away "
     emitted = ""
     for i in range(0, len(text), 4):
         emitted += redactor.feed(text[i : i + 4])
         received = text[: i + 4]
-        assert len(received) - len(emitted) <= len(received.split(" ")[-1]) + 1
+        assert len(received) - len(emitted) <= len(" ".join(received.split(" ")[-2:]))
     assert emitted + redactor.end() == text
 
 
@@ -81,6 +84,13 @@ def test_a_blocked_pii_kind_is_redacted_and_reported() -> None:
     pieces, redactor = stream("card 4111111111111111.", 2, block_kinds=["card"])
     assert "".join(pieces) == "card [CARD]."
     assert [v.rule for v in redactor.violations] == ["pii.card"]
+
+
+def test_overlapping_matches_are_redacted_as_one_and_each_blocked_one_counts() -> None:
+    text = "mail jane.doe@example.com now"
+    redacted, found = redact_answer(text, block_kinds=["email"], blocked_terms=["example.com"])
+    assert redacted == "mail [BLOCKED] now"  # not "jane.doe@[BLOCKED]"
+    assert sorted(v.rule for v in found) == ["blocked_term", "pii.email"]
 
 
 def test_kinds_not_asked_for_are_left_alone() -> None:
@@ -119,16 +129,26 @@ _PIECES = st.one_of(
             "529.982.247-25", "AB 12 34 56 C", "version ", "order ", "Secret Project", " ",
             "\u200b", "４", "ﷺ", "\ud800", "1" * 40, "x@" + "b." * 80 + "com",
             "DE00 " * 70, "y@555 7x@" * 40, "4111 " * 70, "a" * 300,
+            "ana [at] example [dot] com", "jo.ana at example dot com", "email me: x at y dot io",
+            "n(at)ex(dot)pt", "x @ y . com", " [at] ", " at ", " dot ", " [dot] ", "[", "(at",
+            "4111.1111.1111.1111", "4111/1111/1111/1111", "4111_1111-1111.1111",
+            "de89 3704 0044 0532 0130 00", "gb82 west 1234 5698 7654 32", "gb82 ",
+            "a [at] " * 40, "x at y dot " * 30, "de00 " * 60, "1/" * 100,
         ]
     ),
     st.text(alphabet="0123456789 .-+()@:ABCDEab#\u200b\n", max_size=30),
+    st.text(alphabet="at do[]()@. xyzcom0123/_", max_size=30),
     st.text(max_size=8),
 )  # fmt: skip
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(_PIECES, max_size=20), st.lists(st.integers(1, 12), min_size=1, max_size=30))
 @example(["+44 20 7946 0958", "ana@example.com", "ﷺ", "DE00 " * 70], [1])  # held 293 > 292 once
+# Matches that crossed runs once chained their extents and held the whole text back.
+@example(["de00 " * 180], [1])
+@example(["gb82 west 1234 5698 7654 32@" * 12, "a [at] b [dot] com@" * 20], [3])
+@example(["ana [at] example [dot] com", "jo.ana at example dot com"], [1])
 def test_any_chunking_gives_the_whole_text_redaction_within_the_holdback_bound(
     parts: list[str], sizes: list[int]
 ) -> None:

@@ -17,6 +17,7 @@ from pipeline.tools.calculator import CalculatorError, calculate, calculator_too
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.registry import ToolRegistry
 from tests.pipeline.tools.support import Tracing, caller
+from tests.support.fuzzing import examples
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,7 @@ async def test_the_tool_answers_with_the_expression_and_its_value(tracing: Traci
     assert bad.status == "error" and "attribute access" in bad.content
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(alphabet=st.sampled_from("0123456789+-*/%^().,e xpisqrtlogabsmn_[]'\"")))
 def test_any_input_gives_a_number_or_a_calculator_error(text: str) -> None:
     try:
@@ -161,7 +162,7 @@ def test_any_input_gives_a_number_or_a_calculator_error(text: str) -> None:
         assert isinstance(value, int | float) and not isinstance(value, bool)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=600))
 def test_any_unicode_text_gives_a_number_or_a_calculator_error(text: str) -> None:
     try:
@@ -190,7 +191,7 @@ def _tree(depth: int) -> st.SearchStrategy[tuple[str, int]]:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(_tree(4))
 def test_generated_expressions_have_their_computed_value(case: tuple[str, int]) -> None:
     text, value = case

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.registry import ToolArgumentsError, ToolRegistry, UnknownTool
+from tests.support.fuzzing import examples
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -99,8 +100,10 @@ def test_deeply_nested_arguments_are_refused(registry: ToolRegistry) -> None:
         registry.arguments(TOOL, "[" * 5000 + "]" * 5000)
 
 
-def test_unknown_names_are_refused_listing_the_tools(registry: ToolRegistry) -> None:
-    with pytest.raises(UnknownTool, match=r"no tool named 'rm_rf'\. Tools: calc\."):
+def test_unknown_names_are_refused_without_listing_every_tenants_tools(
+    registry: ToolRegistry,
+) -> None:
+    with pytest.raises(UnknownTool, match=r"^There is no tool named 'rm_rf'\.$"):
         registry.lookup("rm_rf")
     assert registry.get("rm_rf") is None and "calc" in registry
 
@@ -133,7 +136,7 @@ JSON = st.recursive(
 SHARED = ToolRegistry([TOOL])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=200))
 def test_any_text_is_parsed_or_refused_with_a_tool_error(text: str) -> None:
     try:
@@ -144,7 +147,7 @@ def test_any_text_is_parsed_or_refused_with_a_tool_error(text: str) -> None:
         assert isinstance(result, dict) and isinstance(result["expression"], str)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(JSON)
 def test_any_json_value_is_accepted_only_when_it_fits_the_schema(value: Any) -> None:
     raw = json.dumps(value)

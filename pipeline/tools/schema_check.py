@@ -1,0 +1,137 @@
+"""Checking the JSON Schemas a caller sends as ``tools[].function.parameters``, at bounded cost.
+
+A schema is a program for two interpreters: the JSON Schema validator that checks it here and
+the guided-decoding compiler that vLLM builds from it. Both grow with its size, nesting and
+branching, so a schema is first measured (one iterative pass, no recursion) against limits on
+its encoded size, its depth and its branches (subschemas under ``anyOf``/``oneOf``/``allOf``/
+``not``/``if``/``then``/``else``), and references outside the schema itself are refused (nothing
+here may fetch a URL a caller names). Only a schema within the limits is checked against the
+JSON Schema meta-schema, in a worker thread under a time budget, so the event loop never runs
+it and a pathological schema that slips through the limits still ends in a 400, not a stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from pipeline.errors import InvalidRequest
+
+BRANCHING: Final = frozenset({"anyOf", "oneOf", "allOf", "not", "if", "then", "else"})
+
+
+@dataclass(frozen=True)
+class SchemaLimits:
+    """What one function's parameters schema may be."""
+
+    max_bytes: int = 16_384
+    max_depth: int = 16
+    max_branches: int = 64
+    budget_s: float = 1.0
+
+
+class SchemaRefused(InvalidRequest):
+    """A tool schema over the limits or not a valid JSON Schema (400 naming the tool)."""
+
+
+def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
+    """Raise ``SchemaRefused`` if ``schema`` is over the limits or refers outside itself."""
+    try:
+        size = len(orjson.dumps(schema))
+    except orjson.JSONEncodeError as exc:  # an integer past 64 bits, a non-string key
+        raise SchemaRefused(
+            f"{param}: the schema cannot be encoded as JSON ({exc}).",
+            param=param,
+            code="invalid_tool_schema",
+        ) from None
+    if size > limits.max_bytes:
+        raise SchemaRefused(
+            f"{param}: the schema is {size} bytes; at most {limits.max_bytes} are accepted.",
+            param=param,
+            code="tool_schema_too_large",
+        )
+    branches = 0
+    stack: list[tuple[int, Any]] = [(0, schema)]
+    while stack:
+        depth, node = stack.pop()
+        if isinstance(node, dict | list) and depth >= limits.max_depth:
+            raise SchemaRefused(
+                f"{param}: the schema is nested more than {limits.max_depth} levels deep.",
+                param=param,
+                code="tool_schema_too_deep",
+            )
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in BRANCHING:
+                    branches += len(value) if isinstance(value, list) else 1
+                if key in ("$ref", "$dynamicRef") and not _local(value):
+                    raise SchemaRefused(
+                        f"{param}: only references inside the schema ('#...') are accepted.",
+                        param=param,
+                        code="tool_schema_remote_ref",
+                    )
+                stack.append((depth + 1, value))
+        elif isinstance(node, list):
+            stack.extend((depth + 1, item) for item in node)
+        if branches > limits.max_branches:
+            raise SchemaRefused(
+                f"{param}: the schema has more than {limits.max_branches} branches "
+                "(subschemas of anyOf, oneOf, allOf, not, if/then/else).",
+                param=param,
+                code="tool_schema_too_complex",
+            )
+
+
+def _local(ref: Any) -> bool:
+    return isinstance(ref, str) and ref.startswith("#")
+
+
+def _meta_check(schemas: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    for param, schema in schemas:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise SchemaRefused(
+                f"{param}: not a valid JSON Schema: {exc.message}",
+                param=param,
+                code="invalid_tool_schema",
+            ) from None
+        except RecursionError:
+            raise SchemaRefused(
+                f"{param}: not a valid JSON Schema: nested too deeply",
+                param=param,
+                code="tool_schema_too_deep",
+            ) from None
+
+
+async def check_tool_schemas(
+    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None
+) -> None:
+    """Every function's parameters schema within the limits and valid, or ``SchemaRefused``."""
+    limits = limits or SchemaLimits()
+    schemas = []
+    for index, tool in enumerate(tools):
+        schema = (tool.get("function") or {}).get("parameters")
+        if schema is None:
+            continue
+        param = f"tools.{index}.function.parameters"
+        measure(schema, limits, param)
+        schemas.append((param, schema))
+    if not schemas:
+        return
+    try:
+        async with asyncio.timeout(limits.budget_s):
+            await asyncio.to_thread(_meta_check, schemas)
+    except TimeoutError:
+        raise SchemaRefused(
+            f"The tool schemas could not be checked within {limits.budget_s:g} s; "
+            "send smaller schemas.",
+            param="tools",
+            code="tool_schema_too_complex",
+        ) from None
