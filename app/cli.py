@@ -1,7 +1,7 @@
 """The ``rag`` command: keys, serving, ingestion.
 
-rag keys create --tenant T --user U [--scopes chat,retrieve,ingest] [--key VALUE]
-rag keys revoke KEY
+rag keys create --tenant T --user U [--scopes chat,retrieve,ingest,admin] [--key VALUE]
+rag keys revoke KEY         (its queued jobs fail with ``key_revoked``; they are never run)
 rag serve [--host H] [--port P]
 """
 
@@ -18,9 +18,10 @@ from opentelemetry import trace
 from app.cli_features import add_commands as add_feature_commands
 from app.cli_jobs import add_commands as add_job_commands
 from app.ingest_files import Skipped, read_documents
+from app.jobs import job_queue
 from app.services import build_index_store, build_key_store
 from app.settings import get_settings
-from pipeline.keys import DEFAULT_SCOPES, ApiKeyStore
+from pipeline.keys import DEFAULT_SCOPES, ApiKeyStore, validate_scopes
 from pipeline.kv import KeyValueStore, StoreUnavailable
 from retrieval import Document, DocumentError, Embedder, IndexStore
 
@@ -34,8 +35,9 @@ def _key_store() -> ApiKeyStore:
 
 
 async def _create_key(args: argparse.Namespace) -> int:
-    store = _key_store()
     scopes = frozenset(s.strip() for s in args.scopes.split(",") if s.strip())
+    validate_scopes(scopes)  # refused before anything is stored (an empty --scopes too)
+    store = _key_store()
     try:
         raw = await store.create(args.tenant, args.user, scopes, raw_key=args.key)
     finally:
@@ -45,13 +47,23 @@ async def _create_key(args: argparse.Namespace) -> int:
 
 
 async def _revoke_key(args: argparse.Namespace) -> int:
+    """Revoke the key, then settle the jobs it left queued (they fail with ``key_revoked``);
+    a job a worker started meanwhile fails the worker's own check of the key."""
     store = _key_store()
     try:
         revoked = await store.revoke(args.key)
+        settled = (
+            await job_queue(get_settings(), store.kv).settle_revoked(revoked.tenant, revoked.key_id)
+            if revoked is not None
+            else 0
+        )
     finally:
         await store.kv.aclose()
-    print("revoked" if revoked else "no such key", file=sys.stderr)
-    return 0 if revoked else 1
+    if revoked is None:
+        print("no such key", file=sys.stderr)
+        return 1
+    print(f"revoked; {settled} queued job(s) of this key will not run", file=sys.stderr)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -131,10 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="create a key and print it (shown only once)")
     create.add_argument("--tenant", required=True)
     create.add_argument("--user", required=True)
-    create.add_argument("--scopes", default=",".join(sorted(DEFAULT_SCOPES)))
-    create.add_argument("--key", help="use this value instead of a generated one")
+    create.add_argument(
+        "--scopes",
+        default=",".join(sorted(DEFAULT_SCOPES)),
+        help="comma-separated: chat, retrieve, ingest, admin (admin: every user's jobs of the "
+        "tenant); at least one",
+    )
+    create.add_argument(
+        "--key",
+        help="use this value instead of a generated one (at least 32 random-looking characters)",
+    )
     create.set_defaults(run=_create_key)
-    revoke = keys.add_parser("revoke", help="revoke a key")
+    revoke = keys.add_parser("revoke", help="revoke a key (its queued jobs will not run)")
     revoke.add_argument("key")
     revoke.set_defaults(run=_revoke_key)
 

@@ -3,6 +3,7 @@
 rag worker [--workers N] [--concurrency N]       run jobs until SIGTERM (or Ctrl-C)
 rag jobs submit FILE.jsonl --out RESULTS.jsonl [--url U] [--key K]
 rag webhooks secret --tenant T [--rotate]        print (or replace) a tenant's signing secret
+                                                 (needs RAG_JOBS__WEBHOOK_SECRET_KEY once set)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from app.jobs_batch import BatchOptions, run_batch
 from app.services import Services
 from app.settings import get_settings
 from app.telemetry import build_tracer_provider, tracer_from
+from pipeline.jobs.secret_box import SecretUnreadable
 from pipeline.keys import validate_name
 from pipeline.kv import KeyValueStore
 
@@ -94,6 +96,8 @@ async def _secret(args: argparse.Namespace) -> int:
     try:
         secrets = webhook_secrets(settings, kv)
         secret = await (secrets.rotate if args.rotate else secrets.current)(args.tenant)
+    except SecretUnreadable as exc:
+        raise ValueError(str(exc)) from None  # a configuration error: `rag: ...`, status 2
     finally:
         await kv.aclose()
     print(secret)

@@ -21,6 +21,7 @@ from app.settings import Settings
 from pipeline.context import CacheControl, RequestContext
 from pipeline.jobs.model import Job
 from pipeline.jobs.queue import JobQueue
+from pipeline.jobs.secret_box import SecretBox
 from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
@@ -63,14 +64,21 @@ def job_queue(
         result_ttl=jobs.result_ttl_seconds,
         idempotency_ttl=jobs.idempotency_ttl_seconds,
         poll_kv=poll_kv,
+        queued_ttl=jobs.queued_ttl_seconds,
+        max_stream_length=jobs.max_stream_length,
+        max_queued_per_tenant=jobs.max_queued_per_tenant,
+        submit_rate=jobs.submit_rate_per_minute / 60,
+        submit_burst=jobs.submit_burst,
     )
 
 
 def webhook_secrets(settings: Settings, kv: KeyValueStore) -> WebhookSecrets:
+    key = settings.jobs.webhook_secret_key
     return WebhookSecrets(
         kv,
         prefix=settings.redis.key_prefix,
         grace_seconds=settings.jobs.webhook_secret_grace_seconds,
+        box=SecretBox.from_setting(key.get_secret_value() if key is not None else None),
     )
 
 
@@ -143,6 +151,9 @@ async def start_job_workers(services: Services, count: int | None = None) -> Job
             # A job still running after this is handed back to the queue.
             stop_grace=settings.jobs.visibility_timeout_seconds,
             webhooks=sender,
+            sweep_seconds=settings.jobs.sweep_seconds,
+            webhook_concurrency=settings.jobs.webhook_concurrency,
+            webhook_tenant_concurrency=settings.jobs.webhook_tenant_concurrency,
         )
         for _ in range(count)
     ]

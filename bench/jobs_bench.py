@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import statistics
 import tempfile
 import time
@@ -38,6 +39,8 @@ from pipeline.jobs.worker import JobWorker
 from pipeline.kv import KeyValueStore
 from tests.support.servers import RedisServer
 
+# A custom key strong enough for the key store's checks (random, made once per run).
+BENCH_KEY = f"rag-bench-{secrets.token_urlsafe(32)}"
 PRINCIPAL = Principal("bench", "bench", frozenset({"chat"}), "rag-bench")
 
 
@@ -53,14 +56,14 @@ def summary(name: str, values_ms: list[float]) -> str:
     )
 
 
-def job(question: str, max_tokens: int = 16) -> Job:
+def job(question: str, max_tokens: int = 16, principal: Principal | None = None) -> Job:
     body = {
         "model": "smollm2",
         "messages": [{"role": "user", "content": question}],
         "max_tokens": max_tokens,
         "temperature": 0,
     }
-    return Job.create(PRINCIPAL, body, max_attempts=3)
+    return Job.create(principal or PRINCIPAL, body, max_attempts=3)
 
 
 async def drain(
@@ -156,14 +159,17 @@ async def trickle(
 
 
 async def without_queue(
-    execute: Callable[[Job], Awaitable[dict[str, Any]]], questions: list[str], concurrency: int
+    execute: Callable[[Job], Awaitable[dict[str, Any]]],
+    questions: list[str],
+    concurrency: int,
+    principal: Principal | None = None,
 ) -> float:
     """The same path run directly (as the chat route runs it), ``concurrency`` at a time."""
     limit = asyncio.Semaphore(concurrency)
 
     async def one(question: str) -> None:
         async with limit:
-            await execute(job(question))
+            await execute(job(question, principal=principal))
 
     started = time.perf_counter()
     await asyncio.gather(*(one(q) for q in questions))
@@ -187,15 +193,17 @@ async def llm_throughput(llm_url: str, count: int, worker_counts: list[int]) -> 
         return await run_job(services, job)
 
     try:
-        await services.keys.create("bench", "bench", frozenset({"chat"}), raw_key="rag-bench.x")
+        await services.keys.create("bench", "bench", frozenset({"chat"}), raw_key=BENCH_KEY)
+        owner = await services.keys.resolve(BENCH_KEY)
+        assert owner is not None
         await queue.ensure_group()
         for workers in worker_counts:
             tag = uuid.uuid4().hex[:6]
             questions = [f"In a few words, what is {i} + {i}? ({tag})" for i in range(count)]
-            ids = {(await queue.submit(job(q)))[0].id for q in questions}
+            ids = {(await queue.submit(job(q, principal=owner)))[0].id for q in questions}
             elapsed = await drain(queue, execute, ids, workers=workers, concurrency=1)
             direct = [f"In a few words, what is {i} + {i}? ({tag}, direct)" for i in range(count)]
-            base = await without_queue(execute, direct, workers)
+            base = await without_queue(execute, direct, workers, owner)
             print(
                 f"{workers} worker(s): {count} jobs in {elapsed:.1f} s = "
                 f"{count * 60 / elapsed:.1f} jobs/min; the same path without the queue, "

@@ -1,10 +1,16 @@
 """/v1/jobs: submit a chat request to run later, look it up, list, cancel.
 
-A job body is a chat-completions body (not streamed) plus ``webhook_url`` and ``metadata``.
+A job body is a chat-completions body (not streamed) plus ``webhook_url`` and ``metadata``;
+any other top-level field is refused (400 naming it), so nothing unknown is ever stored.
 Everything that can be checked at submit is checked then (schema, model, context size, webhook
 URL), so a job that is queued can only fail for reasons that arise when it runs. When Redis
 cannot be reached the answer is a 503 with ``Retry-After``: a job is never acknowledged unless
-it is stored.
+it is stored. A tenant that submits too fast, or has too many jobs queued, gets a 429 with
+``Retry-After``; a full queue is a 503 with it.
+
+A job belongs to the user who submitted it: another user of the tenant gets a 404 for it, as for
+a job that does not exist, unless their key has the ``admin`` scope (which also lists every
+user's jobs with ``all_users=true``). Another tenant's job is a 404 for every key.
 """
 
 from __future__ import annotations
@@ -15,36 +21,49 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.exceptions import RequestValidationError
 from opentelemetry import trace
 from opentelemetry.propagate import inject
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from starlette.responses import Response
 
-from app.auth import bearer_token
+from app.auth import PRINCIPAL, bearer_token
+from app.bodies import BodyLimits, read_body, request_body
 from app.jobs import job_queue
-from app.path import guard_in_stage
+from app.path import guard_in_stage, validate_stage
 from app.responses import JSONResponse
 from app.schemas import ChatCompletionRequest
 from app.services import Services, ServicesDep
 from pipeline import attributes as attr
 from pipeline.context import Principal, RequestContext
-from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
+from pipeline.errors import (
+    AuthenticationFailed,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    ServiceUnavailable,
+)
 from pipeline.jobs.model import Job, is_job_id
-from pipeline.jobs.queue import Conflict
+from pipeline.jobs.queue import Conflict, TooManyJobs
 from pipeline.jobs.urls import UrlPolicy, WebhookUrlRefused
 from pipeline.kv import StoreUnavailable
 from pipeline.stages.auth import Authenticate
-from pipeline.stages.validate import ValidateRequest
 
 router = APIRouter(tags=["jobs"])
 
 MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
+ADMIN = "admin"
+SHOWN_NAME_CHARS = 64
+LIMITS = BodyLimits()
 
 
 class JobRequest(ChatCompletionRequest):
-    """A chat-completions body plus the job's own fields; ``stream`` must be false."""
+    """A chat-completions body plus the job's own fields; ``stream`` must be false. Unlike a
+    chat request, which ignores fields it does not know (newer clients keep working), a job is
+    stored: a field it does not know is refused rather than kept."""
+
+    model_config = ConfigDict(extra="forbid")
 
     webhook_url: str | None = Field(None, description="POSTed the job when it finishes.")
     metadata: dict[MetadataKey, MetadataValue] | None = Field(
@@ -66,14 +85,17 @@ Endpoint = Callable[..., Awaitable[Response]]
 
 
 def retry_later_on_outage(endpoint: Endpoint) -> Endpoint:
-    """Redis unreachable (the queue, or the key store behind auth): 503 with ``Retry-After``."""
+    """Redis unreachable (the queue, or the key store behind auth), or the queue full: 503 with
+    ``Retry-After``; the tenant over one of its limits: 429 with ``Retry-After``."""
 
     @functools.wraps(endpoint)
     async def wrapper(*args: Any, **kwargs: Any) -> Response:
+        services: Services = kwargs["services"]
         try:
             return await endpoint(*args, **kwargs)
+        except TooManyJobs as exc:
+            return _retry_later(exc, exc.retry_after)
         except (StoreUnavailable, ServiceUnavailable) as exc:
-            services: Services = kwargs["services"]
             error = (
                 exc
                 if isinstance(exc, ServiceUnavailable)
@@ -82,23 +104,60 @@ def retry_later_on_outage(endpoint: Endpoint) -> Endpoint:
                     code="queue_unavailable",
                 )
             )
-            retry_after = max(1, math.ceil(services.settings.redis.retry_after_seconds))
-            return JSONResponse(
-                error.to_dict(), status_code=503, headers={"Retry-After": str(retry_after)}
-            )
+            default = services.settings.redis.retry_after_seconds
+            return _retry_later(error, getattr(error, "retry_after", default))
 
     return wrapper
 
 
-async def _principal(request: Request, services: Services) -> Principal:
-    return await Authenticate(services.keys, scope="chat").authenticate(bearer_token(request))
+def _retry_later(error: ServiceUnavailable | TooManyJobs, seconds: float) -> Response:
+    return JSONResponse(
+        error.to_dict(),
+        status_code=error.status_code,
+        headers={"Retry-After": str(max(1, math.ceil(seconds)))},
+    )
 
 
-def _parse(raw: bytes) -> JobRequest:
-    try:
-        return JobRequest.model_validate_json(raw or b"null")
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from None
+async def _principal(request: Request, services: Services, *scopes: str) -> Principal:
+    """The caller (resolved by the auth middleware when it runs, else here), which must carry
+    one of ``scopes``."""
+    principal: Principal | None = getattr(request.state, PRINCIPAL, None)
+    if principal is None:
+        principal = await Authenticate(services.keys).resolve(bearer_token(request))
+    if not any(principal.can(scope) for scope in scopes):
+        raise PermissionDenied(f"This API key lacks the '{scopes[0]}' scope.")
+    return principal
+
+
+def _owner(principal: Principal) -> str | None:
+    """Whose jobs the caller may see: its own user's, or (admin) every user's of its tenant."""
+    return None if principal.can(ADMIN) else principal.user
+
+
+async def _parse(raw: bytes) -> JobRequest:
+    """``app.bodies`` refuses what nothing downstream can use (integers past 64 bits, which
+    the job record's JSON encoder cannot write; non-finite numbers; deep nesting), naming the
+    field, inline when small and in a worker thread when large; then the job's schema, where an
+    unknown top-level field is refused by name."""
+    return await read_body(raw or b"null", JobRequest, LIMITS, refine=_refine)
+
+
+def _refine(errors: list[Any]) -> Exception | None:
+    for error in errors:
+        loc = error.get("loc", ())
+        if error.get("type") == "extra_forbidden" and len(loc) == 1:
+            return _unknown_field(str(loc[0]))
+    return None
+
+
+def _unknown_field(name: str) -> InvalidRequest:
+    shown = name if len(name) <= SHOWN_NAME_CHARS else name[: SHOWN_NAME_CHARS - 1] + "…"
+    return InvalidRequest(
+        f"Unknown field {shown!r} in a job body: a job takes the chat-completions fields this "
+        "service supports, plus webhook_url and metadata. Nothing was stored.",
+        param=shown,
+        code="unknown_field",
+    )
 
 
 async def _check(services: Services, body: JobRequest, principal: Principal) -> RequestContext:
@@ -112,11 +171,7 @@ async def _check(services: Services, body: JobRequest, principal: Principal) -> 
         deadline=0.0,
         principal=principal,
     )
-    await ValidateRequest(
-        routes=services.routes,
-        context_length=settings.llm.context_length,
-        server_tools=services.server_tools,
-    )(ctx)
+    await validate_stage(settings, services)(ctx)
     guard = guard_in_stage(services)
     if guard is not None:
         await guard(ctx)
@@ -147,18 +202,32 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-@router.post("/v1/jobs", status_code=202, response_model=None)
+@router.post(
+    "/v1/jobs", status_code=202, response_model=None, openapi_extra=request_body(JobRequest)
+)
 @retry_later_on_outage
 async def create_job(request: Request, services: ServicesDep) -> Response:
-    principal = await _principal(request, services)
-    raw = await request.body()
+    principal = await _principal(request, services, "chat")
+    queue = job_queue(services.settings, services.kv)
+    await queue.take_submit_token(principal.tenant)  # before any work that grows with the body
+    if not await services.keys.is_active(principal.key_id):
+        # Resolved keys are cached for seconds; a job outlives that, so it asks Redis itself:
+        # a key revoked a moment ago queues nothing (its queued jobs were settled then).
+        raise AuthenticationFailed("The API key of this request has been revoked.")
     limit = services.settings.jobs.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"A job body may be at most {limit} bytes; this one has {declared}.",
+            code="request_too_large",
+        )
+    raw = await request.body()
     if len(raw) > limit:
         raise PayloadTooLarge(
             f"A job body may be at most {limit} bytes; this one has {len(raw)}.",
             code="request_too_large",
         )
-    body = _parse(raw)
+    body = await _parse(raw)
     checked = await _check(services, body, principal)
     key = _idempotency_key(request)
     carrier: dict[str, str] = {}
@@ -171,7 +240,7 @@ async def create_job(request: Request, services: ServicesDep) -> Response:
         metadata=body.metadata,
         traceparent=carrier.get("traceparent"),
     )
-    job, created = await job_queue(services.settings, services.kv).submit(job, key)
+    job, created = await queue.submit(job, key)
     trace.get_current_span().set_attribute(attr.JOB_ID, job.id)
     headers = {"Location": f"/v1/jobs/{job.id}"}
     if not created:
@@ -181,12 +250,13 @@ async def create_job(request: Request, services: ServicesDep) -> Response:
 
 
 async def _owned(services: Services, principal: Principal, job_id: str) -> Job:
+    queue = job_queue(services.settings, services.kv)
     job = (
-        await job_queue(services.settings, services.kv).get_for(principal.tenant, job_id)
+        await queue.get_for(principal.tenant, job_id, _owner(principal))
         if is_job_id(job_id)
         else None
     )
-    if job is None:  # another tenant's job is as absent as one that never existed
+    if job is None:  # another tenant's (or user's) job is as absent as one that never existed
         raise NotFound(f"No job with id '{job_id}'.", param="job_id", code="job_not_found")
     return job
 
@@ -194,16 +264,18 @@ async def _owned(services: Services, principal: Principal, job_id: str) -> Job:
 @router.get("/v1/jobs/{job_id}", response_model=None)
 @retry_later_on_outage
 async def get_job(job_id: str, request: Request, services: ServicesDep) -> Response:
-    principal = await _principal(request, services)
+    principal = await _principal(request, services, "chat", ADMIN)
     return JSONResponse((await _owned(services, principal, job_id)).public())
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=None)
 @retry_later_on_outage
 async def cancel_job(job_id: str, request: Request, services: ServicesDep) -> Response:
-    principal = await _principal(request, services)
+    principal = await _principal(request, services, "chat", ADMIN)
     job = await _owned(services, principal, job_id)
-    outcome = await job_queue(services.settings, services.kv).cancel(principal.tenant, job.id)
+    outcome = await job_queue(services.settings, services.kv).cancel(
+        principal.tenant, job.id, _owner(principal)
+    )
     if outcome == "missing":
         raise NotFound(f"No job with id '{job_id}'.", param="job_id", code="job_not_found")
     if outcome != "cancelled":
@@ -221,11 +293,18 @@ async def list_jobs(
     services: ServicesDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(max_length=64)] = None,
+    all_users: bool = False,
 ) -> Response:
-    principal = await _principal(request, services)
+    principal = await _principal(request, services, "chat", ADMIN)
+    if all_users and not principal.can(ADMIN):
+        raise PermissionDenied(
+            "Listing the jobs of every user of the tenant needs a key with the 'admin' scope.",
+            param="all_users",
+        )
     queue = job_queue(services.settings, services.kv)
+    user = None if all_users else principal.user
     try:
-        jobs, more = await queue.page(principal.tenant, limit=limit, after=after)
+        jobs, more = await queue.page(principal.tenant, limit=limit, after=after, user=user)
     except KeyError:
         raise InvalidRequest(
             f"after: no job with id '{after}' to continue from.", param="after"

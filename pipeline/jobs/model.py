@@ -91,6 +91,7 @@ class Job:
     deliveries: list[dict[str, Any]] = field(default_factory=list)
     traceparent: str | None = None
     digest: str = ""
+    expires: float | None = None  # a queued job not started by then fails (set by the queue)
 
     @classmethod
     def create(
@@ -167,6 +168,7 @@ class Job:
             deliveries=_json(fields, "deliveries") or [],
             traceparent=_text(fields, "traceparent"),
             digest=fields.get(b"digest", b"").decode(),
+            expires=_time(fields, "expires"),
         )
 
     def public(self) -> dict[str, Any]:
@@ -181,6 +183,7 @@ class Job:
             "finished_at": int(self.finished) if self.finished else None,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
+            "expires_at": int(self.expires) if self.expires and self.status == QUEUED else None,
             "metadata": self.metadata,
             "result": self.result,
             "error": self.error,

@@ -2,34 +2,56 @@
 
 Keys (all under one hash tag, so they live in one slot of a Redis Cluster):
 
-    {prefix}{jobs}:stream              the work: one entry per queued run, ``id`` = job id
-    {prefix}{jobs}:job:{id}            the job's record (a hash); finished ones expire
-    {prefix}{jobs}:tenant:{tenant}     the tenant's jobs, a sorted set scored by creation (µs)
-    {prefix}{jobs}:idem:{tenant}:{h}   idempotency key (hashed) -> job id, with a TTL
+    {prefix}{jobs}:stream                 the work: one entry per queued run, ``id`` = job id
+    {prefix}{jobs}:job:{id}               the job's record (a hash); finished ones expire
+    {prefix}{jobs}:tenant:{tenant}        the tenant's jobs, a sorted set scored by creation (µs)
+    {prefix}{jobs}:user:{tenant}:{user}   one user's jobs, the same way
+    {prefix}{jobs}:queued                 queued jobs, scored by when they expire (the sweep)
+    {prefix}{jobs}:queued:{tenant}        the tenant's queued jobs, the same way (its limit)
+    {prefix}{jobs}:rate:{tenant}          the tenant's submit token bucket
+    {prefix}{jobs}:idem:{tenant}:{user}:{h}   idempotency key (hashed) -> job id, with a TTL
 
-Submitting is one script (stream entry, record, index and idempotency key together, or nothing).
-Writes made by workers (finish, requeue, webhook settled) are retried with backoff, since losing
-one would run a job again; unlike the response cache, the queue never fails open.
+Submitting is one script (stream entry, record, indexes and idempotency key together, or
+nothing), which also enforces the stream's cap and the tenant's limit on queued jobs, so every
+API replica shares them. Writes made by workers (finish, requeue, webhook settled) are retried
+with backoff, since losing one would run a job again; unlike the response cache, the queue never
+fails open.
+
+Lifetime: a queued job that no worker starts within ``queued_ttl`` seconds fails (``job_expired``)
+and is never run, whether a worker finds it late (``start``) or the sweep does. The stream is
+capped (``XADD ... MAXLEN ~``): submit refuses new work at the cap, so trimming only drops entries
+when requeues push past it; a queued job whose entry was trimmed fails (``job_dropped``) at the
+next sweep. Redis losing the consumer group (a restart without persistence, a flush) is repaired
+on the spot: a read that meets ``NOGROUP`` creates the group again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
+from redis.exceptions import ResponseError
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ServiceUnavailable
 from pipeline.jobs import scripts
 from pipeline.jobs.model import Job
 from pipeline.kv import KeyValueStore, ScriptArg, StoreUnavailable
 
+log = logging.getLogger("rag.jobs")
+T = TypeVar("T")
+
 GROUP: Final = "workers"
 LIST_SCAN_BUDGET: Final = 1000
+SWEEP_BATCH: Final = 100
+# When the queue is full nothing says when room will free up; a client polling every 10 s costs
+# the service little and loses little time.
+FULL_RETRY_AFTER: Final = 10.0
 
 
 class Conflict(PipelineError):
@@ -37,6 +59,36 @@ class Conflict(PipelineError):
 
     status_code = 409
     error_type = "invalid_request_error"
+
+
+class TooManyJobs(PipelineError):
+    """429: the tenant submits too fast, or has as many queued jobs as it may; retry later."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, code: str, retry_after: float) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class QueueFull(ServiceUnavailable):
+    """503: the stream is at its cap (all tenants together); retry later."""
+
+    def __init__(self, message: str, *, retry_after: float = FULL_RETRY_AFTER) -> None:
+        super().__init__(message, code="queue_full")
+        self.retry_after = retry_after
+
+
+def job_error(message: str, error_type: str, code: str) -> dict[str, Any]:
+    return {"message": message, "type": error_type, "param": None, "code": code}
+
+
+KEY_REVOKED: Final = job_error(
+    "The API key that submitted this job was revoked before the job ran; it was not run.",
+    "authentication_error",
+    "key_revoked",
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +118,11 @@ class JobQueue:
         poll_kv: KeyValueStore | None = None,
         write_attempts: int = 6,
         write_backoff: float = 0.5,
+        queued_ttl: float = 86_400,
+        max_stream_length: int = 100_000,
+        max_queued_per_tenant: int = 1_000,
+        submit_rate: float = 10.0,
+        submit_burst: int = 60,
     ) -> None:
         self.kv = kv
         self.poll_kv = poll_kv or kv
@@ -74,27 +131,70 @@ class JobQueue:
         self.idempotency_ttl = idempotency_ttl
         self.write_attempts = write_attempts
         self.write_backoff = write_backoff
-        base = f"{prefix}{{jobs}}:"
+        self.queued_ttl = queued_ttl
+        self.max_stream_length = max_stream_length
+        self.max_queued_per_tenant = max_queued_per_tenant
+        self.submit_rate = submit_rate
+        self.submit_burst = submit_burst
+        self.base = base = f"{prefix}{{jobs}}:"
         self.stream = base + "stream"
         self.job_prefix = base + "job:"
+        self.queued = base + "queued"
         self._tenant_prefix = base + "tenant:"
+        self._user_prefix = base + "user:"
         self._idem_prefix = base + "idem:"
         self._scripts = {
             name: kv.script(getattr(scripts, name))
-            for name in ("SUBMIT", "START", "FINISH", "SETTLE_WEBHOOK", "REQUEUE", "CANCEL", "LIST")
+            for name in (
+                "SUBMIT",
+                "TAKE",
+                "START",
+                "FINISH",
+                "SETTLE_WEBHOOK",
+                "REQUEUE",
+                "CANCEL",
+                "SETTLE_KEY",
+                "LIST",
+            )
         }
+        self._sweep_script = self.poll_kv.script(scripts.SWEEP)
 
     # --- the API side ---
 
+    async def take_submit_token(self, tenant: str) -> None:
+        """Count one submit against the tenant's rate (a token bucket in Redis, shared by every
+        API replica); raises ``TooManyJobs`` when it has none left, ``StoreUnavailable``."""
+        taken, wait = await self._run(
+            "TAKE", [f"{self.base}rate:{tenant}"], [self.submit_rate, self.submit_burst]
+        )
+        if not int(taken):
+            raise TooManyJobs(
+                f"Too many job submissions: at most {self.submit_rate * 60:g} a minute per "
+                f"tenant (bursts of {self.submit_burst}). Retry after the time in Retry-After.",
+                code="rate_limit_exceeded",
+                retry_after=float(wait),
+            )
+
     async def submit(self, job: Job, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Store and enqueue ``job``; returns it and True, or, for a repeated idempotency key,
-        the job first submitted with it and False. Raises ``StoreUnavailable``."""
-        idem = self._idem_key(job.tenant, idempotency_key)
+        the job first submitted with it and False. Raises ``QueueFull`` (the stream is at its
+        cap), ``TooManyJobs`` (the tenant has its most queued jobs), ``StoreUnavailable``."""
+        idem = self._idem_key(job.tenant, job.user, idempotency_key)
+        now = time.time()
+        job.expires = now + self.queued_ttl
         fields = [item for pair in job.to_hash().items() for item in pair]
-        cutoff = int((time.time() - 2 * self.result_ttl) * 1_000_000)
-        created, job_id = await self._run(
+        cutoff = int((now - 2 * self.result_ttl) * 1_000_000)
+        kind, value = await self._run(
             "SUBMIT",
-            [self.job_prefix + job.id, self.stream, self._tenant_prefix + job.tenant, idem],
+            [
+                self.job_prefix + job.id,
+                self.stream,
+                self._tenant_prefix + job.tenant,
+                idem,
+                self._user_index(job.tenant, job.user),
+                self.queued,
+                self._tenant_queued(job.tenant),
+            ],
             [
                 job.id,
                 int(job.created * 1_000_000),
@@ -102,11 +202,28 @@ class JobQueue:
                 "1" if idempotency_key else "0",
                 self.job_prefix,
                 cutoff,
+                self.max_stream_length,
+                self.max_queued_per_tenant,
+                repr(job.expires),
+                repr(now),
                 *fields,
             ],
         )
-        if created:
+        if kind == 2:
+            raise QueueFull(
+                f"The job queue is full ({self.max_stream_length} jobs queued or running); "
+                "nothing was stored. Retry later."
+            )
+        if kind == 3:
+            raise TooManyJobs(
+                f"This tenant has {self.max_queued_per_tenant} jobs queued, the most it may "
+                "have; nothing was stored. Retry when some have run (or cancel some).",
+                code="too_many_queued_jobs",
+                retry_after=FULL_RETRY_AFTER,
+            )
+        if kind == 1:
             return job, True
+        job_id = value
         existing = await self.get(job_id.decode())
         if existing is None:  # expired between the two calls: submit it anew
             return await self.submit(job, idempotency_key)
@@ -122,17 +239,24 @@ class JobQueue:
         fields = await self.kv.hgetall(self.job_prefix + job_id)
         return Job.from_hash(fields) if fields else None
 
-    async def get_for(self, tenant: str, job_id: str) -> Job | None:
-        """The job if it exists and belongs to ``tenant``; another tenant's job is None."""
+    async def get_for(self, tenant: str, job_id: str, user: str | None = None) -> Job | None:
+        """The job if it exists and belongs to ``tenant`` (and to ``user``, unless None: a
+        tenant-wide view); anyone else's job is None."""
         job = await self.get(job_id)
-        return job if job is not None and job.tenant == tenant else None
+        if job is None or job.tenant != tenant or (user is not None and job.user != user):
+            return None
+        return job
 
-    async def page(self, tenant: str, *, limit: int, after: str | None) -> tuple[list[Job], bool]:
-        """The tenant's jobs, newest first, after the job ``after``; and whether more follow.
-        Raises ``KeyError`` for an ``after`` that is not one of the tenant's jobs."""
+    async def page(
+        self, tenant: str, *, limit: int, after: str | None, user: str | None = None
+    ) -> tuple[list[Job], bool]:
+        """The jobs of ``user`` of ``tenant`` (of every user of it when None), newest first,
+        after the job ``after``; and whether more follow. Raises ``KeyError`` for an ``after``
+        that is not one of those jobs."""
+        index = self._tenant_prefix + tenant if user is None else self._user_index(tenant, user)
         reply = await self._run(
             "LIST",
-            [self._tenant_prefix + tenant],
+            [index],
             [self.job_prefix, after or "", limit, LIST_SCAN_BUDGET],
         )
         if reply[0] == 0:
@@ -140,12 +264,52 @@ class JobQueue:
         jobs = [Job.from_hash(_pairs(flat)) for flat in reply[2:]]
         return jobs, bool(reply[1])
 
-    async def cancel(self, tenant: str, job_id: str) -> str:
-        """Cancel a queued job: 'cancelled', 'missing', or the status that prevents it."""
+    async def cancel(self, tenant: str, job_id: str, user: str | None = None) -> str:
+        """Cancel a queued job of ``tenant`` (of ``user`` unless None): 'cancelled', 'missing',
+        or the status that prevents it."""
         reply = await self._run(
-            "CANCEL", [self.job_prefix + job_id], [tenant, repr(time.time()), self.result_ttl]
+            "CANCEL",
+            [self.job_prefix + job_id],
+            [tenant, repr(time.time()), self.result_ttl, user or "", self.base],
         )
         return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    async def settle_revoked(self, tenant: str, key_id: str) -> int:
+        """Fail the queued jobs that the key ``key_id`` submitted (it was revoked): they are
+        never run. Returns how many. (A job a worker started meanwhile fails its auth check.)"""
+        settled: int = await self._run(
+            "SETTLE_KEY",
+            [self._tenant_queued(tenant)],
+            [*self._settling(), key_id, orjson.dumps(KEY_REVOKED).decode()],
+        )
+        return settled
+
+    async def sweep(self) -> tuple[int, int]:
+        """Fail queued jobs past their expiry, and queued jobs whose stream entry was trimmed;
+        (expired, dropped). Any worker may run it at any time: each job is settled once."""
+        expired, dropped = await self.poll_kv.run_script(  # untraced: every worker, every 10 s
+            "sweep",
+            self._sweep_script,
+            [self.queued],
+            [
+                *self._settling(),
+                SWEEP_BATCH,
+                orjson.dumps(self.expired_error()).decode(),
+                orjson.dumps(DROPPED).decode(),
+            ],
+        )
+        return int(expired), int(dropped)
+
+    def expired_error(self) -> dict[str, Any]:
+        return job_error(
+            f"The job was not started within {self.queued_ttl:g} s of being queued; it expired "
+            "and was not run. Submit it again.",
+            "timeout",
+            "job_expired",
+        )
+
+    def _settling(self) -> list[ScriptArg]:
+        return [self.base, GROUP, self.max_stream_length, repr(time.time()), self.result_ttl]
 
     # --- the worker side ---
 
@@ -153,27 +317,52 @@ class JobQueue:
         await self.kv.xgroup_create(self.stream, GROUP)
 
     async def read(self, consumer: str, *, count: int, block_ms: int) -> list[Delivery]:
-        entries = await self.poll_kv.xreadgroup(
-            self.stream, GROUP, consumer, count=count, block_ms=block_ms
+        entries = await self._regrouping(
+            self.poll_kv.xreadgroup(self.stream, GROUP, consumer, count=count, block_ms=block_ms)
         )
-        return _deliveries(entries)
+        return _deliveries(entries or [])
 
     async def reclaim(self, consumer: str, *, min_idle_ms: int, count: int) -> list[Delivery]:
         """Entries another worker took and then left silent for ``min_idle_ms`` (it died)."""
-        entries = await self.poll_kv.xautoclaim(
-            self.stream, GROUP, consumer, min_idle_ms=min_idle_ms, count=count
+        entries = await self._regrouping(
+            self.poll_kv.xautoclaim(
+                self.stream, GROUP, consumer, min_idle_ms=min_idle_ms, count=count
+            )
         )
-        return _deliveries(entries)
+        return _deliveries(entries or [])
 
     async def touch(self, consumer: str, entries: list[str]) -> None:
         """Heartbeat: the entries this worker still works on are not idle."""
-        await self.poll_kv.xclaim_touch(self.stream, GROUP, consumer, entries)
+        await self._regrouping(self.poll_kv.xclaim_touch(self.stream, GROUP, consumer, entries))
+
+    async def _regrouping(self, call: Awaitable[T]) -> T | None:
+        """``call``; if Redis lost the consumer group (a restart without persistence, a flush),
+        the group is created again and the call's answer is None: nothing was read."""
+        try:
+            return await call
+        except StoreUnavailable as exc:
+            if not _no_group(exc):
+                raise
+        log.warning("the job stream's consumer group is gone (Redis lost its data?); recreating")
+        await self.ensure_group()
+        return None
 
     async def start(self, delivery: Delivery, lease: str) -> tuple[str, int]:
         """Take the job of ``delivery`` under ``lease``: ('run', attempt) and the others that
-        ``scripts.START`` describes."""
+        ``scripts.START`` describes (an expired job is failed and acknowledged there)."""
         kind, attempts = await self._persist(
-            "START", delivery, [GROUP, delivery.entry, lease, repr(time.time())]
+            "START",
+            delivery,
+            [
+                GROUP,
+                delivery.entry,
+                lease,
+                repr(time.time()),
+                self.base,
+                self.result_ttl,
+                self.max_stream_length,
+                orjson.dumps(self.expired_error()).decode(),
+            ],
         )
         return kind.decode(), int(attempts)
 
@@ -193,8 +382,20 @@ class JobQueue:
     ) -> bool:
         """Queue the job again (a transient failure, or a worker stopping mid-job: refund)."""
         error = orjson.dumps(last_error).decode() if last_error else ""
+        expires = repr(time.time() + self.queued_ttl)
         done = await self._persist(
-            "REQUEUE", delivery, [GROUP, delivery.entry, lease, error, "1" if refund else "0"]
+            "REQUEUE",
+            delivery,
+            [
+                GROUP,
+                delivery.entry,
+                lease,
+                error,
+                "1" if refund else "0",
+                self.base,
+                expires,
+                self.max_stream_length,
+            ],
         )
         return bool(done)
 
@@ -215,9 +416,16 @@ class JobQueue:
 
     # --- plumbing ---
 
-    def _idem_key(self, tenant: str, key: str | None) -> str:
+    def _user_index(self, tenant: str, user: str) -> str:
+        return f"{self._user_prefix}{tenant}:{user}"
+
+    def _tenant_queued(self, tenant: str) -> str:
+        return f"{self.queued}:{tenant}"
+
+    def _idem_key(self, tenant: str, user: str, key: str | None) -> str:
+        """Per user: another user's key must not hand back (and so reveal) someone's job."""
         digest = hashlib.sha256((key or "").encode()).hexdigest()
-        return f"{self._idem_prefix}{tenant}:{digest}"
+        return f"{self._idem_prefix}{tenant}:{user}:{digest}"
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
         return await self.kv.run_script(name.lower(), self._scripts[name], keys, args)
@@ -235,6 +443,19 @@ class JobQueue:
                 await asyncio.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+
+DROPPED: Final = job_error(
+    "The job queue was over its cap and this job's entry was dropped before a worker took "
+    "it; it was not run. Submit it again.",
+    "api_error",
+    "job_dropped",
+)
+
+
+def _no_group(exc: StoreUnavailable) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, ResponseError) and str(cause).startswith("NOGROUP")
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

@@ -1,18 +1,67 @@
 """The queue's Lua scripts: each state change of a job is one script, so it is atomic in Redis.
 
 A Redis script is not rolled back when one of its commands fails, so each script does first
-the command that can fail (XADD) and writes the job record after it. Every state change after
-``start`` checks the caller's lease: a worker whose job was taken over after the visibility
-timeout can no longer write a result, so each job has at most one result.
+the command that can fail (XLEN, XADD on a key of the wrong type) and writes the job record
+after it. Every state change after ``start`` checks the caller's lease: a worker whose job was
+taken over after the visibility timeout can no longer write a result, so each job has at most
+one result.
+
+Keys a script reaches beyond its ``KEYS`` are built from ``base`` (``{prefix}{jobs}:``), so they
+share the ``{jobs}`` hash tag and live in the same Redis Cluster slot.
+
+A queued job sits in two sorted sets scored by the time it expires (``queued``, for the sweep,
+and ``queued:{tenant}``, for the tenant's limit and for revoking a key), from submit (or
+requeue) until a worker starts it or it is cancelled or settled.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-# KEYS: job, stream, tenant index, idempotency key
-# ARGV: id, score (µs), idempotency ttl, "1" when an idempotency key is given, job key prefix,
-#       index cut-off score, then the record's field/value pairs
+# Helpers shared by the scripts below (prepended to those that use them).
+_HELPERS: Final = """
+local function drop_entry(stream, group, entry)
+  if entry and entry ~= '' then
+    redis.call('XACK', stream, group, entry)
+    redis.call('XDEL', stream, entry)
+  end
+end
+
+local function unqueue(base, job, id)
+  redis.call('ZREM', base .. 'queued', id)
+  local tenant = redis.call('HGET', job, 'tenant')
+  if tenant then redis.call('ZREM', base .. 'queued:' .. tenant, id) end
+end
+
+-- A queued job that will never run: failed with `err`, its entry acknowledged and deleted.
+-- A job with a webhook gets a fresh entry (XADD first: it is what can fail), through which a
+-- worker delivers it; returns true then.
+local function settle(base, group, maxlen, job, id, now, ttl, err)
+  local stream = base .. 'stream'
+  local owed = redis.call('HEXISTS', job, 'webhook_url') == 1
+  local fresh = false
+  if owed then
+    fresh = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'id', id)
+  end
+  drop_entry(stream, group, redis.call('HGET', job, 'entry'))
+  redis.call('HSET', job, 'status', 'failed', 'finished', now, 'error', err, 'lease', '')
+  unqueue(base, job, id)
+  if owed then
+    redis.call('HSET', job, 'webhook_state', 'pending', 'entry', fresh)
+    return true
+  end
+  redis.call('HDEL', job, 'entry')
+  redis.call('EXPIRE', job, ttl)
+  return false
+end
+"""
+
+# KEYS: job, stream, tenant index, idempotency key, user index, queued, tenant's queued
+# ARGV: 1 id, 2 score (µs), 3 idempotency ttl, 4 "1" when an idempotency key is given,
+#       5 job key prefix, 6 index cut-off score, 7 stream cap, 8 tenant's queued cap,
+#       9 expires (s), 10 now (s), then the record's field/value pairs
+# Returns {0, id} (the job of a repeated idempotency key), {1, id} (queued),
+#         {2, length} (the stream is at its cap), {3, queued} (the tenant is at its cap).
 SUBMIT: Final = """
 if ARGV[4] == '1' then
   local existing = redis.call('GET', KEYS[4])
@@ -20,14 +69,40 @@ if ARGV[4] == '1' then
     return {0, existing}
   end
 end
-local entry = redis.call('XADD', KEYS[2], '*', 'id', ARGV[1])
-redis.call('HSET', KEYS[1], 'entry', entry, unpack(ARGV, 7))
+local length = redis.call('XLEN', KEYS[2])
+if length >= tonumber(ARGV[7]) then return {2, length} end
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. ARGV[10])
+local queued = redis.call('ZCARD', KEYS[7])
+if queued >= tonumber(ARGV[8]) then return {3, queued} end
+local entry = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'id', ARGV[1])
+redis.call('HSET', KEYS[1], 'entry', entry, 'expires', ARGV[9], unpack(ARGV, 11))
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[6])
+redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[6])
+redis.call('ZADD', KEYS[6], ARGV[9], ARGV[1])
+redis.call('ZADD', KEYS[7], ARGV[9], ARGV[1])
 if ARGV[4] == '1' then
   redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[3])
 end
 return {1, ARGV[1]}
+"""
+
+# KEYS: the tenant's submit bucket.  ARGV: tokens per second, burst.
+# A token bucket on Redis's clock (every API replica shares it, whatever their clocks say).
+# Returns {1, '0'} (taken) or {0, seconds until a token is free}.
+TAKE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(b[1]) or burst
+local at = tonumber(b[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+if tokens < 1 then return {0, tostring((1 - tokens) / rate)} end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - 1), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
+return {1, '0'}
 """
 
 _ACK = """
@@ -37,14 +112,16 @@ local function ack()
 end
 """
 
-# KEYS: job, stream.  ARGV: group, entry, lease, now
+# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 now, 5 base, 6 result ttl,
+#                           7 stream cap, 8 the error of an expired job (JSON)
 # Returns {kind, attempts}: run, exhausted, deliver (a finished job whose webhook is owed),
-# or gone / stale / cancelled / done (acknowledged here: nothing to do).
+# or gone / stale / cancelled / done / expired (acknowledged here: nothing to do).
 START: Final = (
-    _ACK
+    _HELPERS
+    + _ACK
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'max_attempts', 'webhook_state',
-                     'entry', 'lease')
+                     'entry', 'lease', 'expires', 'id')
 local status = h[1]
 if not status then ack() return {'gone', 0} end
 if h[5] and h[5] ~= ARGV[2] then ack() return {'stale', 0} end
@@ -59,7 +136,14 @@ if status == 'succeeded' or status == 'failed' then
   ack()
   return {'done', attempts}
 end
+if status == 'queued' and h[7] and tonumber(h[7]) < tonumber(ARGV[4]) then
+  if settle(ARGV[5], ARGV[1], ARGV[7], KEYS[1], h[8], ARGV[4], ARGV[6], ARGV[8]) then
+    return {'settled', attempts}  -- a fresh entry delivers its webhook
+  end
+  return {'expired', attempts}
+end
 redis.call('HSET', KEYS[1], 'lease', ARGV[3])
+unqueue(ARGV[5], KEYS[1], h[8])
 if attempts >= tonumber(h[3] or '1') then
   return {'exhausted', attempts}
 end
@@ -98,31 +182,98 @@ return 1
 """
 )
 
-# KEYS: job, stream.  ARGV: group, entry, lease, last error (JSON or ''), "1" to refund the attempt
+# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 last error (JSON or ''),
+#                           5 "1" to refund the attempt, 6 base, 7 expires (s), 8 stream cap
 REQUEUE: Final = (
     _ACK
     + """
 if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[3] then return 0 end
-local entry = redis.call('XADD', KEYS[2], '*', 'id', redis.call('HGET', KEYS[1], 'id'))
+local h = redis.call('HMGET', KEYS[1], 'id', 'tenant')
+local entry = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', h[1])
 ack()
-redis.call('HSET', KEYS[1], 'status', 'queued', 'entry', entry, 'lease', '')
+redis.call('HSET', KEYS[1], 'status', 'queued', 'entry', entry, 'lease', '', 'expires', ARGV[7])
+redis.call('ZADD', ARGV[6] .. 'queued', ARGV[7], h[1])
+redis.call('ZADD', ARGV[6] .. 'queued:' .. h[2], ARGV[7], h[1])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[4]) end
 if ARGV[5] == '1' then redis.call('HINCRBY', KEYS[1], 'attempts', -1) end
 return 1
 """
 )
 
-# KEYS: job.  ARGV: tenant, now, ttl.  Returns 'missing', 'cancelled' or the status it has.
-CANCEL: Final = """
-local h = redis.call('HMGET', KEYS[1], 'tenant', 'status')
+# KEYS: job.  ARGV: tenant, now, ttl, user ('' for any user of the tenant), base.
+# Returns 'missing', 'cancelled' or the status it has. The entry stays: ``start`` acknowledges
+# it when a worker reads it.
+CANCEL: Final = (
+    _HELPERS
+    + """
+local h = redis.call('HMGET', KEYS[1], 'tenant', 'status', 'user', 'id')
 if h[1] ~= ARGV[1] then return 'missing' end
+if ARGV[4] ~= '' and h[3] ~= ARGV[4] then return 'missing' end
 if h[2] ~= 'queued' then return h[2] end
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[2])
+unqueue(ARGV[5], KEYS[1], h[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 'cancelled'
 """
+)
 
-# KEYS: tenant index.  ARGV: job key prefix, after (id or ''), limit, most ids to examine
+# KEYS: queued.  ARGV: 1 base, 2 group, 3 stream cap, 4 now, 5 result ttl, 6 most jobs to look
+#                      at, 7 the error of an expired job, 8 the error of a job whose entry is gone
+# Settles queued jobs past their expiry, and queued jobs (among the oldest) whose stream entry
+# is gone (trimmed by the stream's cap). Returns {expired, dropped}.
+SWEEP: Final = (
+    _HELPERS
+    + """
+local base, now, limit = ARGV[1], ARGV[4], tonumber(ARGV[6])
+local stream = base .. 'stream'
+local expired, dropped = 0, 0
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(ids) do
+  local job = base .. 'job:' .. id
+  if redis.call('HGET', job, 'status') == 'queued' then
+    settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
+    expired = expired + 1
+  else
+    unqueue(base, job, id)
+  end
+end
+ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1)
+for _, id in ipairs(ids) do
+  local job = base .. 'job:' .. id
+  local h = redis.call('HMGET', job, 'status', 'entry')
+  if h[1] ~= 'queued' then
+    unqueue(base, job, id)
+  elseif not h[2] or #redis.call('XRANGE', stream, h[2], h[2]) == 0 then
+    settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[8])
+    dropped = dropped + 1
+  end
+end
+return {expired, dropped}
+"""
+)
+
+# KEYS: the tenant's queued.  ARGV: 1 base, 2 group, 3 stream cap, 4 now, 5 result ttl,
+#                                   6 key id, 7 the error of a job whose key was revoked
+# Settles the queued jobs that the revoked key submitted. Returns how many.
+SETTLE_KEY: Final = (
+    _HELPERS
+    + """
+local base = ARGV[1]
+local settled = 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local job = base .. 'job:' .. id
+  local h = redis.call('HMGET', job, 'status', 'key_id')
+  if h[1] == 'queued' and h[2] == ARGV[6] then
+    settle(base, ARGV[2], ARGV[3], job, id, ARGV[4], ARGV[5], ARGV[7])
+    settled = settled + 1
+  end
+end
+return settled
+"""
+)
+
+# KEYS: an index (the tenant's, or one user's).  ARGV: job key prefix, after (id or ''),
+# limit, most ids to examine.
 # Returns {0} for an unknown cursor, else {1, has_more, job1 fields, job2 fields, ...}.
 # Ids whose record expired are skipped (and trimmed from the index by age at submit).
 LIST: Final = """

@@ -8,6 +8,11 @@ which is what makes a captured delivery useless to replay later.
 Each tenant has its own secret, kept in Redis and created on first use; ``rag webhooks secret
 --tenant T`` prints it (and ``--rotate`` replaces it). A secret derived from one server-wide
 master key would need no storage, but could not be rotated for one tenant alone.
+
+At rest the secrets are sealed (``secret_box``: AES-256-GCM, the key from
+``RAG_JOBS__WEBHOOK_SECRET_KEY``), so reading Redis does not let anyone sign as the service.
+Without a key (development, tests) they are stored in plaintext and a warning says so; production
+refuses to start without one. A plaintext secret found once a key is set is sealed on first use.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from typing import Final
 
+from pipeline.jobs.secret_box import SecretBox, SecretUnreadable, is_sealed, open_stored
 from pipeline.kv import KeyValueStore
+
+__all__ = ["SIGNATURE_HEADER", "SecretUnreadable", "WebhookSecrets", "signature_header", "verify"]
+
+log = logging.getLogger("rag.jobs")
 
 SIGNATURE_HEADER: Final = "X-RAG-Signature"
 DEFAULT_TOLERANCE: Final = 300
@@ -33,6 +44,13 @@ local current = redis.call('HGET', KEYS[1], 'current')
 if current then redis.call('HSET', KEYS[1], 'previous', current, 'previous_until', ARGV[2]) end
 redis.call('HSET', KEYS[1], 'current', ARGV[1])
 return ARGV[1]
+"""
+# KEYS: the tenant's secrets.  ARGV: field, the stored value read, the same secret sealed.
+_RESEAL: Final = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+end
+return 1
 """
 
 
@@ -75,37 +93,75 @@ def verify(
 
 
 class WebhookSecrets:
-    """Per-tenant signing secrets in Redis: created on first use, rotated with a grace period."""
+    """Per-tenant signing secrets in Redis: created on first use, rotated with a grace period,
+    sealed at rest by ``box`` (plaintext, with a warning, when there is none)."""
 
-    def __init__(self, kv: KeyValueStore, *, prefix: str = "rag:", grace_seconds: int = 86_400):
+    def __init__(
+        self,
+        kv: KeyValueStore,
+        *,
+        prefix: str = "rag:",
+        grace_seconds: int = 86_400,
+        box: SecretBox | None = None,
+    ) -> None:
         self.kv = kv
         self.prefix = f"{prefix}webhook-secret:"
         self.grace_seconds = grace_seconds
+        self.box = box
         self._get_or_create = kv.script(_GET_OR_CREATE)
         self._rotate = kv.script(_ROTATE)
+        self._reseal = kv.script(_RESEAL)
+        if box is None:
+            log.warning(
+                "webhook signing secrets are stored in Redis in plaintext: set "
+                "RAG_JOBS__WEBHOOK_SECRET_KEY to encrypt them (production refuses to start "
+                "without it)"
+            )
 
     async def current(self, tenant: str) -> str:
-        """The tenant's secret (created now if it has none)."""
+        """The tenant's secret (created now if it has none). Raises ``SecretUnreadable``."""
         value = await self.kv.run_script(
-            "webhook_secret", self._get_or_create, [self.prefix + tenant], [new_secret()]
+            "webhook_secret",
+            self._get_or_create,
+            [self.prefix + tenant],
+            [self._seal(tenant, new_secret())],
         )
-        return bytes(value).decode()
+        return await self._open(tenant, "current", bytes(value).decode())
 
     async def rotate(self, tenant: str) -> str:
         """A new secret; the old one keeps signing (as a second ``v1``) for the grace period."""
         until = int(time.time()) + self.grace_seconds
-        value = await self.kv.run_script(
-            "webhook_secret_rotate", self._rotate, [self.prefix + tenant], [new_secret(), until]
+        secret = new_secret()
+        await self.kv.run_script(
+            "webhook_secret_rotate",
+            self._rotate,
+            [self.prefix + tenant],
+            [self._seal(tenant, secret), until],
         )
-        return bytes(value).decode()
+        return secret
 
     async def signing(self, tenant: str) -> list[str]:
-        """The secrets that sign now: the current one, then the previous one within its grace."""
+        """The secrets that sign now: the current one, then the previous one within its grace.
+        Raises ``SecretUnreadable`` when a stored secret does not open with this box."""
         fields = await self.kv.hgetall(self.prefix + tenant)
         if b"current" not in fields:
             return [await self.current(tenant)]
-        in_use = [fields[b"current"].decode()]
+        in_use = [await self._open(tenant, "current", fields[b"current"].decode())]
         until = int(fields.get(b"previous_until", b"0") or 0)
         if b"previous" in fields and time.time() < until:
-            in_use.append(fields[b"previous"].decode())
+            in_use.append(await self._open(tenant, "previous", fields[b"previous"].decode()))
         return in_use
+
+    def _seal(self, tenant: str, secret: str) -> str:
+        return self.box.seal(tenant, secret) if self.box is not None else secret
+
+    async def _open(self, tenant: str, field: str, stored: str) -> str:
+        secret = open_stored(self.box, tenant, stored)
+        if self.box is not None and not is_sealed(stored):  # from before the key: seal it now
+            await self.kv.run_script(
+                "webhook_secret_reseal",
+                self._reseal,
+                [self.prefix + tenant],
+                [field, stored, self.box.seal(tenant, secret)],
+            )
+        return secret

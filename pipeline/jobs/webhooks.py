@@ -6,9 +6,14 @@ the TLS server name (SNI, and so certificate verification) set to the original h
 connection therefore goes where the check looked, even if the name resolves elsewhere a moment
 later (DNS rebinding). Redirects are not followed; connections are not kept alive.
 
-Network errors, 5xx, 408 and 429 are retried with exponential backoff and jitter; other
-answers (2xx: delivered; 3xx and 4xx: the receiver refused) end the delivery. Every attempt is
-recorded on the job.
+Each attempt has one overall deadline (``timeout``): name resolution, connect, TLS, request and
+the response's headers together, enforced with ``asyncio.timeout`` around the whole attempt.
+httpx's own timeouts apply per read, so a receiver that drips a byte now and then would
+otherwise hold the attempt (and a delivery slot) for as long as it likes.
+
+Network errors, a missed deadline, 5xx, 408 and 429 are retried with exponential backoff and
+jitter; other answers (2xx: delivered; 3xx and 4xx: the receiver refused) end the delivery.
+Every attempt is recorded on the job.
 """
 
 from __future__ import annotations
@@ -31,7 +36,12 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pipeline import attributes as attr
 from pipeline.jobs.model import Job
-from pipeline.jobs.signing import SIGNATURE_HEADER, WebhookSecrets, signature_header
+from pipeline.jobs.signing import (
+    SIGNATURE_HEADER,
+    SecretUnreadable,
+    WebhookSecrets,
+    signature_header,
+)
 from pipeline.jobs.urls import (
     Address,
     Resolver,
@@ -70,6 +80,7 @@ class WebhookSender:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.resolver = resolver
+        self.deadline = timeout
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             follow_redirects=False,
@@ -106,14 +117,23 @@ class WebhookSender:
                 attr.WEBHOOK_ATTEMPT: number,
             },
         ) as span:
+            deadline = asyncio.timeout(self.deadline)
             try:
-                target = self.policy.parse(job.webhook_url or "")
-                span.set_attribute(server_attributes.SERVER_ADDRESS, target.host)
-                addresses = await self.policy.resolve(target, self.resolver)
-                status, address = await self._post(job, target, addresses, body, number)
+                async with deadline:
+                    target = self.policy.parse(job.webhook_url or "")
+                    span.set_attribute(server_attributes.SERVER_ADDRESS, target.host)
+                    addresses = await self.policy.resolve(target, self.resolver)
+                    status, address = await self._post(job, target, addresses, body, number)
             except WebhookUrlRefused as exc:
                 entry.update(outcome="refused", error=str(exc))
-            except (OSError, httpx.HTTPError, StoreUnavailable) as exc:
+            except TimeoutError as exc:
+                error = (
+                    f"DeadlineExceeded: no answer within {self.deadline:g} s"
+                    if deadline.expired()
+                    else _describe(exc)
+                )
+                entry.update(outcome="retry", error=error)
+            except (OSError, httpx.HTTPError, StoreUnavailable, SecretUnreadable) as exc:
                 entry.update(outcome="retry", error=_describe(exc))
             else:
                 span.set_attribute(http_attributes.HTTP_RESPONSE_STATUS_CODE, status)

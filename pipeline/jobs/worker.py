@@ -6,7 +6,17 @@ timeout (``XAUTOCLAIM``): that worker died. While a job runs, a heartbeat resets
 idle time, so a long job is not taken over from a live worker. A transient failure (a 5xx
 error) queues the job again after a backoff, up to ``max_attempts`` runs; then, or for any other
 error, the job fails with the reason. ``stop()`` stops reading and lets running jobs finish for
-``stop_grace`` seconds; jobs still running then are handed back to the queue.
+``stop_grace`` seconds; jobs still running then are handed back to the queue. Every
+``sweep_seconds`` it also fails queued jobs past their expiry (``JobQueue.sweep``).
+
+Webhooks are delivered outside the job slots: a finished job frees its slot at once and its
+delivery joins the worker's deliveries, at most ``webhook_concurrency`` at a time and at most
+``webhook_tenant_concurrency`` of one tenant's. A slot is what runs the model, a delivery only
+waits on a receiver; a receiver that is slow (or hostile: one byte a second) must not stop the
+worker from running jobs, nor one tenant's receiver hold up the others' deliveries. Each attempt
+has an overall deadline (``WebhookSender``), so every delivery ends. The heartbeat covers the
+entries of deliveries too, and a worker with ``delivery_backlog`` deliveries waiting takes no
+new jobs until some are done.
 
 Each job runs in its own trace (span ``process jobs``, kind consumer), linked to the trace of
 the request that submitted it, with the job id as an attribute.
@@ -71,6 +81,9 @@ class JobWorker:
         retry_backoff: float = 1.0,
         stop_grace: float = 30.0,
         webhooks: WebhookSender | None = None,
+        sweep_seconds: float = 10.0,
+        webhook_concurrency: int = 8,
+        webhook_tenant_concurrency: int = 2,
     ) -> None:
         self.queue = queue
         self.execute = execute
@@ -82,7 +95,14 @@ class JobWorker:
         self.retry_backoff = retry_backoff
         self.stop_grace = stop_grace
         self.webhooks = webhooks
+        self.sweep_seconds = sweep_seconds
+        self.delivery_backlog = 16 * webhook_concurrency
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._delivering: dict[str, asyncio.Task[None]] = {}
+        self._delivery_slots = asyncio.Semaphore(webhook_concurrency)
+        self._tenant_slots: dict[str, asyncio.Semaphore] = {}
+        self._tenant_deliveries: dict[str, int] = {}
+        self._tenant_concurrency = webhook_tenant_concurrency
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
 
@@ -94,19 +114,26 @@ class JobWorker:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def delivering(self) -> int:
+        return len(self._delivering)
+
     async def run(self) -> None:
         await self._until_stopped(self.queue.ensure_group)
         heartbeat = asyncio.create_task(self._heartbeat())
         loop = asyncio.get_running_loop()
-        next_reclaim = 0.0
+        next_reclaim = next_sweep = 0.0
         try:
             while not self._stopping.is_set():
                 self._slot_freed.clear()
                 free = self.concurrency - len(self._running)
-                if free <= 0:
+                if free <= 0 or len(self._delivering) >= self.delivery_backlog:
                     await self._first(self._slot_freed.wait())
                     continue
                 try:
+                    if loop.time() >= next_sweep:
+                        next_sweep = loop.time() + self.sweep_seconds
+                        await self._sweep()
                     deliveries: list[Delivery] = []
                     if loop.time() >= next_reclaim:
                         next_reclaim = loop.time() + min(self.visibility_timeout / 2, 5.0)
@@ -160,9 +187,14 @@ class JobWorker:
                 log.warning("job queue unreachable (%s); retrying", exc)
                 await self._first(asyncio.sleep(self.poll_seconds))
 
+    async def _sweep(self) -> None:
+        expired, dropped = await self.queue.sweep()
+        if expired or dropped:
+            log.warning("job sweep: %d queued jobs expired, %d lost to the cap", expired, dropped)
+
     def _spawn(self, delivery: Delivery) -> None:
-        if delivery.entry in self._running:  # our own entry, reclaimed while we still run it
-            return
+        if delivery.entry in self._running or delivery.entry in self._delivering:
+            return  # our own entry, reclaimed while we still work on it
         task = asyncio.create_task(self._handle(delivery))
         self._running[delivery.entry] = task
 
@@ -176,25 +208,30 @@ class JobWorker:
         while True:
             await asyncio.sleep(self.visibility_timeout / 3)
             try:
-                await self.queue.touch(self.consumer, list(self._running))
+                await self.queue.touch(self.consumer, [*self._running, *self._delivering])
             except StoreUnavailable as exc:
                 log.warning("job heartbeat failed: %s", exc)
 
     async def _drain(self) -> None:
-        if not self._running:
-            return
-        tasks = list(self._running.values())
-        _, late = await asyncio.wait(tasks, timeout=self.stop_grace)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        """Running jobs and deliveries get ``stop_grace`` to finish. A delivery cut short leaves
+        its entry pending: another worker takes it over and resumes the attempts."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.stop_grace
+        for group in (self._running, self._delivering):  # jobs first: they hand over deliveries
+            tasks = list(group.values())
+            if not tasks:
+                continue
+            _, late = await asyncio.wait(tasks, timeout=max(0.0, end - loop.time()))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
     async def _handle(self, delivery: Delivery) -> None:
         lease = f"{self.consumer}:{secrets.token_hex(4)}"
         try:
             kind, attempt = await self.queue.start(delivery, lease)
             if kind not in ("run", "exhausted", "deliver"):
-                return  # cancelled, finished or expired: acknowledged by start
+                return  # cancelled, finished, expired or settled: acknowledged by start
             job = await self.queue.get(delivery.job_id)
         except StoreUnavailable as exc:
             # Left pending: taken over after the visibility timeout.
@@ -235,7 +272,33 @@ class JobWorker:
             outcome = 2  # finished before; its webhook is still owed
         span.set_attribute(attr.JOB_OUTCOME, OUTCOMES.get(outcome, "requeued"))
         if outcome == 2:
-            await self._deliver(delivery, lease)
+            self._hand_over(job.tenant, delivery, lease)
+
+    def _hand_over(self, tenant: str, delivery: Delivery, lease: str) -> None:
+        """The webhook of a finished job, delivered outside its slot (see the module doc)."""
+        task = asyncio.create_task(self._bounded_delivery(tenant, delivery, lease))
+        self._delivering[delivery.entry] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._delivering.pop(delivery.entry, None)
+            self._slot_freed.set()
+
+        task.add_done_callback(done)
+
+    async def _bounded_delivery(self, tenant: str, delivery: Delivery, lease: str) -> None:
+        slots = self._tenant_slots.get(tenant)
+        if slots is None:
+            slots = self._tenant_slots[tenant] = asyncio.Semaphore(self._tenant_concurrency)
+        self._tenant_deliveries[tenant] = self._tenant_deliveries.get(tenant, 0) + 1
+        try:
+            async with slots, self._delivery_slots:
+                await self._deliver(delivery, lease)
+        except StoreUnavailable as exc:
+            log.warning("job %s: webhook state not recorded: %s", delivery.job_id, exc)
+        finally:
+            self._tenant_deliveries[tenant] -= 1
+            if not self._tenant_deliveries[tenant]:  # the tenant's last: forget its slots
+                del self._tenant_deliveries[tenant], self._tenant_slots[tenant]
 
     async def _run(self, job: Job, delivery: Delivery, lease: str) -> int:
         """Execute the job; the FINISH outcome (0, 1, 2), or -1 when it was queued again."""

@@ -47,6 +47,39 @@ def test_keys_create_prints_a_key_that_resolves_to_the_principal(redis_server) -
     assert bad.returncode == 2 and "tenant" in bad.stderr
 
 
+def test_keys_create_refuses_no_scopes_and_weak_custom_keys_and_revoke_takes_the_raw_key(
+    redis_server,
+) -> None:
+    env = {"RAG_REDIS__URL": redis_server.url, "RAG_REDIS__KEY_PREFIX": "cli-keys:"}
+    who = ("keys", "create", "--tenant", "dev", "--user", "ann")
+    empty = rag(*who, "--scopes", "", env=env)
+    assert empty.returncode == 2 and "at least one scope" in empty.stderr
+    assert empty.stdout == ""
+    weak = rag(*who, "--key", "rag-dev.s3cret", env=env)
+    assert weak.returncode == 2 and "too weak" in weak.stderr and "at least 32" in weak.stderr
+    assert "s3cret" not in weak.stderr, "the key is not echoed"
+    strong = "team.Zq7-vP2mL9xK4tR8wB1nC6yH3jF5sD0gA"
+    made = rag(*who, "--scopes", "chat,admin", "--key", strong, env=env)
+    assert made.returncode == 0 and made.stdout.strip() == strong
+
+    async def stored() -> tuple[object, list[bytes]]:
+        kv = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer())
+        try:
+            principal = await ApiKeyStore(kv, prefix="cli-keys:apikey:").resolve(strong)
+            return principal, await kv.client.keys("cli-keys:*")
+        finally:
+            await kv.aclose()
+
+    principal, names = asyncio.run(stored())
+    assert principal is not None and getattr(principal, "scopes", None) == {"chat", "admin"}
+    assert not any(b"team" in name for name in names), "no part of the key in Redis' key names"
+    revoked = rag("keys", "revoke", strong, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert asyncio.run(stored())[0] is None
+    again = rag("keys", "revoke", strong, env=env)
+    assert again.returncode == 1 and "no such key" in again.stderr
+
+
 def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
     tmp_path: Path, shared_embedder
 ) -> None:

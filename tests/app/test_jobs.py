@@ -190,6 +190,8 @@ BAD_BODIES: list[tuple[str, Any, int]] = [
     ("max_tokens past the context", chat_body(max_tokens=100_000), 400),
     ("a list", [1, 2], 400),
     ("null", None, 400),
+    ("an integer past 64 bits", chat_body(seed=2**70), 400),
+    ("an integer past 64 bits, deep", chat_body(rag={"filters": {"year": -(2**80)}}), 400),
 ]
 
 
@@ -260,11 +262,13 @@ async def test_a_closed_redis_port_at_submit_is_503_with_retry_after(make_app) -
 
 
 async def test_a_key_revoked_before_the_job_runs_stops_it(make_app, redis_server) -> None:
+    # The worker's own check: a job whose key went away while it waited (here revoked without
+    # settling its queued jobs, as a replica that still had the key cached could submit one).
     settings = make_settings(redis_server.url, unreachable_llm(), jobs={"workers": 0})
     async with make_app(settings) as h:
         key = await h.key()
         job_id = (await submit(h, key, chat_body())).json()["id"]
-        other = await h.key(user="bob")
+        other = await h.key(user="bob", scopes="chat,admin")  # an admin sees alice's job
         assert await h.services.keys.revoke(key)
     restarted = settings.model_copy(
         update={"jobs": settings.jobs.model_copy(update={"workers": 1, "poll_seconds": 0.2})}

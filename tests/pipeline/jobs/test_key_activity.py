@@ -1,30 +1,203 @@
-"""ApiKeyStore.is_active: how a queued job learns that the key that submitted it was revoked."""
+"""API keys against a real Redis: random key ids, custom keys that cannot collide and leave
+nothing of themselves behind, weak keys and empty scopes refused, old records still working,
+and ApiKeyStore.is_active (how a queued job learns that its key was revoked)."""
 
 from __future__ import annotations
 
-from pipeline.keys import ApiKeyStore
+import hashlib
+import string
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from pipeline.keys import KEY_ID_PATTERN, ApiKeyStore, weak_key_reason
 from pipeline.kv import KeyValueStore
+from tests.support.fuzzing import examples
+
+STRONG = "Zq7-vP2mL9xK4tR8wB1nC6yH3jF5sD0gA"  # 33 characters, no pattern
+ANOTHER = "Mx4kT9pQ2wZ7rL1vB8nJ5cH3yF6gD0sAe"
 
 
-async def test_a_key_is_active_until_it_is_revoked(kv: KeyValueStore, prefix: str) -> None:
-    keys = ApiKeyStore(kv, prefix=f"{prefix}apikey:")
+@pytest.fixture
+def keys(kv: KeyValueStore, prefix: str) -> ApiKeyStore:
+    return ApiKeyStore(kv, prefix=f"{prefix}apikey:")
+
+
+async def everything_stored(kv: KeyValueStore, prefix: str) -> bytes:
+    """Every key name and value under the test's prefix, as one blob to search."""
+    blob = b""
+    for name in await kv.client.keys(f"{prefix}*"):
+        blob += name
+        kind = await kv.client.type(name)
+        if kind == b"hash":
+            for field, value in (await kv.client.hgetall(name)).items():
+                blob += field + value
+        elif kind == b"string":
+            blob += await kv.client.get(name) or b""
+    return blob
+
+
+async def test_a_key_is_active_until_it_is_revoked(keys: ApiKeyStore, kv: KeyValueStore) -> None:
     raw = await keys.create("acme", "alice")
     principal = await keys.resolve(raw)
-    assert principal is not None and principal.key_id == raw.split(".")[0]
+    assert principal is not None and KEY_ID_PATTERN.fullmatch(principal.key_id)
+    assert principal.key_id not in raw, "the id is not cut from the key"
     assert await keys.is_active(principal.key_id)
-    assert not await keys.is_active("rag-00000000"), "an unknown id is not active"
-    assert await keys.revoke(raw)
+    assert not await keys.is_active("key_" + "0" * 24), "an unknown id is not active"
+    assert not await keys.is_active(""), "an empty id is not active"
+    revoked = await keys.revoke(raw)
+    assert revoked is not None and revoked.key_id == principal.key_id
     assert not await keys.is_active(principal.key_id)
-    assert await kv.get(f"{prefix}apikey:id:{principal.key_id}") is None, "index removed"
+    assert await kv.get(f"{keys.prefix}id:{principal.key_id}") is None, "index removed"
+    assert await keys.revoke(raw) is None, "revoking twice finds nothing"
 
 
-async def test_revoking_a_key_leaves_a_newer_key_with_the_same_id_active(
-    kv: KeyValueStore, prefix: str
+async def test_custom_keys_sharing_a_prefix_get_their_own_random_ids(
+    keys: ApiKeyStore, kv: KeyValueStore, prefix: str
 ) -> None:
-    keys = ApiKeyStore(kv, prefix=f"{prefix}apikey:")
-    old = await keys.create("acme", "alice", raw_key="team-key.first-secret")
-    new = await keys.create("acme", "alice", raw_key="team-key.second-secret")
-    assert await keys.revoke(old)
-    assert await keys.is_active("team-key"), "the index points at the newer key"
-    assert await keys.revoke(new)
-    assert not await keys.is_active("team-key")
+    # Under the old scheme both were "team-key" (the text before the first "."): one id for
+    # two keys, so revoking one looked like revoking the other, and the id leaked the key.
+    first = await keys.create("acme", "alice", raw_key=f"team-key.{STRONG}")
+    second = await keys.create("acme", "bob", raw_key=f"team-key.{ANOTHER}")
+    a, b = await keys.resolve(first), await keys.resolve(second)
+    assert a is not None and b is not None and a.key_id != b.key_id
+    assert await keys.revoke(first)
+    assert not await keys.is_active(a.key_id) and await keys.is_active(b.key_id)
+    stored = await everything_stored(kv, prefix)
+    for piece in ("team-key", STRONG[:12], ANOTHER[-12:]):
+        assert piece.encode() not in stored, f"{piece!r} of a custom key is stored"
+
+
+async def test_generated_key_ids_are_unique(keys: ApiKeyStore) -> None:
+    ids = set()
+    for _ in range(50):
+        principal = await keys.resolve(await keys.create("acme", "alice"))
+        assert principal is not None
+        ids.add(principal.key_id)
+    assert len(ids) == 50
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("short-key", "at least 32"),
+        ("a" * 40, "different characters"),
+        ("abcdefghij" * 4, "short pattern"),
+        ("abcdefghijklmnopqrstuvwxyzABCDEF", "counts up"),
+        ("P@ssw0rdP@ssw0rdP@ssw0rdP@ssw0rd!", "different characters"),
+        ("Zq7 vP2mL9xK4tR8wB1nC6yH3jF5sD0gA", "printable ASCII"),
+        ("x" * 300, "at most 256"),
+    ],
+)
+async def test_weak_custom_keys_are_refused_with_the_reason(
+    keys: ApiKeyStore, kv: KeyValueStore, prefix: str, key: str, reason: str
+) -> None:
+    with pytest.raises(ValueError, match="too weak") as refused:
+        await keys.create("acme", "alice", raw_key=key)
+    assert reason in str(refused.value)
+    assert key not in str(refused.value), "the key is not echoed"
+    assert await kv.client.keys(f"{prefix}*") == [], "nothing stored"
+
+
+async def test_a_key_needs_known_scopes_and_at_least_one(
+    keys: ApiKeyStore, kv: KeyValueStore, prefix: str
+) -> None:
+    with pytest.raises(ValueError, match="at least one scope"):
+        await keys.create("acme", "alice", frozenset())
+    with pytest.raises(ValueError, match="unknown scopes"):
+        await keys.create("acme", "alice", frozenset({"root"}))
+    assert await kv.client.keys(f"{prefix}*") == []
+    admin = await keys.resolve(await keys.create("acme", "ops", frozenset({"admin"})))
+    assert admin is not None and admin.scopes == {"admin"}
+
+
+async def test_the_same_custom_key_twice_is_a_no_op_for_its_owner_and_refused_for_another(
+    keys: ApiKeyStore,
+) -> None:
+    assert await keys.create("acme", "alice", raw_key=STRONG) == STRONG
+    first = await keys.resolve(STRONG)
+    assert await keys.create("acme", "alice", raw_key=STRONG) == STRONG  # `make run` again
+    keys._seen.clear()
+    again = await keys.resolve(STRONG)
+    assert first is not None and again == first, "the record was not replaced"
+    with pytest.raises(ValueError, match="already exists"):
+        await keys.create("globex", "mallory", raw_key=STRONG)
+    keys._seen.clear()
+    assert await keys.resolve(STRONG) == first, "another principal did not take it over"
+
+
+async def test_a_record_of_the_old_scheme_resolves_and_gets_a_random_id(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    # Written as the old ApiKeyStore.create did: the id is the key's text before its first ".".
+    raw = f"rag-1a2b3c4d.{STRONG}"
+    digest = hashlib.sha256(raw.encode()).hexdigest()
+    record = {"hash": digest, "key_id": "rag-1a2b3c4d", "tenant": "acme", "user": "alice"}
+    await kv.hset(keys.prefix + digest, {**record, "scopes": "chat", "created": 1})
+    await kv.set(f"{keys.prefix}id:rag-1a2b3c4d", digest.encode())
+    assert await keys.is_active("rag-1a2b3c4d"), "a job queued under the old id"
+    principal = await keys.resolve(raw)
+    assert principal is not None and (principal.tenant, principal.user) == ("acme", "alice")
+    assert KEY_ID_PATTERN.fullmatch(principal.key_id), "given a random id on first use"
+    assert await keys.is_active(principal.key_id)
+    assert await keys.is_active("rag-1a2b3c4d"), "the old id keeps working for its grace"
+    assert 0 < await kv.client.ttl(f"{keys.prefix}id:rag-1a2b3c4d") <= keys.legacy_id_grace
+    keys._seen.clear()
+    assert await keys.resolve(raw) == principal, "migrated once"
+    revoked = await keys.revoke(raw)
+    assert revoked is not None and revoked.key_id == principal.key_id
+    assert not await keys.is_active(principal.key_id)
+    assert not await keys.is_active("rag-1a2b3c4d")
+
+
+async def test_an_old_record_can_be_revoked_before_it_is_ever_resolved(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    raw = f"team.{STRONG}"
+    digest = hashlib.sha256(raw.encode()).hexdigest()
+    record = {"hash": digest, "key_id": "team", "tenant": "acme", "user": "alice"}
+    await kv.hset(keys.prefix + digest, {**record, "scopes": "chat"})
+    await kv.set(f"{keys.prefix}id:team", digest.encode())
+    revoked = await keys.revoke(raw)
+    assert revoked is not None and revoked.key_id == "team"
+    assert not await keys.is_active("team")
+    assert await kv.get(f"{keys.prefix}id:team") is None
+
+
+PRINTABLE = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FF), max_size=300)
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(key=PRINTABLE | st.text(alphabet=string.ascii_letters + string.digits, max_size=64))
+@example(key=STRONG)
+@example(key="\x00" * 32)
+def test_weak_key_reason_never_fails_and_never_echoes_the_key(key: str) -> None:
+    reason = weak_key_reason(key)
+    if reason is None:
+        assert 32 <= len(key) <= 256 and all("!" <= c <= "~" for c in key)
+        assert len(set(key)) >= 10
+    else:
+        assert len(key) < 8 or key not in reason
+
+
+@settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(key=PRINTABLE, scopes=st.frozensets(st.sampled_from(["chat", "admin", "root", ""])))
+async def test_any_custom_key_is_stored_strong_or_refused_without_a_trace(
+    keys: ApiKeyStore, key: str, scopes: frozenset[str]
+) -> None:
+    scopes = frozenset(s for s in scopes if s)
+    try:
+        created = await keys.create("fuzz", "fred", scopes, raw_key=key)
+    except ValueError as exc:
+        assert len(key) < 8 or key not in str(exc)
+        assert await keys.resolve(key) is None
+        return
+    assert created == key and weak_key_reason(key) is None and scopes
+    principal = await keys.resolve(key)
+    assert principal is not None and KEY_ID_PATTERN.fullmatch(principal.key_id)
+    assert await keys.revoke(key)

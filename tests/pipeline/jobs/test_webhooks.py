@@ -20,7 +20,7 @@ from pipeline.jobs.urls import Address, UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
 from pipeline.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import make_job
-from tests.pipeline.jobs.receiver import Receiver
+from tests.pipeline.jobs.receiver import DripReceiver, Receiver
 
 
 @pytest.fixture
@@ -129,6 +129,28 @@ async def test_5xx_is_retried_and_4xx_is_not(secrets: WebhookSecrets) -> None:
             assert len(refusing.received) == 1, "a 4xx is not retried"
     finally:
         await delivery.aclose()
+
+
+async def test_a_receiver_that_drips_a_byte_a_second_is_cut_off_at_the_deadline(
+    secrets: WebhookSecrets,
+) -> None:
+    # httpx's timeout is per read (2 s here), and a byte comes every second: only an overall
+    # deadline on the attempt ends it.
+    delivery = sender(secrets, ["127.0.0.1/32"], timeout=2.0, max_attempts=2)
+    record = Recorder()
+    try:
+        with DripReceiver() as drip:
+            started = time.monotonic()
+            assert not await delivery.deliver(finished(drip.url), record)
+            elapsed = time.monotonic() - started
+    finally:
+        await delivery.aclose()
+    attempts = record.calls[-1]
+    assert [a["outcome"] for a in attempts] == ["retry", "retry"], attempts
+    assert all(a["error"] == "DeadlineExceeded: no answer within 2 s" for a in attempts)
+    assert all(2000 <= a["duration_ms"] < 20_000 for a in attempts)
+    assert drip.connections == 2
+    assert elapsed < 40, "two attempts of 2 s each, with a wide margin"
 
 
 async def test_retries_stop_after_the_configured_attempts(secrets: WebhookSecrets) -> None:
