@@ -145,3 +145,42 @@ async def test_metrics_can_be_switched_off(make_app, redis_server) -> None:
         assert (await harness.client.get("/metrics")).status_code == 404
         observers = harness.services.runner.observers
         assert observers and not any(isinstance(o, StageMetrics) for o in observers)
+
+
+async def test_with_a_token_metrics_answer_that_token_only(make_app, redis_server) -> None:
+    token = "7e3f" * 8
+    settings = make_settings(
+        redis_server.url,
+        "http://127.0.0.1:9",
+        retrieval={"enabled": False},
+        telemetry={"metrics_token": token},
+    )
+    async with make_app(settings) as harness:
+        api_key = await harness.key()
+        scraped = await harness.client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+        refused = [
+            await harness.client.get("/metrics", headers=headers)
+            for headers in (
+                {},
+                {"Authorization": f"Bearer {token[:-1]}0"},
+                {"Authorization": f"Bearer {token}{token}"},
+                {"Authorization": f"Basic {token}"},
+                {"Authorization": token},
+                {"Authorization": "Bearer ünïcode".encode("latin-1")},
+                # An API key, however valid, is not the metrics token.
+                {"Authorization": f"Bearer {api_key}"},
+            )
+        ]
+    assert scraped.status_code == 200
+    assert "rag_http_request_duration_seconds" in scraped.text
+    for response in refused:
+        assert response.status_code == 401
+        assert response.json() == {
+            "error": {
+                "message": "Invalid or missing metrics token.",
+                "type": "authentication_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }
+        assert "rag_" not in response.text

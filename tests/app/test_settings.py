@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from app.settings import Settings
 
@@ -53,48 +55,184 @@ def test_invalid_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # Production refuses what is fine in development. Values come from the environment, as in a
-# container; `_env_file=None` keeps a developer's .env out of it.
+# container; `_env_file=None` keeps a developer's .env out of it. Each test starts from a
+# production configuration that starts (`production`) and opens one thing.
+
+REDIS_PASSWORD = "9c2e" * 8
+METRICS_TOKEN = "51ad" * 8
+WEBHOOK_SECRET_KEY = base64.b64encode(bytes(range(32))).decode()
+PLACEHOLDER_KEY = base64.b64encode(b"change-me-change-me-change-me-!!").decode()
 
 
-def test_production_refuses_a_development_key_without_echoing_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def production(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if name.startswith("RAG_") or name == "FORWARDED_ALLOW_IPS":
+            monkeypatch.delenv(name)
     monkeypatch.setenv("RAG_ENVIRONMENT", "production")
-    monkeypatch.setenv("RAG_DEV_API_KEY", "rag-dev.s3cret-value")
-    monkeypatch.delenv("RAG_TELEMETRY__CAPTURE_CONTENT", raising=False)
-    with pytest.raises(
-        ValueError, match=r"development key is configured \(RAG_DEV_API_KEY\)"
-    ) as err:
+    monkeypatch.setenv("RAG_REDIS__URL", f"redis://:{REDIS_PASSWORD}@redis:6379/0")
+    monkeypatch.setenv("RAG_TELEMETRY__METRICS_TOKEN", METRICS_TOKEN)
+    monkeypatch.setenv("RAG_JOBS__WEBHOOK_SECRET_KEY", WEBHOOK_SECRET_KEY)
+    return monkeypatch
+
+
+def refusals(monkeypatch: pytest.MonkeyPatch, **env: str) -> list[str]:
+    """The problems production names with `env` set on top (empty: it started)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
         Settings(_env_file=None)
-    assert "s3cret-value" not in str(err.value)
+    except ValidationError as exc:
+        (error,) = exc.errors()
+        message = str(error["msg"])
+        assert message.startswith("Value error, refusing to start in production: "), message
+        return message.split(": ", 1)[1].split("; ")
+    return []
 
 
-def test_production_refuses_content_capture_unless_explicitly_allowed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("RAG_ENVIRONMENT", "production")
-    monkeypatch.delenv("RAG_DEV_API_KEY", raising=False)
-    monkeypatch.setenv("RAG_TELEMETRY__CAPTURE_CONTENT", "true")
-    monkeypatch.delenv("RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION", raising=False)
-    with pytest.raises(ValueError, match="content capture is on"):
-        Settings(_env_file=None)
-    monkeypatch.setenv("RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION", "true")
-    settings = Settings(_env_file=None)
-    assert settings.telemetry.capture_content is True
-
-
-def test_production_starts_when_nothing_unsafe_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAG_ENVIRONMENT", "production")
-    monkeypatch.setenv("RAG_DEV_API_KEY", "")  # an empty line in .env is no key
-    monkeypatch.delenv("RAG_TELEMETRY__CAPTURE_CONTENT", raising=False)
+def test_production_starts_when_nothing_is_left_open(production: pytest.MonkeyPatch) -> None:
+    production.setenv("RAG_DEV_API_KEY", "")  # an empty line in .env is no key
+    production.setenv("FORWARDED_ALLOW_IPS", "172.28.0.0/16")
     settings = Settings(_env_file=None)
     assert settings.environment == "production"
     assert settings.dev_api_key is None
+    assert settings.telemetry.metrics_token is not None
+    # The password may also come as the client's `?password=` query parameter.
+    assert refusals(production, RAG_REDIS__URL=f"redis://redis/0?password={REDIS_PASSWORD}") == []
+    # Without /metrics there is nothing for a token to guard.
+    assert (
+        refusals(production, RAG_TELEMETRY__METRICS_TOKEN="", RAG_TELEMETRY__METRICS="false") == []
+    )
+
+
+def test_production_refuses_a_development_key_without_echoing_it(
+    production: pytest.MonkeyPatch,
+) -> None:
+    found = refusals(production, RAG_DEV_API_KEY="rag-dev.s3cret-value")
+    assert found == ["a development key is configured (RAG_DEV_API_KEY)"]
+
+
+def test_production_refuses_content_capture_unless_explicitly_allowed(
+    production: pytest.MonkeyPatch,
+) -> None:
+    assert refusals(production, RAG_TELEMETRY__CAPTURE_CONTENT="true") == [
+        "content capture is on (RAG_TELEMETRY__CAPTURE_CONTENT) without "
+        "RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION"
+    ]
+    production.setenv("RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION", "true")
+    assert Settings(_env_file=None).telemetry.capture_content is True
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://redis:6379/0", "Redis is reached without a password (RAG_REDIS__URL has none)"),
+        ("redis://:@redis:6379/0", "Redis is reached without a password (RAG_REDIS__URL has none)"),
+        (
+            "redis://rag@redis:6379/0",
+            "Redis is reached without a password (RAG_REDIS__URL has none)",
+        ),
+        # TLS hides the traffic; it does not stop a stranger from connecting.
+        ("rediss://redis:6380/0", "Redis is reached without a password (RAG_REDIS__URL has none)"),
+        (
+            "redis://:0123456789abcde@redis/0",
+            "the Redis password in RAG_REDIS__URL is shorter than 16 characters",
+        ),
+        (
+            "redis://:change-me-redis-password@redis/0",
+            "the Redis password in RAG_REDIS__URL is the placeholder of .env.example",
+        ),
+        ("http://redis:6379", "RAG_REDIS__URL is not a redis://, rediss:// or unix:// URL"),
+    ],
+)
+def test_production_refuses_a_redis_anyone_can_read(
+    production: pytest.MonkeyPatch, url: str, expected: str
+) -> None:
+    found = refusals(production, RAG_REDIS__URL=url)
+    assert found == [expected]
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        (
+            "",
+            "/metrics is served without a token (set RAG_TELEMETRY__METRICS_TOKEN, "
+            "or RAG_TELEMETRY__METRICS=false)",
+        ),
+        (
+            "short-token",
+            "the metrics token (RAG_TELEMETRY__METRICS_TOKEN) is shorter than 16 characters",
+        ),
+        (
+            "change-me-metrics-token",
+            "the metrics token (RAG_TELEMETRY__METRICS_TOKEN) is the placeholder of .env.example",
+        ),
+    ],
+)
+def test_production_refuses_metrics_anyone_can_read(
+    production: pytest.MonkeyPatch, token: str, expected: str
+) -> None:
+    assert refusals(production, RAG_TELEMETRY__METRICS_TOKEN=token) == [expected]
+
+
+def test_production_refuses_webhook_secrets_in_plaintext_or_under_a_public_key(
+    production: pytest.MonkeyPatch,
+) -> None:
+    assert refusals(production, RAG_JOBS__WEBHOOK_SECRET_KEY="") == [
+        "webhook signing secrets would be stored in plaintext "
+        "(RAG_JOBS__WEBHOOK_SECRET_KEY is not set)"
+    ]
+    assert refusals(production, RAG_JOBS__WEBHOOK_SECRET_KEY=PLACEHOLDER_KEY) == [
+        "the webhook secret key (RAG_JOBS__WEBHOOK_SECRET_KEY) is the placeholder of .env.example"
+    ]
+    # Rotating away from the placeholder: it still opens old secrets, so it is still refused.
+    rotating = f"{WEBHOOK_SECRET_KEY},{PLACEHOLDER_KEY}"
+    assert len(refusals(production, RAG_JOBS__WEBHOOK_SECRET_KEY=rotating)) == 1
+
+
+@pytest.mark.parametrize("trusted", ["*", "172.28.0.0/16, *", "0.0.0.0/0", "::/0"])
+def test_production_refuses_forwarded_headers_from_anyone(
+    production: pytest.MonkeyPatch, trusted: str
+) -> None:
+    item = trusted.split(",")[-1].strip()
+    assert refusals(production, FORWARDED_ALLOW_IPS=trusted) == [
+        f"uvicorn trusts X-Forwarded-* from any address (FORWARDED_ALLOW_IPS={item}: "
+        "name the proxy's addresses or network instead)"
+    ]
+
+
+def test_production_names_every_problem_in_one_refusal_and_echoes_no_secret(
+    production: pytest.MonkeyPatch,
+) -> None:
+    found = refusals(
+        production,
+        RAG_DEV_API_KEY="rag-dev.s3cret-value",
+        RAG_TELEMETRY__CAPTURE_CONTENT="true",
+        RAG_REDIS__URL="redis://:s3cret-short@redis:6379/0",
+        RAG_TELEMETRY__METRICS_TOKEN="s3cret-tok",
+        FORWARDED_ALLOW_IPS="*",
+        RAG_JOBS__WEBHOOK_SECRET_KEY="",
+    )
+    assert [problem.split(" (")[0].split(" is ")[0] for problem in found] == [
+        "a development key",
+        "content capture",
+        "the Redis password in RAG_REDIS__URL",
+        "the metrics token",
+        "uvicorn trusts X-Forwarded-* from any address",
+        "webhook signing secrets would be stored in plaintext",
+    ]
+    with pytest.raises(ValidationError) as err:
+        Settings(_env_file=None)
+    assert "s3cret" not in str(err.value)
 
 
 def test_development_warns_about_what_production_would_refuse(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    for name in list(os.environ):
+        if name.startswith("RAG_") or name == "FORWARDED_ALLOW_IPS":
+            monkeypatch.delenv(name)
     monkeypatch.setenv("RAG_ENVIRONMENT", "development")
     monkeypatch.setenv("RAG_DEV_API_KEY", "rag-dev.s3cret-value")
     monkeypatch.setenv("RAG_TELEMETRY__CAPTURE_CONTENT", "true")
@@ -103,6 +241,8 @@ def test_development_warns_about_what_production_would_refuse(
     assert settings.dev_api_key is not None
     assert settings.dev_api_key.get_secret_value() == "rag-dev.s3cret-value"
     warnings = [r.getMessage() for r in caplog.records if r.name == "app.settings"]
-    assert len(warnings) == 2
+    # The key, content capture, and the defaults: Redis without a password, /metrics open,
+    # webhook secrets unsealed.
+    assert len(warnings) == 5
     assert all("refused in production" in w for w in warnings)
     assert "s3cret-value" not in " ".join(warnings)

@@ -9,19 +9,26 @@ without a .env gets.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import json
+import os
 import re
+import subprocess
+import sys
 import tomllib
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel
+from redis.connection import parse_url
 
+# How the Redis client itself reads a URL; redis-py leaves it untyped.
+redis_url_options: Callable[[str], dict[str, Any]] = parse_url
 ROOT = Path(__file__).resolve().parents[2]
 # The standard OpenTelemetry variables the deployment documents (endpoint, protocol, headers,
 # sampler, resource); any other OTEL_* name the app's code reads is added by `otel_names`.
@@ -303,6 +310,8 @@ def scale_problems(scale: dict[str, Any], nginx_conf: str) -> list[str]:
         problems.append("the load balancer does not wait for healthy app replicas")
     if not re.search(r"^\s*server\s+app:8000\b", nginx_conf, re.MULTILINE):
         problems.append("nginx does not send requests to app:8000")
+    if not re.search(r"location\s*=\s*/metrics\s*\{[^}]*return\s+404\b", nginx_conf):
+        problems.append("nginx passes /metrics on to the replicas (answer it with a 404)")
     return problems
 
 
@@ -324,3 +333,142 @@ def package_data_problems(pyproject: dict[str, Any], root: Path = ROOT) -> list[
             if not any(fnmatch.fnmatch(inside, pattern) for pattern in patterns):
                 problems.append(f"{path.relative_to(root)} is not package data (pyproject.toml)")
     return problems
+
+
+# ---------------------------------------------------------------- what the deployment exposes
+# These checks read Compose's own merged configuration (`docker compose config --format json`,
+# variables resolved), so they see what `docker compose up` would run, overrides included.
+
+COMPOSE_BINARY = Path(sys.executable).parent / "docker-compose"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+# What may listen on every interface of the host: the API, or the load balancer in front of it.
+PUBLIC = {"app": 8000, "lb": 8080}
+
+
+class ComposeRefused(Exception):
+    """`docker compose config` failed; the message is Compose's own."""
+
+
+def compose_config(
+    files: list[Path], variables: Mapping[str, str], env_file: Path | None = None
+) -> dict[str, Any]:
+    """The merged configuration of `files` with only `variables` (and `env_file`) set: no .env of
+    the checkout and nothing of this process's environment but PATH and HOME."""
+    argv = [str(COMPOSE_BINARY), "--project-directory", str(ROOT)]
+    for path in files:
+        argv += ["-f", str(path)]
+    argv += ["--env-file", str(env_file or os.devnull), "--profile", "gpu", "--profile", "cpu"]
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"), **variables}
+    done = subprocess.run(
+        [*argv, "config", "--format", "json"], capture_output=True, text=True, env=env, timeout=60
+    )
+    if done.returncode != 0:
+        raise ComposeRefused(done.stderr)
+    config: dict[str, Any] = json.loads(done.stdout)
+    return config
+
+
+def exposure_problems(merged: dict[str, Any]) -> list[str]:
+    """Only the API (or its load balancer) may be published beyond the host's loopback."""
+    problems = []
+    for name, service in merged.get("services", {}).items():
+        for port in service.get("ports") or []:
+            if str(port.get("host_ip", "")) in LOOPBACK:
+                continue
+            if PUBLIC.get(name) == port.get("target"):
+                continue
+            problems.append(
+                f"{name} publishes {port.get('target')} on every interface of the host "
+                f"(bind it to 127.0.0.1)"
+            )
+    return problems
+
+
+def redis_auth_problems(merged: dict[str, Any]) -> list[str]:
+    """Redis asks for a password; the app's URL, and the healthcheck, carry that same one."""
+    services = merged.get("services", {})
+    redis = services.get("redis", {})
+    command = [str(part) for part in redis.get("command") or []]
+    required = command[command.index("--requirepass") + 1] if "--requirepass" in command else ""
+    if not required:
+        return ["redis runs without --requirepass: anyone on its network reads keys and jobs"]
+    problems = []
+    for name in ("app", "worker"):
+        if name not in services:
+            continue
+        url = str((services[name].get("environment") or {}).get("RAG_REDIS__URL", ""))
+        if _password(url) != required:
+            problems.append(f"{name}'s RAG_REDIS__URL does not carry Redis' password")
+    if (redis.get("environment") or {}).get("REDISCLI_AUTH") != required:
+        problems.append("redis' healthcheck does not authenticate (REDISCLI_AUTH)")
+    test = " ".join(str(part) for part in (redis.get("healthcheck") or {}).get("test") or [])
+    if "PONG" not in test:
+        problems.append("redis' healthcheck trusts redis-cli's exit code (0 on NOAUTH too)")
+    return problems
+
+
+def _password(url: str) -> str | None:
+    try:
+        password = redis_url_options(url).get("password")
+    except ValueError:
+        return None
+    return None if password is None else str(password)
+
+
+def metrics_auth_problems(
+    merged: dict[str, Any], prometheus: dict[str, Any], variables: Mapping[str, str]
+) -> list[str]:
+    """/metrics asks for a token, and Prometheus sends that same token: the secret it reads comes
+    from the variable that set the app's RAG_TELEMETRY__METRICS_TOKEN."""
+    services = merged.get("services", {})
+    token = str(
+        (services.get("app", {}).get("environment") or {}).get("RAG_TELEMETRY__METRICS_TOKEN", "")
+    )
+    if not token:
+        return ["the app serves /metrics without a token (RAG_TELEMETRY__METRICS_TOKEN)"]
+    secrets = merged.get("secrets") or {}
+    mounted = {
+        str(s.get("target") or f"/run/secrets/{s['source']}"): secrets.get(s["source"], {})
+        for s in services.get("prometheus", {}).get("secrets") or []
+    }
+    job = next((j for j in prometheus.get("scrape_configs") or [] if _scrapes_app(j)), None)
+    authorization = (job or {}).get("authorization") or {}
+    if authorization.get("type", "Bearer") != "Bearer" or "credentials_file" not in authorization:
+        return ["prometheus scrapes the app without a bearer token file (authorization)"]
+    secret = mounted.get(authorization["credentials_file"])
+    if secret is None:
+        return [f"prometheus has no secret mounted at {authorization['credentials_file']}"]
+    if variables.get(str(secret.get("environment"))) != token:
+        return ["prometheus' token is not the one the app asks for"]
+    return []
+
+
+def _scrapes_app(job: dict[str, Any]) -> bool:
+    names = [n for dns in job.get("dns_sd_configs") or [] for n in dns.get("names") or []]
+    targets = [t for s in job.get("static_configs") or [] for t in s.get("targets") or []]
+    return "app" in names or any(t.startswith("app:") for t in targets)
+
+
+def proxy_trust_problems(merged: dict[str, Any]) -> list[str]:
+    """The app believes X-Forwarded-* only from the compose network, whose subnet is fixed."""
+    env = merged.get("services", {}).get("app", {}).get("environment") or {}
+    trusted = [t.strip() for t in str(env.get("FORWARDED_ALLOW_IPS") or "").split(",")]
+    trusted = [t for t in trusted if t]
+    if not trusted:
+        return []  # uvicorn's default: the loopback only
+    if "*" in trusted:
+        return ["the app trusts X-Forwarded-* from any address (FORWARDED_ALLOW_IPS=*)"]
+    ipam = (merged.get("networks", {}).get("default") or {}).get("ipam") or {}
+    subnets = [ipaddress.ip_network(c["subnet"]) for c in ipam.get("config") or [] if "subnet" in c]
+    if not subnets:
+        return ["the compose network has no fixed subnet for FORWARDED_ALLOW_IPS to name"]
+    problems = []
+    for item in trusted:
+        network = ipaddress.ip_network(item, strict=False)
+        if not any(_within(network, subnet) for subnet in subnets):
+            problems.append(f"FORWARDED_ALLOW_IPS trusts {item}, outside the compose network")
+    return problems
+
+
+def _within(network: ipaddress.IPv4Network | ipaddress.IPv6Network, subnet: Any) -> bool:
+    return network.version == subnet.version and network.subnet_of(subnet)

@@ -40,26 +40,29 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, step: float =
 class RedisServer:
     """A redis-server of the tests' own, on a free port, that a test may stop and start again."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
                 "redis-server is not installed: `apt-get install redis-server` (make test does it)"
             )
         self.binary = binary
+        self.password = password  # `requirepass`, as compose's Redis has
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="rag-test-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def _answers(self) -> bool:
+        auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                sock.sendall(auth + b"PING\r\n")
+                return b"+PONG" in sock.recv(32)
         except OSError:
             return False
 
@@ -77,6 +80,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self.dir,
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
