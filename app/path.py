@@ -38,11 +38,7 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
     retrieve = retrieve_stage(settings, services, with_features=features is not None)
     steps: list[Step] = [
         Authenticate(services.keys, scope="chat"),
-        ValidateRequest(
-            routes=services.routes,
-            context_length=settings.llm.context_length,
-            server_tools=services.server_tools,
-        ),
+        validate_stage(settings, services),
         *optional(guard_in_stage(services)),
         *optional(cache_lookup_stage(settings, services, personalised=features is not None)),
     ]
@@ -62,12 +58,24 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             server_tools=services.server_tools,
             invoker=services.tool_invoker,
             max_rounds=settings.tools.max_rounds,
+            access=services.tool_access,
+            policies=services.guards.policies if services.guards is not None else None,
         )
     )
     steps.extend(optional(guard_out_stage(services)))
     if settings.cache.enabled:
         steps.append(CacheStore(response_cache(settings, services)))
     return steps
+
+
+def validate_stage(settings: Settings, services: Services) -> ValidateRequest:
+    """The checks of a request the schema cannot make (the API's path and job submission)."""
+    return ValidateRequest(
+        routes=services.routes,
+        context_length=settings.llm.context_length,
+        server_tools=services.server_tools,
+        tool_access=services.tool_access,
+    )
 
 
 def optional(*stages: Stage | None) -> list[Stage]:
@@ -153,7 +161,9 @@ def tools_stage(settings: Settings, services: Services) -> Stage | None:
     """The planned tools, run beside retrieval, when switched on."""
     if not settings.tools.enabled or services.tool_invoker is None:
         return None
-    return PlannedTools(ToolPlanner(services.server_tools), services.tool_invoker)
+    return PlannedTools(
+        ToolPlanner(services.server_tools), services.tool_invoker, services.tool_access
+    )
 
 
 def route_stage(settings: Settings, services: Services, *, with_features: bool) -> Stage | None:

@@ -2,31 +2,71 @@
 
 Unknown OpenAI fields are accepted and ignored, so newer clients keep working. Fields we accept
 but cannot honour (``n`` > 1) are refused with a clear 400 rather than ignored. ``tools`` are
-checked here: each a function with a valid name and a valid JSON Schema for its parameters.
+checked for shape here (each a function with a valid name); their JSON Schemas are checked by
+the validate stage, after auth, within limits and off the event loop
+(``pipeline.tools.schema_check``). Bodies reach this model through ``app.bodies``, which has
+already refused what no part downstream can use (lone surrogates, integers past 64 bits,
+non-finite numbers, deep nesting), each with the field's name.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.context import ChatParams, RagOptions
-from pipeline.guards.normalize import scrub_surrogates
+from pipeline.messages import TEXT_PARTS
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+MAX_MESSAGES = 2048  # a conversation past this could not fit any context this service serves
+
+
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=256)
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    """A call the assistant made earlier in the conversation (the model reads it again)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A message as the model will read it. Only these fields are passed on: other fields of
+    OpenAI's messages (``refusal``, ``audio``, ``annotations``, ``function_call``) and unknown
+    ones are dropped, so no text reaches the model that the guardrails did not read. Content
+    parts must be text parts (``pipeline.messages.TEXT_PARTS``): any other type is a 400."""
+
+    model_config = ConfigDict(extra="ignore")
 
     role: Role
     content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
+    tool_call_id: str | None = Field(None, max_length=256)
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        if isinstance(content, list):
+            for index, part in enumerate(content):
+                kind = part.get("type")
+                if kind not in TEXT_PARTS:
+                    raise ValueError(
+                        f"part {index} has type {kind!r}; this service reads only text parts "
+                        f"({', '.join(sorted(TEXT_PARTS))})"
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"part {index} ({kind}) needs a string 'text'")
+        return content
 
 
 class StreamOptions(BaseModel):
@@ -45,18 +85,6 @@ class FunctionDefinition(BaseModel):
     description: str | None = Field(None, max_length=10_000)
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-
-    @field_validator("parameters")
-    @classmethod
-    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        if schema is not None:
-            try:
-                Draft202012Validator.check_schema(schema)
-            except SchemaError as exc:
-                raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
-            except RecursionError:
-                raise ValueError("not a valid JSON Schema: nested too deeply") from None
-        return schema
 
 
 class FunctionTool(BaseModel):
@@ -106,27 +134,10 @@ class RagRequestOptions(BaseModel):
     )
 
 
-def scrub(value: Any) -> Any:
-    """``value`` with lone surrogates in its strings replaced by U+FFFD. JSON can carry them
-    (``"\\ud800"``) but nothing downstream can encode them (UTF-8, Redis, the tokenizer)."""
-    if isinstance(value, str):
-        return scrub_surrogates(value)
-    if isinstance(value, list):
-        return [scrub(item) for item in value]
-    if isinstance(value, dict):
-        return {scrub(k): scrub(v) for k, v in value.items()}
-    return value
-
-
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _scrub(cls, data: Any) -> Any:
-        return scrub(data)
-
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     model: str = Field(min_length=1)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
@@ -147,6 +158,14 @@ class ChatCompletionRequest(BaseModel):
 
     # --- server extension ---
     rag: RagRequestOptions = Field(default_factory=RagRequestOptions)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _not_too_many(cls, messages: Any) -> Any:
+        # Counted before the messages are validated, which would cost as much as they are many.
+        if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+            raise ValueError(f"at most {MAX_MESSAGES} messages are accepted, not {len(messages)}")
+        return messages
 
     @field_validator("tools")
     @classmethod

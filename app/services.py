@@ -32,6 +32,7 @@ from pipeline.routing import Route, RouteTable
 from pipeline.runner import Runner, StageObserver
 from pipeline.search import PassageSearch
 from pipeline.tokens import ApproximateTokenCounter, TokenCounter, load_token_counter
+from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool
 from pipeline.tools.builtins import builtin_tools
 from pipeline.tools.http import HttpTool
@@ -53,6 +54,7 @@ class Services:
     router: Router | None = None
     server_tools: dict[str, Tool] = field(default_factory=dict)
     tool_invoker: Invoker | None = None
+    tool_access: ToolAccess = field(default_factory=ToolAccess)
     observers: list[StageObserver] = field(default_factory=list)
     tokens: TokenCounter = field(default_factory=ApproximateTokenCounter)
     guards: Guards | None = None
@@ -221,9 +223,9 @@ def build_router(
 def build_tools(
     settings: Settings, tracer: trace.Tracer, retrieval: PassageSearch | None
 ) -> dict[str, Any]:
-    """``server_tools`` and ``tool_invoker``: the built-ins (the document search only with
-    retrieval) and the configured HTTP tools, behind one invoker whose limits all requests
-    share. Nothing when tools are off."""
+    """``server_tools``, ``tool_invoker`` and ``tool_access``: the built-ins (the document
+    search only with retrieval) and the configured HTTP tools, behind one invoker whose limits
+    all requests share, and which tenant may use which. Nothing when tools are off."""
     config = settings.tools
     if not config.enabled:
         return {}
@@ -235,7 +237,11 @@ def build_tools(
     for http in config.http:
         registry.add(HttpTool(**http.tool_options()).tool())
     invoker = ToolInvoker(registry, tracer, capture_content=settings.telemetry.capture_content)
-    return {"server_tools": registry.tools, "tool_invoker": invoker}
+    access = ToolAccess.from_settings(
+        {tenant: (entry.allow, entry.private_network) for tenant, entry in config.tenants.items()},
+        private=[http.name for http in config.http if http.allow_private],
+    )
+    return {"server_tools": registry.tools, "tool_invoker": invoker, "tool_access": access}
 
 
 def build_key_store(settings: Settings, kv: KeyValueStore) -> ApiKeyStore:
@@ -244,6 +250,8 @@ def build_key_store(settings: Settings, kv: KeyValueStore) -> ApiKeyStore:
         prefix=f"{settings.redis.key_prefix}apikey:",
         cache_ttl=settings.auth.key_cache_seconds,
         stale_ttl=settings.auth.key_stale_seconds,
+        # Jobs queued under an old-style key id still pass the worker's check until they expire.
+        legacy_id_grace=int(settings.jobs.queued_ttl_seconds),
     )
 
 

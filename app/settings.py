@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.production import unsafe_for_production
 from pipeline.guards.policy import PolicyBook
+from pipeline.jobs.secret_box import parse_keys
 from retrieval.relevance import DEFAULT_THRESHOLD
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,15 @@ class TelemetrySettings(BaseModel):
         False, description="Without it, production refuses to start with content capture on."
     )
     metrics: bool = Field(True, description="Serve /metrics and record the service's metrics.")
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="Bearer token /metrics asks for (unset: none; production refuses that).",
+    )
+
+    @field_validator("metrics_token", mode="after")
+    @classmethod
+    def _empty_token_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        return value if value is not None and value.get_secret_value() else None
 
 
 class LogSettings(BaseModel):
@@ -242,6 +253,19 @@ class HttpToolSettings(BaseModel):
         }
 
 
+class TenantToolSettings(BaseModel):
+    """One tenant's tools: an entry of ``RAG_TOOLS__TENANTS`` (under "*": every other tenant)."""
+
+    model_config = {"extra": "forbid"}
+
+    allow: list[Annotated[str, Field(pattern=r"^(\*|[A-Za-z0-9_-]{1,64})$")]] = Field(
+        default_factory=lambda: ["*"], description="Server tools it may use ('*': all of them)."
+    )
+    private_network: bool = Field(
+        False, description="It may use HTTP tools configured with allow_private (opt-in)."
+    )
+
+
 class ToolSettings(BaseModel):
     """Server-side tools: planned ones and function calling."""
 
@@ -252,6 +276,11 @@ class ToolSettings(BaseModel):
     http: list[HttpToolSettings] = Field(
         default_factory=list, description="HTTP tools (JSON list), each on its own allow-list."
     )
+    tenants: dict[str, TenantToolSettings] = Field(
+        default_factory=dict,
+        description="Per tenant (JSON; '*': every other tenant): the server tools it may use and "
+        "whether those reaching private networks. Default: every tool but those.",
+    )
 
     @field_validator("http", mode="after")
     @classmethod
@@ -260,6 +289,20 @@ class ToolSettings(BaseModel):
         if len(names) != len(set(names)):
             raise ValueError("two HTTP tools have the same name")
         return tools
+
+    @model_validator(mode="after")
+    def _tenants_name_known_tools(self) -> ToolSettings:
+        from pipeline.tools.builtins import BUILTIN_TOOL_NAMES
+
+        known = {*BUILTIN_TOOL_NAMES, *(tool.name for tool in self.http)}
+        named = {name for entry in self.tenants.values() for name in entry.allow} - {"*"}
+        unknown = ", ".join(sorted(named - known))
+        if unknown:
+            raise ValueError(
+                f"RAG_TOOLS__TENANTS allows tools that do not exist: {unknown}"
+                f" (tools: {', '.join(sorted(known))})"
+            )
+        return self
 
 
 class JobSettings(BaseModel):
@@ -285,13 +328,51 @@ class JobSettings(BaseModel):
         default_factory=list,
         description="Hosts or CIDRs exempt from the webhook address rules (and allowed http).",
     )
-    webhook_timeout_seconds: float = Field(10.0, gt=0)
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0, description="Overall deadline of one delivery attempt (connect to headers)."
+    )
     webhook_connect_timeout_seconds: float = Field(3.0, gt=0)
     webhook_max_attempts: int = Field(6, ge=1)
     webhook_backoff_seconds: float = Field(1.0, ge=0, description="First retry delay; doubles.")
     webhook_secret_grace_seconds: int = Field(
         86_400, ge=0, description="After a rotation, the old secret also signs this long."
     )
+    webhook_concurrency: int = Field(8, ge=1, description="Deliveries one worker makes at once.")
+    webhook_tenant_concurrency: int = Field(
+        2, ge=1, description="Deliveries of one tenant that one worker makes at once."
+    )
+    webhook_secret_key: SecretStr | None = Field(
+        None,
+        description="Base64 of 32 bytes (comma-separated for rotation: the first seals) that "
+        "encrypts webhook secrets at rest; production refuses to start without it.",
+    )
+    queued_ttl_seconds: float = Field(
+        86_400, gt=0, description="A queued job not started within this fails (job_expired)."
+    )
+    max_stream_length: int = Field(
+        100_000, ge=1, description="Jobs queued or running, all tenants; more: 503 queue_full."
+    )
+    max_queued_per_tenant: int = Field(1_000, ge=1, description="More: 429 too_many_queued_jobs.")
+    submit_rate_per_minute: float = Field(600.0, gt=0, description="Submits per tenant (429).")
+    submit_burst: int = Field(60, ge=1, description="Submits a tenant may make at once.")
+    sweep_seconds: float = Field(10.0, gt=0, description="How often workers fail expired jobs.")
+
+    @field_validator("webhook_secret_key", mode="after")
+    @classmethod
+    def _valid_secret_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None  # an empty line in .env: no key
+        parse_keys(value.get_secret_value())  # base64 of 32 bytes each; never echoed
+        return value
+
+    def production_problems(self) -> list[str]:
+        """What of the jobs' settings production refuses (app.production collects these)."""
+        if self.webhook_secret_key is None:
+            return [
+                "webhook signing secrets would be stored in plaintext "
+                "(RAG_JOBS__WEBHOOK_SECRET_KEY is not set)"
+            ]
+        return []
 
     @field_validator("webhook_allow", mode="before")
     @classmethod
@@ -379,20 +460,6 @@ class Settings(BaseSettings):
             for problem in problems:
                 logger.warning("%s: allowed in development, refused in production", problem)
         return self
-
-
-def unsafe_for_production(settings: Settings) -> list[str]:
-    """What in ``settings`` must not reach production, one sentence each."""
-    problems = []
-    if settings.dev_api_key:
-        problems.append("a development key is configured (RAG_DEV_API_KEY)")
-    telemetry = settings.telemetry
-    if telemetry.capture_content and not telemetry.allow_content_capture_in_production:
-        problems.append(
-            "content capture is on (RAG_TELEMETRY__CAPTURE_CONTENT) without "
-            "RAG_TELEMETRY__ALLOW_CONTENT_CAPTURE_IN_PRODUCTION"
-        )
-    return problems
 
 
 @lru_cache

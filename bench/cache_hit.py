@@ -210,6 +210,28 @@ def start_servers(
     return urls, procs
 
 
+def lag_buckets(url: str) -> dict[str, float]:
+    """The service's event-loop lag histogram (``app.lag``): upper bound -> samples so far."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith('rag_event_loop_lag_seconds_bucket{le="'):
+            bound = line.split('"')[1]
+            buckets[bound] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def print_lag(concurrency: int, name: str, before: dict[str, float], after: dict[str, float]):
+    """How late the service's event loop ran during the load: samples over 10 ms and 50 ms."""
+    total = after["+Inf"] - before["+Inf"]
+    over_10 = total - (after["0.01"] - before["0.01"])
+    over_50 = total - (after["0.05"] - before["0.05"])
+    print(
+        f"| {concurrency} | {name}: event-loop lag | {total:.0f} samples | "
+        f"{over_10:.0f} over 10 ms | {over_50:.0f} over 50 ms | |"
+    )
+
+
 def print_rows(concurrency: int, summary: dict[str, dict[str, float]]) -> None:
     floor = summary["floor"]
     for name, s in summary.items():
@@ -278,6 +300,8 @@ async def main() -> None:
         body = orjson.dumps(BODY)
         for concurrency in args.concurrency:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+            probed = [n for n in targets if n in EXPORTING]  # the variants with /metrics
+            lags = {name: lag_buckets(urls[name]) for name in probed}
             for _ in range(args.rounds):
                 for name, (url, headers) in targets.items():
                     if args.client == "raw":
@@ -290,6 +314,8 @@ async def main() -> None:
                 for name, results in runs.items()
             }
             print_rows(concurrency, summary)
+            for name in probed:
+                print_lag(concurrency, name, lags[name], lag_buckets(urls[name]))
     finally:
         for proc in reversed(procs):  # the receiver last: the services flush to it on exit
             proc.terminate()

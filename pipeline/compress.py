@@ -38,9 +38,12 @@ ABBREVIATIONS = frozenset(
 # Devanagari and Arabic terminators need no space; a blank line always ends a sentence.
 # (Written to start with one character class, which lets the regex engine skip to candidates:
 # six times faster than the plain alternation on SciFact abstracts.)
+# Linear time: a run of terminators is taken only from its first character (the lookbehinds
+# `(?<![.!?…].)` refuse a start inside it) and the repeats are possessive (they never give
+# back), so a run of 40,000 dots (a table of contents' leaders) is read once, not once per dot.
 _END = re.compile(
-    r"[.!?…。！？।؟\n](?:(?<=[.!?…])[.!?…]*[\"'”’)\]]*(?=\s)|(?<=[。！？])[。！？]*[」』”’)]*"
-    r"|(?<=[।؟])[।؟]*|(?<=\n)[ \t]*\n)"
+    r"[.!?…。！？।؟\n](?:(?<![.!?…].)(?<=[.!?…])[.!?…]*+[\"'”’)\]]*+(?=\s)"
+    r"|(?<![。！？].)(?<=[。！？])[。！？]*+[」』”’)]*+|(?<![।؟].)(?<=[।؟])[।؟]*+|(?<=\n)[ \t]*+\n)"
 )
 _LAST_WORD = re.compile(r"(\S+)$")
 _NEXT_WORD = re.compile(r"\s*(\S+)")
@@ -51,13 +54,13 @@ _CLOSERS = ".,;:!?)]\"'”’"
 NUMBER_ABBREVIATIONS = frozenset({"p", "pp", "no", "nos", "vol", "fig", "figs", "ref", "refs"})
 
 
-def _ends_sentence(text: str, end: re.Match[str]) -> bool:
-    if "." not in end.group():
+def _ends_sentence(text: str, start: int, end: int) -> bool:
+    if "." not in text[start:end]:
         return True
     # Only the words either side of the stop matter: bounded windows, not the whole text.
-    before = _LAST_WORD.search(text, max(0, end.start() - 40), end.start())
+    before = _LAST_WORD.search(text, max(0, start - 40), start)
     word = before.group(1).lstrip(_OPENERS) if before else ""
-    after = _NEXT_WORD.match(text, end.end(), end.end() + 40)
+    after = _NEXT_WORD.match(text, end, end + 40)
     if after is None:
         return True
     nxt = after.group(1).lstrip(_OPENERS).rstrip(_CLOSERS)
@@ -86,10 +89,11 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of each sentence of `text`, in order, without surrounding whitespace."""
     spans: list[tuple[int, int]] = []
     start = 0
-    for end in _END.finditer(text):
-        if _ends_sentence(text, end):
-            spans.append(_stripped(text, start, end.end()))
-            start = end.end()
+    for match in _END.finditer(text):
+        stop, end = match.span()
+        if _ends_sentence(text, stop, end):
+            spans.append(_stripped(text, start, end))
+            start = end
     spans.append(_stripped(text, start, len(text)))
     return [(a, b) for a, b in spans if b > a]
 

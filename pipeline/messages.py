@@ -1,13 +1,22 @@
 """One way to read the text of chat messages, for the cache key, retrieval, routing and the
 guardrails alike.
 
-Text parts of a message are joined with a newline, as vLLM joins them when it renders the
-chat template, so two requests that the model sees identically read identically here too.
+A message's content is a string or a list of parts. The part types the upstream renders as
+text are ``TEXT_PARTS`` (``text``, and the ``input_text``/``output_text`` of newer clients);
+the request schema refuses every other type, so nothing reaches the model that the guardrails
+did not read. Text parts are joined with a newline, as vLLM joins them when it renders the chat
+template, so two requests that the model sees identically read identically here too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+TEXT_PARTS: Final = frozenset({"text", "input_text", "output_text"})
+
+
+def is_text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in TEXT_PARTS
 
 
 def content_text(content: Any) -> str | None:
@@ -15,16 +24,16 @@ def content_text(content: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        if not all(is_text_part(p) for p in content):
             return None
         return "\n".join(str(p.get("text") or "") for p in content)
     return None if content is not None else ""
 
 
 def text_of(content: Any) -> str:
-    """The text parts of a message's content, joined; other parts (images) are left out."""
+    """The text parts of a message's content, joined; other parts are left out."""
     if isinstance(content, list):
-        content = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        content = [p for p in content if is_text_part(p)]
     return content_text(content) or ""
 
 

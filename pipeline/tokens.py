@@ -163,9 +163,11 @@ class ApproximateTokenCounter:
     """A stand-in when no tokenizer file is found; errs high, so a budget is rarely exceeded.
 
     Latin letters: one token per started 4 letters of a word; each digit, each punctuation mark
-    and each other character one token, two past U+0800 (CJK and most other scripts);
-    whitespace folds into the next token. On SciFact abstracts it over-counts SmolLM2's tokens
-    by about 40% (never under; see BENCHMARKS.md).
+    and each other character one token, two past U+0800 (CJK and most other scripts); a single
+    space before a word folds into it, and any other whitespace counts one token per started 4
+    characters, so that no character class passes an input-token cap for free (40,000 newlines
+    are 10,000 tokens here). On SciFact abstracts it over-counts SmolLM2's tokens by about 40%
+    (never under; see BENCHMARKS.md).
     """
 
     exact = False
@@ -186,6 +188,9 @@ class ApproximateTokenCounter:
         for piece in _PIECE.finditer(text):
             word = piece.group()
             if word[0].isspace():
+                # The last space of a run joins the word after it ("Hello world": 2 tokens).
+                end = piece.end() - (1 if piece.end() < len(text) and word[-1] == " " else 0)
+                starts.extend(range(piece.start(), end, 4))
                 continue
             if word[0].isascii() and word[0].isalpha():
                 starts.extend(range(piece.start(), piece.end(), 4))

@@ -1,4 +1,10 @@
-"""POST /v1/chat/completions: build the context, run the pipeline, shape the answer."""
+"""POST /v1/chat/completions: read the body (after auth), build the context, run the pipeline,
+shape the answer.
+
+The key is checked before the body is read (``app.auth.AuthenticateFirst``), so the route takes
+the raw request and validates the body itself (``app.bodies``): inline when small, in a worker
+thread when large. The OpenAPI document still describes the body (``openapi_extra``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import asyncio
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from app.auth import bearer_token
+from app.auth import ChatPrincipal, bearer_token
+from app.bodies import BodyLimits, read_body, request_body
 from app.responses import JSONResponse, chat_completion, sse_stream
 from app.schemas import ChatCompletionRequest
 from app.services import ServicesDep
@@ -15,11 +22,18 @@ from pipeline.context import CacheControl, RequestContext
 
 router = APIRouter(tags=["chat"])
 
+LIMITS = BodyLimits()
 
-@router.post("/v1/chat/completions", response_model=None)
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    openapi_extra=request_body(ChatCompletionRequest),
+)
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, services: ServicesDep
+    request: Request, services: ServicesDep, principal: ChatPrincipal
 ) -> Response:
+    body = await read_body(await request.body(), ChatCompletionRequest, LIMITS)
     settings = services.settings
     ctx = RequestContext(
         params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),

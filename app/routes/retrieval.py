@@ -6,12 +6,13 @@ The tenant always comes from the API key. Ingest needs the ``ingest`` scope; sea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.auth import IngestPrincipal, RetrievePrincipal
+from app.bodies import BodyLimits, read_body, request_body
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from pipeline.search import PassageSearch
@@ -19,16 +20,24 @@ from retrieval import Document, DocumentError, IngestResult
 
 router = APIRouter(tags=["retrieval"])
 
-MetadataValue = str | int | float | bool | list[str]
+LIMITS = BodyLimits()
+MetadataText = Annotated[str, Field(max_length=1024)]
+MetadataValue = (
+    MetadataText | int | float | bool | Annotated[list[MetadataText], Field(max_length=64)]
+)
 
 
 class DocumentIn(BaseModel):
+    """One document; its title and metadata are copied onto every chunk, hence their limits."""
+
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1, max_length=256)
     text: str
-    title: str = ""
-    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    title: str = Field("", max_length=1000)
+    metadata: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
+        default_factory=dict, max_length=64
+    )
 
 
 class IngestRequest(BaseModel):
@@ -63,11 +72,12 @@ def _search(services: ServicesDep) -> PassageSearch:
     return services.retrieval
 
 
-@router.post("/v1/documents")
+@router.post("/v1/documents", openapi_extra=request_body(IngestRequest))
 async def ingest_documents(
-    body: IngestRequest, services: ServicesDep, principal: IngestPrincipal
+    request: Request, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
     search = _search(services)
+    body = await read_body(await request.body(), IngestRequest, LIMITS)
     limit = services.settings.retrieval.max_batch_documents
     if len(body.documents) > limit:
         raise PayloadTooLarge(
@@ -104,10 +114,11 @@ async def delete_document(
     return {**_ingest_body(result), "object": "delete.result", "deleted": True}
 
 
-@router.post("/v1/retrieve")
+@router.post("/v1/retrieve", openapi_extra=request_body(RetrieveRequest))
 async def retrieve(
-    body: RetrieveRequest, services: ServicesDep, principal: RetrievePrincipal
+    request: Request, services: ServicesDep, principal: RetrievePrincipal
 ) -> dict[str, Any]:
+    body = await read_body(await request.body(), RetrieveRequest, LIMITS)
     result = await _search(services).search(
         principal.tenant, body.query, top_k=body.top_k, filters=body.filters
     )

@@ -9,6 +9,8 @@ from pipeline.keys import ApiKeyStore
 from pipeline.kv import StoreUnavailable
 from pipeline.runner import FailurePolicy
 
+MAX_CREDENTIAL_CHARS = 512  # generated keys are ~60 characters, custom ones at most 256
+
 
 class Authenticate:
     """Resolves the bearer key; a request that arrives with its principal already resolved (a
@@ -48,8 +50,18 @@ class Authenticate:
 
     async def authenticate(self, credential: str | None) -> Principal:
         """The principal behind a bearer credential, or the error that ends the request."""
+        principal = await self.resolve(credential)
+        if not principal.can(self.scope):
+            raise PermissionDenied(f"This API key lacks the '{self.scope}' scope.")
+        return principal
+
+    async def resolve(self, credential: str | None) -> Principal:
+        """The principal behind a bearer credential, whatever its scopes (401 or 503 if none).
+        A credential longer than any key is refused without a lookup."""
         if not credential:
             raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
+        if len(credential) > MAX_CREDENTIAL_CHARS:
+            raise AuthenticationFailed()
         try:
             principal = await self.keys.resolve(credential)
         except StoreUnavailable as exc:
@@ -59,6 +71,4 @@ class Authenticate:
             ) from exc
         if principal is None:
             raise AuthenticationFailed()
-        if not principal.can(self.scope):
-            raise PermissionDenied(f"This API key lacks the '{self.scope}' scope.")
         return principal

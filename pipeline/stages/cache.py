@@ -27,13 +27,15 @@ IndexVersion = Callable[[str], str]
 
 
 def _normalise_content(content: Any) -> Any:
-    # Only edge whitespace is dropped: inner whitespace can matter (code, tables).
+    # Text parts read as the model reads them (joined by newlines). No whitespace is dropped:
+    # the chat template renders it, so "hi" and "hi " are different prompts, and two requests
+    # the model would see differently must never share an answer.
     text = content_text(content)
-    return content if text is None else text.strip()
+    return content if text is None else text
 
 
 def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages with edge whitespace, null fields and text-part lists made canonical."""
+    """Messages with null fields dropped and text-part lists read as their text."""
     normalised = []
     for message in messages:
         item = {k: v for k, v in message.items() if v is not None}

@@ -1,43 +1,133 @@
-"""The input guardrails: before the cache, the caller's messages are checked against the
-tenant's policy.
+"""The input guardrails: before the cache, every text the model will read is checked against
+the tenant's policy, whatever the message's role (system and developer messages included),
+whichever text part carries it (``pipeline.messages.TEXT_PARTS``; the schema refuses the
+others), and the names and arguments of earlier tool calls too.
 
+- Size first, cheaply: at most ``max_input_chars`` characters (it bounds every check below,
+  whatever the tokenizer makes of the text: 40,000 newlines are a handful of tokens) and
+  ``max_input_tokens`` tokens, counted over everything.
 - PII (email, phone, card, IBAN, IP, national ids): per kind, block with a 400 whose code names
   the rule (``pii.email``), or redact: the messages are replaced by their redacted copies, so
   the cache key, the request log, retrieval, the spans and the model only ever see the tokens.
-- Prompt injection in the user's messages (rules over the text as written and as decoded,
-  de-obfuscated): blocked with a 400 naming the rule (``injection.override``), by default.
-  The similarity of the query embedding to known attacks is checked later, in ``guard_similar``,
-  where retrieval's embedding of the query is to hand and a cache hit has not paid for it.
-- A maximum number of input tokens.
+  Tool-call arguments are JSON: their string values are redacted, so they stay JSON.
+- Prompt injection (rules over the text as written and as decoded, de-obfuscated): blocked with
+  a 400 naming the rule (``injection.override``), by default, in every role. System and
+  developer messages (usually the tenant's own) are judged by the rules that mean an attack
+  even there, unless the tenant's policy says otherwise (``GuardPolicy.system_messages``). The
+  similarity of the query embedding to known attacks is checked later, in
+  ``guard_similarity``, where retrieval's embedding of the query is to hand.
 
-Decisions (rule, action, score) go on the span; the text never does.
+A request with more than ``OFFLOAD_CHARS`` of text is checked in a worker thread, so a large
+request holds the event loop no longer than a small one. Decisions (rule, action, score) go on
+the span; the text never does.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any, NoReturn
 
+import orjson
+
 from pipeline import attributes as attr
 from pipeline.context import RequestContext
 from pipeline.errors import InvalidRequest
-from pipeline.guards.injection import InjectionDecision, InjectionDetector
+from pipeline.guards.injection import InjectionDecision, InjectionDetector, decide
 from pipeline.guards.pii import find_pii, redact
 from pipeline.guards.policy import GuardPolicy, PolicyBook
-from pipeline.messages import text_of
+from pipeline.messages import is_text_part
 from pipeline.runner import FailurePolicy
 from pipeline.tokens import TokenCounter
 
-CHECKED_ROLES = frozenset({"user"})
 MEMO_CHARS = 2000
+OFFLOAD_CHARS = 8192
+OPERATOR_ROLES = frozenset({"system", "developer"})
+OPERATOR_ATTACKS = frozenset(
+    {
+        "injection.role_marker",
+        "injection.delimiter",
+        "injection.encoded",
+        "injection.persona",
+        "injection.new_instructions",
+    }
+)
+# Letters-only and de-leeted views: an attack only where the plain text hid the phrase.
+OBFUSCATED_VIEWS = frozenset({"compact", "leet"})
+
+Message = dict[str, Any]
 
 
 class Blocked(InvalidRequest):
     """A request refused by a guardrail; ``code`` names the rule."""
 
-    def __init__(self, message: str, rule: str) -> None:
-        super().__init__(message, param="messages", code=rule)
+    def __init__(self, message: str, rule: str, param: str = "messages") -> None:
+        super().__init__(message, param=param, code=rule)
+
+
+def message_texts(message: Message) -> Iterator[str]:
+    """Every text of a message the model reads: content (string or text parts), the author's
+    name, and the names and arguments of the tool calls it holds."""
+    content = message.get("content")
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        yield from (str(p.get("text") or "") for p in content if is_text_part(p))
+    if isinstance(message.get("name"), str):
+        yield message["name"]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            yield from (str(function.get(k) or "") for k in ("name", "arguments"))
+
+
+def map_texts(message: Message, change: Callable[[str], str]) -> Message:
+    """A copy of ``message`` with ``change`` applied to every text the model reads (tool-call
+    arguments through ``map_json_strings``, so they stay JSON)."""
+    out = dict(message)
+    content = message.get("content")
+    if isinstance(content, str):
+        out["content"] = change(content)
+    elif isinstance(content, list):
+        out["content"] = [
+            {**p, "text": change(str(p.get("text") or ""))} if is_text_part(p) else p
+            for p in content
+        ]
+    if isinstance(message.get("name"), str):
+        out["name"] = change(message["name"])
+    if message.get("tool_calls"):
+        calls = []
+        for call in message["tool_calls"]:
+            function = dict(call.get("function") or {})
+            if isinstance(function.get("arguments"), str):
+                function["arguments"] = map_json_strings(function["arguments"], change)
+            calls.append({**call, "function": function})
+        out["tool_calls"] = calls
+    return out
+
+
+def map_json_strings(text: str, change: Callable[[str], str]) -> str:
+    """``change`` applied to every string (keys and values) of JSON ``text``; ``text`` that is
+    not JSON is changed as a whole."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return change(text)
+    changed = _map_strings(value, change)
+    return text if changed == value else orjson.dumps(changed).decode()
+
+
+def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    # Arguments were parsed by orjson, whose depth limit (1024) bounds this recursion.
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, list):
+        return [_map_strings(v, change) for v in value]
+    if isinstance(value, dict):
+        return {change(k): _map_strings(v, change) for k, v in value.items()}
+    return value
 
 
 class GuardInput:
@@ -64,16 +154,33 @@ class GuardInput:
         policy = self.policies.for_tenant(ctx.caller.tenant)
         ctx.key_parts["guard"] = policy.cache_token
         ctx.annotate(**{attr.GUARD_POLICY: policy.cache_token})
+        chars = sum(len(t) for m in ctx.params.messages for t in message_texts(m))
+        if chars > policy.input_chars:
+            raise Blocked(
+                f"The messages hold {chars} characters; this service accepts at most "
+                f"{policy.input_chars}.",
+                "input_too_long",
+            )
+        if chars > OFFLOAD_CHARS:
+            await asyncio.to_thread(self._check, ctx, policy)
+        else:
+            self._check(ctx, policy)
+        return ctx
+
+    def _check(self, ctx: RequestContext, policy: GuardPolicy) -> None:
         self._check_length(ctx, policy)
-        messages = [self._redacted(message, policy, ctx) for message in ctx.params.messages]
+
+        def guard(text: str) -> str:
+            return self._guard_text(text, policy, ctx)
+
+        messages = [map_texts(m, guard) for m in ctx.params.messages]
         if messages != ctx.params.messages:
             ctx.params = replace(ctx.params, messages=messages)
         if policy.injection == "block":
-            self._check_injection(ctx)
-        return ctx
+            self._check_injection(ctx, policy)
 
     def _check_length(self, ctx: RequestContext, policy: GuardPolicy) -> None:
-        texts = [text_of(m.get("content")) for m in ctx.params.messages]
+        texts = [t for m in ctx.params.messages for t in message_texts(m)]
         tokens = sum(self.counter.count_many(texts))
         ctx.annotate(**{attr.GUARD_INPUT_TOKENS: tokens})
         if tokens > policy.max_input_tokens:
@@ -82,22 +189,6 @@ class GuardInput:
                 f"{policy.max_input_tokens}.",
                 "input_too_long",
             )
-
-    def _redacted(
-        self, message: dict[str, Any], policy: GuardPolicy, ctx: RequestContext
-    ) -> dict[str, Any]:
-        content = message.get("content")
-        if isinstance(content, str):
-            return {**message, "content": self._guard_text(content, policy, ctx)}
-        if isinstance(content, list):
-            parts = [
-                {**p, "text": self._guard_text(str(p.get("text") or ""), policy, ctx)}
-                if isinstance(p, dict) and p.get("type") == "text"
-                else p
-                for p in content
-            ]
-            return {**message, "content": parts}
-        return message
 
     def _guard_text(self, text: str, policy: GuardPolicy, ctx: RequestContext) -> str:
         findings = find_pii(text)
@@ -117,16 +208,40 @@ class GuardInput:
             )
         return redact(text, verdict.redact) if verdict.redact else text
 
-    def _check_injection(self, ctx: RequestContext) -> None:
-        for message in ctx.params.messages:
-            if message.get("role") not in CHECKED_ROLES:
+    def _check_injection(self, ctx: RequestContext, policy: GuardPolicy) -> None:
+        for index, message in enumerate(ctx.params.messages):
+            operator = message.get("role") in OPERATOR_ROLES
+            if operator and policy.system_messages == "off":
                 continue
-            decision = self._injection(text_of(message.get("content")))
-            if decision.flagged:
-                refuse_injection(ctx, decision)
+            for text in message_texts(message):
+                decision = self._injection(text)
+                if operator and policy.system_messages == "attacks":
+                    decision = attacks_only(decision, self.detector.threshold)
+                if decision.flagged:
+                    refuse_injection(ctx, decision, param=f"messages.{index}")
 
 
-def refuse_injection(ctx: RequestContext, decision: InjectionDecision) -> NoReturn:
+def attacks_only(decision: InjectionDecision, threshold: float) -> InjectionDecision:
+    """The decision on the signals that mean an attack even in an operator's own prompt:
+    template markers, fake delimiters, jailbreak personas, injected "new instructions", and
+    anything found in a smuggled view of the text (decoded; or de-obfuscated, where the plain
+    text said nothing)."""
+    if not decision.signals:
+        return decision
+    plain = {s.rule for s in decision.signals if s.view == "plain"}
+    kept = [
+        s
+        for s in decision.signals
+        if (s.rule in OPERATOR_ATTACKS and s.view == "plain")
+        or (s.view in OBFUSCATED_VIEWS and not plain)
+        or (s.view != "plain" and s.view not in OBFUSCATED_VIEWS)
+    ]
+    return decide(kept, threshold, decision.similarity)
+
+
+def refuse_injection(
+    ctx: RequestContext, decision: InjectionDecision, param: str = "messages"
+) -> NoReturn:
     """Record a flagged decision (rule and score) on the stage and refuse the request with a 400
     whose code names the rule."""
     ctx.annotate(
@@ -136,4 +251,5 @@ def refuse_injection(ctx: RequestContext, decision: InjectionDecision) -> NoRetu
         "The request looks like an attempt to override the assistant's instructions "
         f"({decision.rule}).",
         decision.rule or "injection",
+        param,
     )

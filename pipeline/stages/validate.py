@@ -1,5 +1,6 @@
 """The validate stage: what the schema cannot know (served models and routes, the context size,
-the tools a request offers)."""
+the tools a request offers, and whether the JSON Schemas of the caller's functions are valid:
+checked here, after auth, within limits and off the event loop)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pipeline.context import RequestContext
 from pipeline.errors import ContextTooLong
 from pipeline.routing import RouteTable
 from pipeline.runner import FailurePolicy
+from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool
 from pipeline.tools.offer import offered_tools
+from pipeline.tools.schema_check import SchemaLimits, check_tool_schemas
 
 
 class ValidateRequest:
@@ -25,10 +28,14 @@ class ValidateRequest:
         routes: RouteTable,
         context_length: int,
         server_tools: Mapping[str, Tool] | None = None,
+        schema_limits: SchemaLimits | None = None,
+        tool_access: ToolAccess | None = None,
     ) -> None:
         self.routes = routes
         self.context_length = context_length
         self.server_tools = dict(server_tools or {})
+        self.schema_limits = schema_limits or SchemaLimits()
+        self.tool_access = tool_access
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
@@ -39,5 +46,8 @@ class ValidateRequest:
                 f"max_tokens={max_tokens} does not fit the model's context of "
                 f"{self.context_length} tokens (prompt included)."
             )
-        offered_tools(params, self.server_tools)
+        # 400 for unknown tools, 403 for a tool the caller's tenant may not use.
+        offered_tools(params, self.server_tools, tenant=ctx.caller.tenant, access=self.tool_access)
+        if params.tools:
+            await check_tool_schemas(params.tools, self.schema_limits)
         return ctx

@@ -142,9 +142,15 @@ async def test_body_over_the_limit_is_413(make_app, redis_server) -> None:
         assert_openai_error(streamed, 413, "invalid_request_error")
 
 
-async def test_unknown_path_is_404_in_openai_shape(harness) -> None:
-    response = await harness.client.get("/v1/nothing-here")
+async def test_unknown_path_is_404_in_openai_shape_for_a_caller_with_a_key(harness) -> None:
+    key = await harness.key()
+    response = await harness.client.get(
+        "/v1/nothing-here", headers={"Authorization": f"Bearer {key}"}
+    )
     assert_openai_error(response, 404, "invalid_request_error")
+    assert_openai_error(await harness.client.get("/nothing-here"), 404, "invalid_request_error")
+    # Without a key, every API path is a 401: what exists is not told to strangers.
+    assert_openai_error(await harness.client.get("/v1/nothing-here"), 401, "authentication_error")
 
 
 async def test_llm_unreachable_is_503_quickly(harness) -> None:

@@ -17,6 +17,7 @@ from app.main import create_app
 from tests.app.test_chat import sse_events
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import chat_request, make_settings, unique_question
+from tests.support.fuzzing import examples
 from tests.support.servers import LiveService
 
 
@@ -189,7 +190,7 @@ TEXT = st.text(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=TEXT, noise=st.sampled_from(["", "\u200b", "\u202e", "\ud800", "і", "\x00"]))
 async def test_any_text_gets_a_decision_never_a_5xx(harness, text: str, noise: str) -> None:
     key = await harness.key()

@@ -5,6 +5,7 @@ in the cache key."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -124,31 +125,39 @@ async def test_the_route_is_part_of_the_cache_key(harness) -> None:
 
 
 async def test_a_failed_embedding_falls_back_to_the_default_route_and_answers(
-    harness, shared_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+    make_app, redis_server, vllm, shared_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(texts: list[str]) -> Any:
-        raise RuntimeError("embedding model unavailable")
+    # A tenant without the injection guard: the similarity check, which needs the same
+    # embedder, fails closed (a 503, next test); routing degrades to the default route.
+    policy = json.dumps({"open": {"injection": "allow"}})
+    settings = make_settings(
+        redis_server.url, vllm.url, routing=routing(vllm.url), guard={"policy": policy}
+    )
+    async with make_app(settings) as harness:
 
-    # The centroids were embedded at start-up; from now on the query embedder fails.
-    monkeypatch.setattr(shared_embedder, "embed", broken)
-    key = await harness.key()
-    request = body(f"A baleia é um mamífero ({ref()})?")
-    response = await harness.chat(key, request)
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["message"]["content"]
-    assert response.json()["rag"]["route"] == {
-        "name": "small",
-        "model": "smollm2",
-        "reason": "fallback:ServiceUnavailable: The embedding model failed (RuntimeError).",
-    }
-    assert route_record(response.json())["status"] == "degraded"
-    # The similarity guard needed the same embedder: it degrades too (the rules have judged).
-    stages = {r["name"]: r for r in response.json()["rag"]["explain"]["stages"]}
-    assert stages["guard_similarity"]["status"] == "degraded"
-    assert stages["guard_similarity"]["info"]["error_type"] == "ServiceUnavailable"
-    # An answer made with a stage degraded is not kept under the key of a routed answer.
-    again = await harness.chat(key, request)
-    assert again.json()["rag"]["cache"] == "miss"
+        def broken(texts: list[str]) -> Any:
+            raise RuntimeError("embedding model unavailable")
+
+        # The centroids were embedded at start-up; from now on the query embedder fails.
+        monkeypatch.setattr(shared_embedder, "embed", broken)
+        key = await harness.key("open")
+        request = body(f"A baleia é um mamífero ({ref()})?")
+        response = await harness.chat(key, request)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"]
+        assert response.json()["rag"]["route"] == {
+            "name": "small",
+            "model": "smollm2",
+            "reason": "fallback:ServiceUnavailable: The embedding model failed (RuntimeError).",
+        }
+        assert route_record(response.json())["status"] == "degraded"
+        # An answer made with a stage degraded is not kept under the key of a routed answer.
+        again = await harness.chat(key, request)
+        assert again.json()["rag"]["cache"] == "miss"
+        # With the injection guard on, a question the similarity check cannot judge is
+        # refused, never answered unchecked.
+        guarded = await harness.chat(await harness.key("guarded"), request)
+        assert guarded.status_code == 503, guarded.text
 
 
 def first_chunk_and_end(span: ReadableSpan) -> tuple[float, float]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.app.test_errors import BODY, assert_openai_error
 from tests.conftest import make_settings
+from tests.support.fuzzing import examples
 
 # No model server is needed: every request here is refused before generation.
 NO_LLM = "http://127.0.0.1:9"
@@ -73,8 +74,15 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(tools=JSON, tool_choice=JSON, parameters=JSON)
+# Found at random on a fresh clone: orjson could not encode the integer (a 500 then).
+@example(tools=None, tool_choice=None, parameters={"type": "object", "maximum": 2**64})
+@example(
+    tools=[{"type": "function", "function": {"name": "f", "x": -(2**70)}}],
+    tool_choice=0,
+    parameters=0,
+)
 async def test_any_tools_value_gets_a_decision_not_a_5xx(
     harness, tools: Any, tool_choice: Any, parameters: Any
 ) -> None:

@@ -21,6 +21,7 @@ from pipeline.tokens import (
     load_token_counter,
 )
 from tests.support.data import require_scifact
+from tests.support.fuzzing import examples
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,9 @@ ANY_TEXT = st.text(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     query=ANY_TEXT,
@@ -217,7 +220,9 @@ def test_piece_counts_equal_the_tokenizer_on_scifact_abstracts(counter: ModelTok
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(text=ANY_TEXT, special=st.sampled_from(["", "<|im_start|>", "<|endoftext|>", "<file_sep>"]))
 def test_piece_counts_equal_the_tokenizer_on_any_text(

@@ -25,6 +25,7 @@ from retrieval.relevance import (
     normalised_bm25,
 )
 from retrieval.store import IndexStore
+from tests.support.fuzzing import examples
 
 
 def _index(token_lists: list[list[str]]) -> BM25Index:
@@ -58,7 +59,7 @@ def test_normalised_bm25_equals_the_hand_computed_value() -> None:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     docs=st.lists(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=6), min_size=1),
     query=st.lists(st.sampled_from("abcdefgxyz"), max_size=6),

@@ -1,0 +1,60 @@
+"""The event loop's lag: how late a task that sleeps 10 ms wakes up.
+
+Every request of a process shares one event loop, so anything CPU-heavy that runs on it (a
+regex that backtracks, a large body parsed inline) delays every other request by as long. The
+probe makes that visible: it sleeps ``interval`` seconds, records how much later than asked it
+woke (``rag_event_loop_lag_seconds``, a histogram), and keeps the largest lag seen so far
+(``max_lag``), which the tests read around a heavy request and the load benchmark around a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Final
+
+from prometheus_client import Histogram
+
+LAG: Final = Histogram(
+    "rag_event_loop_lag_seconds",
+    "How much later than asked a 10 ms sleep on the event loop woke up.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+
+
+class LagProbe:
+    """A task measuring the loop's lag until ``stop()``."""
+
+    def __init__(self, interval: float = 0.01, *, record: bool = True) -> None:
+        self.interval = interval
+        self.record = record
+        self.max_lag = 0.0
+        self.samples = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> LagProbe:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="lag-probe")
+        return self
+
+    def reset(self) -> float:
+        """The largest lag since the last reset (or the start), and start again from 0."""
+        lag, self.max_lag = self.max_lag, 0.0
+        return lag
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + self.interval
+            await asyncio.sleep(self.interval)
+            lag = max(0.0, loop.time() - asked)
+            self.samples += 1
+            self.max_lag = max(self.max_lag, lag)
+            if self.record:
+                LAG.observe(lag)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
