@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: help install vllm model redis run test fuzz lint typecheck pytest bench bench-cache \
-	bench-retrieval bench-jobs bench-group bench-stages bench-ttft compose-check clean
+	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile compose-check clean
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -119,7 +119,11 @@ bench-stages: install model
 bench-ttft: install model redis
 	$(PY) -m bench.ttft_bench
 
-bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft
+# What a hostile request (without a key and with one) costs the server, and the loop's lag.
+bench-hostile: install redis
+	$(PY) -m bench.hostile_bench
+
+bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

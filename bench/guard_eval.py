@@ -224,6 +224,31 @@ def misses(rows: list[Row], exemplars: ExemplarIndex, vectors: Vectors, split: s
                   f"{decision.rule} {row['text']!r}")  # fmt: skip
 
 
+def pii_quality() -> None:
+    """PII recall and false positives on the labelled cases of tests/pipeline/guards/pii_cases.py
+    (cards and IBANs with every separator, lower-case IBANs, written-out e-mail addresses, and
+    look-alikes that must pass); the held cases were written after the rules were settled."""
+    from tests.pipeline.guards import pii_cases as cases
+
+    def kinds(text: str) -> list[str]:
+        return [f.kind for f in find_pii(text)]
+
+    sets = [
+        ("labelled", [(t, k) for t, k, _ in cases.POSITIVES], cases.BENIGN),
+        ("held", cases.HELD_OUT_POSITIVES, cases.HELD_OUT_BENIGN),
+    ]
+    print("| PII set | positives found | benign flagged |")
+    print("| --- | --- | --- |")
+    for name, positives, benign in sets:
+        found = sum(kinds(t) == [k] for t, k in positives)
+        flagged = sum(bool(kinds(t)) for t in benign)
+        print(
+            f"| {name} | {found / len(positives):.3f} ({found}/{len(positives)}) | "
+            f"{flagged / len(benign):.3f} ({flagged}/{len(benign)}) |"
+        )
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -244,6 +269,7 @@ def main() -> None:
     quality(rows, exemplars, vectors, ("heldout", "dev"))
     print(f"`{EXTRA.relative_to(ROOT)}`:\n")
     quality(extra, exemplars, vectors, ("check", "tune"))
+    pii_quality()
     cost(rows, exemplars, embedder.embed(["How do I reset my router?"])[0], args.rounds)
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
 

@@ -102,9 +102,10 @@ async def test_concurrent_group_costs_the_slowest_not_the_sum(tracing) -> None:
     started = loop.time()
     await runner.run(new_ctx())
     elapsed = loop.time() - started
-    # All three started before any finished: they overlapped.
+    # All three started before any finished: they overlapped (their sum would be 0.9 s; a bound
+    # on the wall time would only add the luck of a busy machine to what the order proves).
     assert log[:3] == ["start x", "start y", "start z"]
-    assert elapsed < 0.85, elapsed
+    assert elapsed >= 0.3, elapsed
     names = {s.name: s for s in exporter.get_finished_spans()}
     group_span = names["group x+y+z"]
     for child in ("stage x", "stage y", "stage z"):

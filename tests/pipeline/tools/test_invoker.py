@@ -46,9 +46,10 @@ async def test_three_tools_of_100_ms_take_about_100_ms_together(tracing: Tracing
     runs = await invoker.run(calls("a", "b", "c"), caller())
     elapsed = time.perf_counter() - started
     assert [r.status for r in runs] == ["ok", "ok", "ok"]
-    # Run one after another they would take 300 ms; at once, about 100.
-    assert 0.1 <= elapsed < 0.25, elapsed
+    # At once: every call started before any ended (what a wall-clock bound would say, without
+    # the luck of a busy machine); and none was cut short.
     assert max(s.starts[0] for s in sleepers) < min(s.ends[0] for s in sleepers)
+    assert elapsed >= 0.1
 
 
 async def test_results_come_back_in_call_order_not_finishing_order(tracing: Tracing) -> None:
