@@ -153,7 +153,15 @@ def _encodable(text: str) -> bool:
 
 
 def parse_json(raw: bytes, limits: BodyLimits) -> Any:
-    """The body's JSON value, checked (see the module docstring), or ``BodyError``."""
+    """The body's JSON value, checked (see the module docstring), or ``BodyError``.
+
+    Brackets are counted first (in C, a pass over the bytes): a body of 200,000 empty arrays
+    is refused before the parser builds them, which holds the interpreter for ~75 ms."""
+    if raw.count(b"[") + raw.count(b"{") > limits.max_nodes:
+        raise BodyError(
+            f"The body holds more than {limits.max_nodes} JSON arrays and objects.",
+            code="too_many_values",
+        )
     try:
         value = pydantic_core.from_json(raw, allow_inf_nan=False)
     except ValueError as exc:

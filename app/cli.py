@@ -69,10 +69,13 @@ async def _revoke_key(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.server import BoundedHttpToolsProtocol
+
     settings = get_settings()
     uvicorn.run(
         "app.main:create_app",
         factory=True,
+        http=BoundedHttpToolsProtocol,
         host=args.host or settings.server.host,
         port=args.port or settings.server.port,
         log_level=args.log_level,

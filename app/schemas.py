@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.context import ChatParams, RagOptions
 from pipeline.messages import TEXT_PARTS
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_MESSAGES = 2048  # a conversation past this could not fit any context this service serves
+
+
+# Ids the model reads back: short tokens, so no text rides in them past the guards.
+CallId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
 
 
 class FunctionCallIn(BaseModel):
@@ -34,7 +38,7 @@ class ToolCallIn(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    id: str = Field(max_length=256)
+    id: CallId
     type: Literal["function"] = "function"
     function: FunctionCallIn
 
@@ -51,7 +55,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = Field(None, max_length=256)
     tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
-    tool_call_id: str | None = Field(None, max_length=256)
+    tool_call_id: CallId | None = None
 
     @field_validator("content")
     @classmethod
@@ -66,6 +70,8 @@ class ChatMessage(BaseModel):
                     )
                 if not isinstance(part.get("text"), str):
                     raise ValueError(f"part {index} ({kind}) needs a string 'text'")
+            # Only the kind and the text go on: a part's other keys are not read by the guards.
+            return [{"type": part["type"], "text": part["text"]} for part in content]
         return content
 
 
@@ -79,7 +85,10 @@ FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A function the caller offers. Its description and its schema's strings are read by the
+    input guards (the chat template shows them to the model); other keys are dropped."""
+
+    model_config = ConfigDict(extra="ignore")
 
     name: FunctionName
     description: str | None = Field(None, max_length=10_000)
@@ -107,6 +116,33 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+MAX_FILTER_KEYS = 64
+MAX_FILTER_VALUES = 1024
+
+
+def _bounded_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A metadata filter small enough to parse and match cheaply: at most 64 keys and 1,024
+    values in all (a 50,000-key filter once held the event loop for half a second)."""
+    if filters is None:
+        return None
+    if len(filters) > MAX_FILTER_KEYS:
+        raise ValueError(f"at most {MAX_FILTER_KEYS} keys, not {len(filters)}")
+    values, stack = 0, list(filters.values())
+    while stack:
+        value = stack.pop()
+        values += 1
+        if values > MAX_FILTER_VALUES:
+            raise ValueError(f"at most {MAX_FILTER_VALUES} values in all")
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return filters
+
+
+Filters = Annotated[dict[str, Any] | None, AfterValidator(_bounded_filters)]
+
+
 class RagRequestOptions(BaseModel):
     """Server extension: how this request uses retrieval. Typos are errors, not silently ignored."""
 
@@ -114,7 +150,7 @@ class RagRequestOptions(BaseModel):
 
     enabled: bool = Field(True, description="Retrieve passages for this request.")
     top_k: int | None = Field(None, ge=1, le=50, description="Passages put into the prompt.")
-    filters: dict[str, Any] | None = Field(None, description="Metadata filter, see docs.")
+    filters: Filters = Field(None, description="Metadata filter, see docs.")
     explain: bool = Field(False, description="Return what each stage did and its duration.")
     route: str | None = Field(
         None, max_length=64, description="Pin a model route (see /v1/models) instead of routing."

@@ -3,12 +3,14 @@
 A `Document` is validated when it is built, so a bad one never reaches an index: an empty text, an
 id that is empty, too long or holds whitespace, control characters or `#` (the chunk-id separator),
 or a metadata value that is not a string, a finite number, a bool or a list of strings all raise
-`DocumentError`. A document too large to index raises `DocumentError` with `too_large=True`, which
-the HTTP layer answers with 413.
+`DocumentError`, as do a title over 1,000 characters and metadata over 8 KB as JSON (both are
+copied onto every chunk). A document too large to index raises `DocumentError` with
+`too_large=True`, which the HTTP layer answers with 413.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -23,6 +25,10 @@ _WORD = re.compile(r"\S+")
 
 DEFAULT_MAX_WORDS = 180
 DEFAULT_OVERLAP_WORDS = 30
+# Title and metadata are copied onto every chunk of a document (a 400 KB text is ~450 chunks):
+# bounded, so one request cannot grow the index hundreds of times its own size.
+MAX_TITLE_CHARS = 1000
+MAX_METADATA_BYTES = 8192
 
 
 class DocumentError(ValueError):
@@ -51,6 +57,12 @@ def _check_metadata(metadata: object) -> Metadata:
                 f"metadata {key!r}: value must be a string, number, bool or list of strings, "
                 f"not {type(value).__name__}"
             )
+    size = len(json.dumps(checked, ensure_ascii=False).encode("utf-8", "replace"))
+    if size > MAX_METADATA_BYTES:
+        raise DocumentError(
+            f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are accepted "
+            "(it is copied onto every chunk)"
+        )
     return checked
 
 
@@ -76,6 +88,11 @@ class Document:
             raise DocumentError(f"document {self.id!r} has empty text")
         if not isinstance(self.title, str):
             raise DocumentError(f"document {self.id!r}: title must be a string")
+        if len(self.title) > MAX_TITLE_CHARS:
+            raise DocumentError(
+                f"document {self.id!r}: the title has {len(self.title)} characters; at most "
+                f"{MAX_TITLE_CHARS} are accepted"
+            )
         # Frozen, but the dict would still be shared with the caller: keep a private copy.
         object.__setattr__(self, "metadata", _check_metadata(self.metadata))
 

@@ -1,15 +1,23 @@
-"""Liveness (the process answers) and readiness (Redis and the model server answer)."""
+"""Liveness (the process answers) and readiness (Redis and the model server answer).
+
+Both need no key (probes and load balancers call them), so readiness is checked at most once a
+second and the answer reused: a flood of `/readyz` costs Redis and the model server nothing
+more than a probe every second does.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any, Final
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from app.responses import JSONResponse
 from app.services import ServicesDep
 
 router = APIRouter(tags=["health"])
+READINESS_TTL_S: Final = 1.0
 
 
 @router.get("/healthz")
@@ -18,11 +26,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", response_model=None)
-async def readyz(services: ServicesDep) -> JSONResponse:
-    redis_ok, llm_ok = await asyncio.gather(services.kv.ping(), services.llm.healthy())
-    checks = {"redis": "ok" if redis_ok else "down", "llm": "ok" if llm_ok else "down"}
-    ready = redis_ok and llm_ok
-    return JSONResponse(
-        {"status": "ready" if ready else "unready", "checks": checks},
-        status_code=200 if ready else 503,
-    )
+async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
+    state = request.app.state
+    cached: tuple[float, dict[str, Any], int] | None = getattr(state, "readiness", None)
+    now = time.monotonic()
+    if cached is None or now - cached[0] >= READINESS_TTL_S:
+        redis_ok, llm_ok = await asyncio.gather(services.kv.ping(), services.llm.healthy())
+        checks = {"redis": "ok" if redis_ok else "down", "llm": "ok" if llm_ok else "down"}
+        ready = redis_ok and llm_ok
+        body = {"status": "ready" if ready else "unready", "checks": checks}
+        cached = (time.monotonic(), body, 200 if ready else 503)
+        state.readiness = cached
+    return JSONResponse(cached[1], status_code=cached[2])

@@ -234,7 +234,7 @@ async def create_job(request: Request, services: ServicesDep) -> Response:
     inject(carrier)  # the submitting request's trace: the job's trace links to it
     job = Job.create(
         principal,
-        {**body.chat_body(), "messages": checked.params.messages},
+        stored_body(body, checked),
         max_attempts=services.settings.jobs.max_attempts,
         webhook_url=body.webhook_url,
         metadata=body.metadata,
@@ -249,6 +249,19 @@ async def create_job(request: Request, services: ServicesDep) -> Response:
     return JSONResponse(content, status_code=202, headers=headers)
 
 
+def stored_body(body: JobRequest, checked: RequestContext) -> dict[str, Any]:
+    """The chat body a job keeps: its messages and tools as guard_in left them (PII redacted)."""
+    stored = {**body.chat_body(), "messages": checked.params.messages}
+    if "tools" in stored:
+        stored["tools"] = checked.params.tools
+    return stored
+
+
+def _shown(job_id: str) -> str:
+    """A job id as an error message repeats it: never more than a real id's length."""
+    return job_id if len(job_id) <= 40 else job_id[:40] + "…"
+
+
 async def _owned(services: Services, principal: Principal, job_id: str) -> Job:
     queue = job_queue(services.settings, services.kv)
     job = (
@@ -257,7 +270,7 @@ async def _owned(services: Services, principal: Principal, job_id: str) -> Job:
         else None
     )
     if job is None:  # another tenant's (or user's) job is as absent as one that never existed
-        raise NotFound(f"No job with id '{job_id}'.", param="job_id", code="job_not_found")
+        raise NotFound(f"No job with id '{_shown(job_id)}'.", param="job_id", code="job_not_found")
     return job
 
 
@@ -277,7 +290,7 @@ async def cancel_job(job_id: str, request: Request, services: ServicesDep) -> Re
         principal.tenant, job.id, _owner(principal)
     )
     if outcome == "missing":
-        raise NotFound(f"No job with id '{job_id}'.", param="job_id", code="job_not_found")
+        raise NotFound(f"No job with id '{_shown(job_id)}'.", param="job_id", code="job_not_found")
     if outcome != "cancelled":
         raise Conflict(
             f"Only a queued job can be cancelled; this one is {outcome}.",
@@ -307,7 +320,7 @@ async def list_jobs(
         jobs, more = await queue.page(principal.tenant, limit=limit, after=after, user=user)
     except KeyError:
         raise InvalidRequest(
-            f"after: no job with id '{after}' to continue from.", param="after"
+            f"after: no job with id '{_shown(after or '')}' to continue from.", param="after"
         ) from None
     data = [job.public() for job in jobs]
     return JSONResponse(

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.auth import IngestPrincipal, RetrievePrincipal
 from app.bodies import BodyLimits, read_body, request_body
+from app.schemas import Filters
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from pipeline.search import PassageSearch
@@ -51,7 +52,7 @@ class RetrieveRequest(BaseModel):
 
     query: str = Field(min_length=1, max_length=10_000)
     top_k: int = Field(5, ge=1, le=100)
-    filters: dict[str, Any] | None = None
+    filters: Filters = None
 
 
 def _ingest_body(result: IngestResult) -> dict[str, Any]:

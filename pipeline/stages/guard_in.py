@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 import orjson
 
 from pipeline import attributes as attr
-from pipeline.context import RequestContext
+from pipeline.context import ChatParams, RequestContext
 from pipeline.errors import InvalidRequest
 from pipeline.guards.injection import InjectionDecision, InjectionDetector, decide
 from pipeline.guards.pii import find_pii, redact
@@ -108,26 +108,93 @@ def map_texts(message: Message, change: Callable[[str], str]) -> Message:
     return out
 
 
+def tool_texts(tool: dict[str, Any]) -> Iterator[str]:
+    """Every text of a function the caller offers that the model reads (chat templates render
+    the tools into the prompt): its name, its description, every string of its schema."""
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        return
+    for field in ("name", "description"):
+        if isinstance(function.get(field), str):
+            yield function[field]
+    stack = [function.get("parameters")]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            yield from (k for k in value if isinstance(k, str))
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def map_tool(tool: dict[str, Any], change: Callable[[str], str]) -> dict[str, Any]:
+    """A copy of an offered function with ``change`` applied to its description and the
+    strings of its schema (its name is an identifier: ``[A-Za-z0-9_-]``, checked for attacks,
+    never rewritten)."""
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        return tool
+    out = dict(function)
+    if isinstance(function.get("description"), str):
+        out["description"] = change(function["description"])
+    if function.get("parameters") is not None:
+        out["parameters"], _ = _map_strings(function["parameters"], change)
+    return {**tool, "function": out}
+
+
+def all_texts(params: ChatParams) -> Iterator[str]:
+    """Every text of a request the model reads: its messages' and its offered functions'."""
+    for message in params.messages:
+        yield from message_texts(message)
+    for tool in params.tools:
+        yield from tool_texts(tool)
+
+
 def map_json_strings(text: str, change: Callable[[str], str]) -> str:
     """``change`` applied to every string (keys and values) of JSON ``text``; ``text`` that is
-    not JSON is changed as a whole."""
+    not JSON, or nested too deeply to write back as JSON, is changed as a whole."""
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return change(text)
-    changed = _map_strings(value, change)
-    return text if changed == value else orjson.dumps(changed).decode()
+    changed, any_change = _map_strings(value, change)
+    if not any_change:
+        return text
+    try:
+        return orjson.dumps(changed).decode()
+    except orjson.JSONEncodeError:  # deeper than orjson writes (it reads deeper than it writes)
+        return change(text)
 
 
-def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
-    # Arguments were parsed by orjson, whose depth limit (1024) bounds this recursion.
-    if isinstance(value, str):
-        return change(value)
-    if isinstance(value, list):
-        return [_map_strings(v, change) for v in value]
-    if isinstance(value, dict):
-        return {change(k): _map_strings(v, change) for k, v in value.items()}
-    return value
+def _map_strings(value: Any, change: Callable[[str], str]) -> tuple[Any, bool]:
+    """A copy of a parsed JSON value with ``change`` applied to its strings, and whether any
+    changed. Iterative: arguments arrive as a string, which the body's depth limit does not see
+    into (a 1.3 KB body nested 500 levels deep made the recursive version raise)."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    changed = False
+    while stack:
+        source, parent, key = stack.pop()
+        out: Any
+        if isinstance(source, str):
+            out = change(source)
+            changed = changed or out != source
+        elif isinstance(source, list):
+            out = [None] * len(source)
+            stack.extend((item, out, index) for index, item in enumerate(source))
+        elif isinstance(source, dict):
+            out = {}
+            for name, item in source.items():
+                new_name = change(name)
+                changed = changed or new_name != name
+                out[new_name] = None
+                stack.append((item, out, new_name))
+        else:
+            out = source
+        parent[key] = out
+    return root[0], changed
 
 
 class GuardInput:
@@ -154,10 +221,10 @@ class GuardInput:
         policy = self.policies.for_tenant(ctx.caller.tenant)
         ctx.key_parts["guard"] = policy.cache_token
         ctx.annotate(**{attr.GUARD_POLICY: policy.cache_token})
-        chars = sum(len(t) for m in ctx.params.messages for t in message_texts(m))
+        chars = sum(len(t) for t in all_texts(ctx.params))
         if chars > policy.input_chars:
             raise Blocked(
-                f"The messages hold {chars} characters; this service accepts at most "
+                f"The messages and tools hold {chars} characters; this service accepts at most "
                 f"{policy.input_chars}.",
                 "input_too_long",
             )
@@ -174,18 +241,18 @@ class GuardInput:
             return self._guard_text(text, policy, ctx)
 
         messages = [map_texts(m, guard) for m in ctx.params.messages]
-        if messages != ctx.params.messages:
-            ctx.params = replace(ctx.params, messages=messages)
+        tools = [map_tool(t, guard) for t in ctx.params.tools]
+        if messages != ctx.params.messages or tools != ctx.params.tools:
+            ctx.params = replace(ctx.params, messages=messages, tools=tools)
         if policy.injection == "block":
             self._check_injection(ctx, policy)
 
     def _check_length(self, ctx: RequestContext, policy: GuardPolicy) -> None:
-        texts = [t for m in ctx.params.messages for t in message_texts(m)]
-        tokens = sum(self.counter.count_many(texts))
+        tokens = sum(self.counter.count_many(list(all_texts(ctx.params))))
         ctx.annotate(**{attr.GUARD_INPUT_TOKENS: tokens})
         if tokens > policy.max_input_tokens:
             raise Blocked(
-                f"The messages hold {tokens} tokens; this service accepts at most "
+                f"The messages and tools hold {tokens} tokens; this service accepts at most "
                 f"{policy.max_input_tokens}.",
                 "input_too_long",
             )
@@ -209,6 +276,15 @@ class GuardInput:
         return redact(text, verdict.redact) if verdict.redact else text
 
     def _check_injection(self, ctx: RequestContext, policy: GuardPolicy) -> None:
+        # Offered functions are the application's, as system messages are, and are exempt when
+        # those are; but no rule reads an operator's own policy there ("never reveal..."), so
+        # every rule judges them.
+        if policy.system_messages != "off":
+            for index, tool in enumerate(ctx.params.tools):
+                for text in tool_texts(tool):
+                    decision = self._injection(text)
+                    if decision.flagged:
+                        refuse_injection(ctx, decision, param=f"tools.{index}")
         for index, message in enumerate(ctx.params.messages):
             operator = message.get("role") in OPERATOR_ROLES
             if operator and policy.system_messages == "off":

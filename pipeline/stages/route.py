@@ -22,6 +22,9 @@ from retrieval.vectors import FloatArray
 EmbedQuery = Callable[[str], Awaitable[FloatArray]]
 
 
+OFFLOAD_CHARS = 8192
+
+
 class ChooseRoute:
     """Sets ``ctx.route`` (``rag.route`` and ``rag.route.reason`` on the span).
 
@@ -51,7 +54,12 @@ class ChooseRoute:
         self.reads = frozenset({"params", *(name for name, on in optional.items() if on)})
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
-        choice = self.router.decide(ctx.params, ctx.features)
+        # The rules read the whole question: a long one (40,000 characters took 40-100 ms to
+        # classify) is decided in a worker thread, off the event loop.
+        if len(last_user_text(ctx.params.messages)) > OFFLOAD_CHARS:
+            choice = await asyncio.to_thread(self.router.decide, ctx.params, ctx.features)
+        else:
+            choice = self.router.decide(ctx.params, ctx.features)
         if choice is None:
             centroids = self.router.centroids
             if centroids is not None and not centroids.ready:

@@ -5,23 +5,29 @@ the guided-decoding compiler that vLLM builds from it. Both grow with its size, 
 branching, so a schema is first measured (one iterative pass, no recursion) against limits on
 its encoded size, its depth and its branches (subschemas under ``anyOf``/``oneOf``/``allOf``/
 ``not``/``if``/``then``/``else``), and references outside the schema itself are refused (nothing
-here may fetch a URL a caller names). Only a schema within the limits is checked against the
-JSON Schema meta-schema, in a worker thread under a time budget, so the event loop never runs
-it and a pathological schema that slips through the limits still ends in a 400, not a stall.
+here may fetch a URL a caller names). Its regular expressions (``pattern``, the keys of
+``patternProperties``) are bounded in length and compiled with RE2, never with Python's `re`:
+the meta-schema's `format: regex` check compiled them with `re`, where one class such as
+``(?i)[Ā-￿]`` costs 6 ms, so a 2 KB schema kept a thread busy for seconds after its request had
+been refused. Only a schema within the limits is checked against the JSON Schema meta-schema
+(formats not checked, so no `re`), in a small pool of its own under a time budget, so neither
+the event loop nor the threads that other requests share ever run it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import best_match
 
 from pipeline.errors import InvalidRequest
+from pipeline.guards.linear import compile_linear
 
 BRANCHING: Final = frozenset({"anyOf", "oneOf", "allOf", "not", "if", "then", "else"})
 
@@ -33,7 +39,13 @@ class SchemaLimits:
     max_bytes: int = 16_384
     max_depth: int = 16
     max_branches: int = 64
+    max_pattern_chars: int = 1_000  # one regular expression
+    max_patterns_chars: int = 4_000  # all of one schema's
     budget_s: float = 1.0
+
+
+_META = Draft202012Validator(Draft202012Validator.META_SCHEMA)  # no format checker: no `re`
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tool-schema-check")
 
 
 class SchemaRefused(InvalidRequest):
@@ -57,6 +69,7 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
             code="tool_schema_too_large",
         )
     branches = 0
+    patterns: list[str] = []
     stack: list[tuple[int, Any]] = [(0, schema)]
     while stack:
         depth, node = stack.pop()
@@ -70,6 +83,10 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
             for key, value in node.items():
                 if key in BRANCHING:
                     branches += len(value) if isinstance(value, list) else 1
+                if key == "pattern" and isinstance(value, str):
+                    patterns.append(value)
+                elif key == "patternProperties" and isinstance(value, dict):
+                    patterns.extend(str(name) for name in value)
                 if key in ("$ref", "$dynamicRef") and not _local(value):
                     raise SchemaRefused(
                         f"{param}: only references inside the schema ('#...') are accepted.",
@@ -87,6 +104,38 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
                 code="tool_schema_too_complex",
             )
 
+    check_patterns(patterns, limits, param)
+
+
+def check_patterns(patterns: list[str], limits: SchemaLimits, param: str) -> None:
+    """Each regular expression of a schema short enough and one RE2 compiles, or
+    ``SchemaRefused`` (guided decoding has no lookaround or backreferences either)."""
+    if sum(map(len, patterns)) > limits.max_patterns_chars:
+        raise SchemaRefused(
+            f"{param}: the schema's regular expressions hold more than "
+            f"{limits.max_patterns_chars} characters.",
+            param=param,
+            code="tool_schema_too_complex",
+        )
+    for pattern in patterns:
+        if len(pattern) > limits.max_pattern_chars:
+            raise SchemaRefused(
+                f"{param}: a pattern is longer than {limits.max_pattern_chars} characters.",
+                param=param,
+                code="tool_schema_too_complex",
+            )
+        try:
+            compile_linear(pattern)
+        except Exception as exc:  # re2.error: syntax RE2 lacks, or over its memory budget
+            reason = exc.args[0] if exc.args else exc
+            reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else reason
+            raise SchemaRefused(
+                f"{param}: the pattern {pattern[:60]!r} is not a regular expression this "
+                f"service accepts ({reason}); lookaround and backreferences are not supported.",
+                param=param,
+                code="invalid_tool_schema",
+            ) from None
+
 
 def _local(ref: Any) -> bool:
     return isinstance(ref, str) and ref.startswith("#")
@@ -95,19 +144,19 @@ def _local(ref: Any) -> bool:
 def _meta_check(schemas: Sequence[tuple[str, dict[str, Any]]]) -> None:
     for param, schema in schemas:
         try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            raise SchemaRefused(
-                f"{param}: not a valid JSON Schema: {exc.message}",
-                param=param,
-                code="invalid_tool_schema",
-            ) from None
+            error = best_match(_META.iter_errors(schema))
         except RecursionError:
             raise SchemaRefused(
                 f"{param}: not a valid JSON Schema: nested too deeply",
                 param=param,
                 code="tool_schema_too_deep",
             ) from None
+        if error is not None:
+            raise SchemaRefused(
+                f"{param}: not a valid JSON Schema: {error.message}",
+                param=param,
+                code="invalid_tool_schema",
+            )
 
 
 async def check_tool_schemas(
@@ -127,7 +176,7 @@ async def check_tool_schemas(
         return
     try:
         async with asyncio.timeout(limits.budget_s):
-            await asyncio.to_thread(_meta_check, schemas)
+            await asyncio.get_running_loop().run_in_executor(_POOL, _meta_check, schemas)
     except TimeoutError:
         raise SchemaRefused(
             f"The tool schemas could not be checked within {limits.budget_s:g} s; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -193,7 +194,12 @@ async def test_requests_are_answered_while_redis_is_down_and_caching_resumes(
             assert ready.json()["checks"] == {"redis": "down", "llm": "ok"}
 
             redis.start()
-            ready = await harness.client.get("/readyz")
+            # /readyz answers from a check at most a second old: ask until it has looked again.
+            for _ in range(30):
+                ready = await harness.client.get("/readyz")
+                if ready.status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
             assert ready.status_code == 200 and ready.json()["checks"]["redis"] == "ok"
             stored = await harness.chat(key, request)
             assert stored.headers["x-cache"] == "miss"

@@ -57,6 +57,51 @@ def test_without_a_key_the_answer_comes_before_the_body_is_sent(
     assert b"connection: close" in response.lower()
 
 
+@pytest.mark.parametrize("where", ["header", "url"])
+def test_a_huge_request_head_is_refused_as_it_arrives(service: ServiceProcess, where: str) -> None:
+    """uvicorn's httptools protocol builds URLs and header values by concatenation (quadratic):
+    one 60 MB header cost 3 s of CPU before any key check. The head is now bounded."""
+    huge = "x" * 2_000_000
+    path = f"/v1/chat/completions?q={huge}" if where == "url" else "/v1/chat/completions"
+    head = post_head(path, 2, **({"X-Big": huge} if where == "header" else {}))
+    before = service.cpu_seconds()
+    response = raw_request(service.port, head, b"{}", timeout=30)
+    assert status_of(response) == 431, response[:200]
+    assert b'"invalid_request_error"' in response
+    assert service.cpu_seconds() - before < CPU_BOUND_S
+
+
+def test_a_head_that_never_ends_is_cut_off(service: ServiceProcess) -> None:
+    from app.server import HEAD_TIMEOUT_S
+
+    started = time.monotonic()
+    response = raw_request(
+        service.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", timeout=60
+    )
+    assert status_of(response) == 408, response[:200]
+    assert time.monotonic() - started >= HEAD_TIMEOUT_S
+
+
+def test_large_bodies_and_pipelined_requests_pass_the_head_bound(
+    service: ServiceProcess, key: str
+) -> None:
+    """The bound counts the head only: a body arriving in the same read as its head, and the
+    next request's head arriving with the last one's body, are not counted against it."""
+    query = orjson.dumps({"query": "x" * 900_000})
+    response = raw_request(service.port, post_head("/v1/retrieve", len(query), key), query)
+    assert status_of(response) == 400 and b"query" in response  # the schema's limit, not 431
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    import socket
+
+    with socket.create_connection(("127.0.0.1", service.port), timeout=30) as sock:
+        sock.sendall(health * 200)
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 200:
+            chunk = sock.recv(65536)
+            assert chunk, received[-300:]
+            received += chunk
+
+
 def cpu_cost(service: ServiceProcess, path: str, body: bytes, key: str | None) -> float:
     """The server's CPU seconds for one request, median of five."""
     costs = []

@@ -366,3 +366,24 @@ async def test_a_job_passes_the_input_guardrails_at_submit(queued) -> None:
     text = orjson.dumps(stored.request).decode()
     # Personal data is redacted before the job is stored, as before a chat is cached.
     assert "ann@example.com" not in text and "[EMAIL]" in text
+
+
+async def test_a_job_stores_its_offered_functions_redacted(queued) -> None:
+    key = await queued.key()
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "notify",
+            "description": "Sends the summary to bob@example.com.",
+            "parameters": {"type": "object", "properties": {"to": {"type": "string"}}},
+        },
+    }
+    accepted = await submit(queued, key, {**chat_body("Summarise the notes."), "tools": [tool]})
+    assert accepted.status_code == 202, accepted.text
+    stored = await job_queue(queued.services.settings, queued.services.kv).get_for(
+        "acme", accepted.json()["id"]
+    )
+    assert stored is not None
+    text = orjson.dumps(stored.request).decode()
+    assert "bob@example.com" not in text and "[EMAIL]" in text
+    assert stored.request["tools"][0]["function"]["name"] == "notify"
