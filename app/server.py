@@ -22,6 +22,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES: Final = 65_536
 HEAD_TIMEOUT_S: Final = 10.0
+# After a refusal the rest of what the client sends is read and dropped for this long before the
+# connection closes: closing a socket with unread input resets it, and a client still sending
+# would lose the answer to the reset (seen: a broken pipe instead of the 431).
+LINGER_S: Final = 2.0
 
 
 def _answer(status: bytes, reason: str) -> bytes:
@@ -50,14 +54,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     max_head_bytes = MAX_HEAD_BYTES
     head_timeout_s = HEAD_TIMEOUT_S
+    linger_s = LINGER_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered already: what follows is dropped unread
         while data:
             if not self._in_head:
                 super().data_received(data)
@@ -70,7 +78,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             head, data = data[:budget], data[budget:]
             self._head_bytes += len(head)
             super().data_received(head)
-            if self.transport.is_closing():
+            if self.transport.is_closing() or self._refused:
                 return
             if self._in_head and self._head_bytes >= self.max_head_bytes:
                 self._refuse(TOO_LARGE)
@@ -96,7 +104,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
 
     def _refuse(self, answer: bytes) -> None:
+        """Answer, end our side, drop what the client still sends, close after ``linger_s``."""
         self._cancel_timer()
-        if not self.transport.is_closing():
-            self.transport.write(answer)
-            self.transport.close()
+        if self._refused or self.transport.is_closing():
+            return
+        self._refused = True
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(self.linger_s, self.transport.close)

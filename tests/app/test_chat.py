@@ -214,12 +214,16 @@ async def test_one_trace_per_request_with_a_span_per_stage_in_order(harness) -> 
     harness.exporter.clear()
     response = await harness.chat(key, body(unique_question()))
     assert response.status_code == 200
-    spans = harness.exporter.get_finished_spans()
+    finished = harness.exporter.get_finished_spans()
+    trace_id = int(response.headers["x-trace-id"], 16)
+    # The job workers' own commands (their consumer group, say) are traces of their own, which
+    # may end while the request runs; every span of the request is in the request's one trace.
+    spans = [s for s in finished if s.context.trace_id == trace_id]
     roots = [s for s in spans if s.parent is None]
     assert [r.name for r in roots] == ["POST /v1/chat/completions"]
     root = roots[0]
-    assert response.headers["x-trace-id"] == format(root.context.trace_id, "032x")
-    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    outside = [s.name for s in finished if s.context.trace_id != trace_id]
+    assert all(name.startswith("redis ") for name in outside), outside
     stages = sorted((s for s in spans if s.name.startswith("stage ")), key=lambda s: s.start_time)
     assert [s.name for s in stages] == [f"stage {name}" for name in PATH]
     group = next(s for s in spans if s.name == "group " + "+".join(GROUP))

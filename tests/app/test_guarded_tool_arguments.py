@@ -37,8 +37,12 @@ def function(name: str, email: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# The enum makes structured output write the address whatever the small model would prefer.
-SUBSCRIBE = function("subscribe", {"type": "string", "enum": [ADDRESS]})
+# The pattern makes structured output write the address whatever the small model would prefer.
+# The address itself in the schema (an enum, say) would be redacted by guard_in, as in the
+# prompt: the model would never see it. Spelled as groups it is not found, so the model writes it.
+SUBSCRIBE = function(
+    "subscribe", {"type": "string", "pattern": "^(jane)[.](doe)(@)(example)[.](com)$"}
+)
 FORCE = {"type": "function", "function": {"name": "subscribe"}}
 
 

@@ -10,6 +10,7 @@ small fraction of them (BENCHMARKS.md, "Hostile input").
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 from collections.abc import Iterator
@@ -69,6 +70,27 @@ def test_a_huge_request_head_is_refused_as_it_arrives(service: ServiceProcess, w
     assert status_of(response) == 431, response[:200]
     assert b'"invalid_request_error"' in response
     assert service.cpu_seconds() - before < CPU_BOUND_S
+
+
+def test_a_client_still_sending_after_the_refusal_gets_the_answer(service: ServiceProcess) -> None:
+    """After a 431 the server reads and drops what the client still sends for a while before it
+    closes: a close with unread input resets the connection, and a client still writing (as
+    HTTP clients do before they read) got a broken pipe instead of the answer."""
+    from app.server import LINGER_S, MAX_HEAD_BYTES
+
+    first = post_head("/v1/chat/completions", 2, **{"X-Big": "x" * (MAX_HEAD_BYTES + 1)})
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+        sock.sendall(first)
+        time.sleep(0.3)  # the server has refused by now
+        for _ in range(3):  # a closed connection would answer the first with a reset
+            sock.sendall(b"x" * 65_536)
+            time.sleep(0.1)
+        response = sock.recv(65_536)
+        started = time.monotonic()
+        while sock.recv(65_536):  # the server closes after its linger, not before, not never
+            pass
+    assert status_of(response) == 431, response[:200]
+    assert time.monotonic() - started < LINGER_S + 5
 
 
 def test_a_head_that_never_ends_is_cut_off(service: ServiceProcess) -> None:
