@@ -122,6 +122,7 @@ bench-ttft: install model redis
 # What a hostile request (without a key and with one) costs the server, and the loop's lag.
 bench-hostile: install redis
 	$(PY) -m bench.hostile_bench
+	$(PY) -m bench.head_bench
 
 bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile
 
