@@ -68,10 +68,10 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 # Exec form: uvicorn is PID 1 and gets SIGTERM itself; it stops accepting, lets in-flight
 # requests finish for up to 20 s, runs the lifespan shutdown (clients closed, spans flushed) and
 # exits (compose gives it 30 s). It is what `rag serve --timeout-graceful-shutdown 20` runs: the
-# HTTP protocol with a bound on each request's head (app/server.py). Behind a load balancer, set
+# HTTP protocol with a bound on each request's head (app/http/server.py). Behind a load balancer, set
 # FORWARDED_ALLOW_IPS to its address or network so uvicorn trusts its X-Forwarded-* headers
 # (compose.scale.yaml sets the compose network's subnet); never "*", which production refuses.
 CMD ["uvicorn", "app.main:create_app", "--factory", \
-     "--http", "app.server:BoundedHttpToolsProtocol", \
+     "--http", "app.http.server:BoundedHttpToolsProtocol", \
      "--host", "0.0.0.0", "--port", "8000", \
      "--timeout-graceful-shutdown", "20"]

@@ -14,8 +14,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from app.responses import chat_completion
-from app.schemas import ChatCompletionRequest
+from app.http.responses import chat_completion
+from app.http.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
 from pipeline.context import CacheControl, RequestContext
@@ -26,7 +26,7 @@ from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
 from pipeline.jobs.worker import JobWorker
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 log = logging.getLogger("rag.jobs")
 

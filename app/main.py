@@ -11,17 +11,18 @@ from fastapi import FastAPI
 from opentelemetry.sdk.trace import SpanProcessor
 
 from app import metrics
-from app.auth import AuthenticateFirst
-from app.bodies import document_models
-from app.errors import install_error_handlers
+from app.http.auth import AuthenticateFirst
+from app.http.bodies import document_models
+from app.http.errors import install_error_handlers
+from app.http.middleware import BodySizeLimit, RequestTracing
+from app.http.schemas import ChatCompletionRequest
 from app.jobs import start_job_workers
 from app.lag import LagProbe
 from app.logs import RequestLog, configure_logging
-from app.middleware import BodySizeLimit, RequestTracing
 from app.routes import chat, health, jobs, models, retrieval
+from app.routes import metrics as metrics_route
 from app.routes.jobs import JobRequest
 from app.routes.retrieval import IngestRequest, RetrieveRequest
-from app.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings, get_settings
 from app.telemetry import build_tracer_provider, tracer_from
@@ -74,7 +75,7 @@ def create_app(
     for router in (chat.router, models.router, retrieval.router, health.router, jobs.router):
         app.include_router(router)
     if settings.telemetry.metrics:
-        app.include_router(metrics.router)
+        app.include_router(metrics_route.router)
     document_models(app, [ChatCompletionRequest, JobRequest, IngestRequest, RetrieveRequest])
     # Added last = outermost: the root span covers everything, including the key and size
     # checks; the key is checked before anything reads the body.

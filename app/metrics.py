@@ -1,45 +1,18 @@
-"""``GET /metrics`` in Prometheus's text format, and the HTTP request metrics of the middleware.
-
-The families themselves live in ``pipeline.metrics`` (the pipeline records most of them); this
-module serves the default registry, which also holds prometheus-client's process collectors
-(CPU, memory, open files, garbage collection).
-
-``/metrics`` is on the API's port, so with ``RAG_TELEMETRY__METRICS_TOKEN`` set it answers only a
-scraper that sends that token as a bearer token (Prometheus' ``authorization`` config); anyone
-else gets the 401 of a missing API key. Production refuses to start without a token.
+"""The HTTP request metrics the middleware records (requests by method, route template and
+status, with their latency). The families themselves live in ``pipeline.telemetry.metrics``;
+``GET /metrics`` is served by ``app.routes.metrics``.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Final
 
-from fastapi import APIRouter, Request
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Histogram, generate_latest
-from starlette.responses import Response
+from prometheus_client import Histogram
 
-from app.auth import bearer_token
-from pipeline.errors import AuthenticationFailed
-from pipeline.metrics import HTTP_DURATION, HTTP_IN_FLIGHT
-
-router = APIRouter(tags=["metrics"])
+from pipeline.telemetry.metrics import HTTP_DURATION, HTTP_IN_FLIGHT
 
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED: Final = "unmatched"  # a path no route has: never the raw path (unbounded labels)
-
-
-@router.get("/metrics", include_in_schema=False)
-def metrics(request: Request) -> Response:
-    # A plain function: FastAPI runs it in its thread pool, off the event loop.
-    token = request.app.state.settings.telemetry.metrics_token
-    if token is not None and not _same(bearer_token(request), token.get_secret_value()):
-        raise AuthenticationFailed("Invalid or missing metrics token.")
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-
-def _same(given: str | None, expected: str) -> bool:
-    # Constant time, so the answer's timing does not spell the token out.
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
 class HttpMetrics:

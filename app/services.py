@@ -19,19 +19,19 @@ from app.path import build_steps
 from app.settings import RetrievalSettings, Settings
 from pipeline.features import FEATURE_SET_VERSION, FeatureStore
 from pipeline.features.spec import filter_keys
-from pipeline.generation import TracedChat
 from pipeline.guards.injection import ExemplarIndex, InjectionDetector
 from pipeline.guards.policy import PolicyBook
-from pipeline.keys import ApiKeyStore
-from pipeline.kv import KeyValueStore
-from pipeline.llm import LLMClient
-from pipeline.metrics import StageMetrics
-from pipeline.route_rules import Thresholds
-from pipeline.router import Centroids, Router, RouterPolicy, load_examples
-from pipeline.routing import Route, RouteTable
+from pipeline.model.chat import TracedChat
+from pipeline.model.client import LLMClient
+from pipeline.model.routes import Route, RouteTable
+from pipeline.model.tokens import ApproximateTokenCounter, TokenCounter, load_token_counter
+from pipeline.routing.router import Centroids, Router, RouterPolicy, load_examples
+from pipeline.routing.rules import Thresholds
 from pipeline.runner import Runner, StageObserver
-from pipeline.search import PassageSearch
-from pipeline.tokens import ApproximateTokenCounter, TokenCounter, load_token_counter
+from pipeline.sources.search import PassageSearch
+from pipeline.store.keys import ApiKeyStore
+from pipeline.store.kv import KeyValueStore
+from pipeline.telemetry.metrics import StageMetrics
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool
 from pipeline.tools.builtins import builtin_tools

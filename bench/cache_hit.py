@@ -39,7 +39,7 @@ import orjson
 import redis.asyncio as aioredis
 from opentelemetry import trace
 
-from app.schemas import ChatCompletionRequest
+from app.http.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
 from bench.rawclient import measure_raw, summarise

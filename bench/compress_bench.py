@@ -1,4 +1,4 @@
-"""Prompt compression (pipeline/compress.py) on SciFact: cost, tokens saved, what it keeps.
+"""Prompt compression (pipeline/sources/compress.py) on SciFact: cost, tokens saved, what it keeps.
 
     .venv/bin/python -m bench.compress_bench                 # cost, tokens, keeps (test split)
     .venv/bin/python -m bench.compress_bench --part splitter # the sentence splitter on abstracts
@@ -23,7 +23,14 @@ import numpy.typing as npt
 
 from bench.relevance_tune import snapshot_retriever
 from bench.retrieval_data import CachedEmbedder, Split, load_corpus, load_split
-from pipeline.compress import (
+from pipeline.context import Passage
+from pipeline.model.tokens import (
+    ApproximateTokenCounter,
+    ModelTokenCounter,
+    TokenCounter,
+    load_token_counter,
+)
+from pipeline.sources.compress import (
     DEFAULT_BUDGET_TOKENS,
     Compressed,
     clear_passage_cache,
@@ -32,19 +39,12 @@ from pipeline.compress import (
     sentence_spans,
     split_sentences,
 )
-from pipeline.context import Passage
-from pipeline.tokens import (
-    ApproximateTokenCounter,
-    ModelTokenCounter,
-    TokenCounter,
-    load_token_counter,
-)
 from retrieval.documents import Document
 from retrieval.tokenize import tokenize
 
 IntArray = npt.NDArray[np.int64]
 
-# The layout of pipeline/prompt.py's sources block, kept here so the counts do not move when
+# The layout of pipeline/model/prompt.py's sources block, kept here so the counts do not move when
 # the prompt module changes; the instructions are counted as a fixed ~50-token preamble.
 PREAMBLE = (
     "You are a helpful assistant. Answer using the sources below when they are relevant, "

@@ -27,11 +27,11 @@ from app.settings import Settings
 from bench.retrieval_data import load_corpus
 from pipeline.context import ChatParams, Principal, RequestContext
 from pipeline.features.store import FeatureStore
-from pipeline.kv import KeyValueStore
 from pipeline.runner import Concurrent, Runner, Stage
 from pipeline.stages.features import LoadFeatures
 from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.tools import PlannedTools
+from pipeline.store.kv import KeyValueStore
 from pipeline.tools.base import Tool, ToolCall, ToolContext
 from pipeline.tools.builtins import builtin_tools
 from pipeline.tools.http import HttpTool

@@ -1,5 +1,5 @@
 """Server CPU for one huge request head: uvicorn's httptools protocol against the bounded one
-(`app.server`), side by side, on a bare ASGI app (the head is parsed before any app code runs).
+(`app.http.server`), side by side, on a bare ASGI app (the head is parsed before any app code runs).
 
     .venv/bin/python -m bench.head_bench [--mb 4 16 60]
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PROTOCOLS = {"httptools": "httptools", "bounded": "app.server:BoundedHttpToolsProtocol"}
+PROTOCOLS = {"httptools": "httptools", "bounded": "app.http.server:BoundedHttpToolsProtocol"}
 
 
 def free_port() -> int:

@@ -36,7 +36,7 @@ from pipeline.context import Principal
 from pipeline.jobs.model import Job
 from pipeline.jobs.queue import JobQueue
 from pipeline.jobs.worker import JobWorker
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 from tests.support.servers import RedisServer
 
 # A custom key strong enough for the key store's checks (random, made once per run).

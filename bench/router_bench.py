@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.context import ChatParams, Features, RouteChoice
-from pipeline.llm import LLMClient
-from pipeline.router import Centroids, Router, load_examples
-from pipeline.routing import Route, RouteTable
+from pipeline.model.client import LLMClient
+from pipeline.model.routes import Route, RouteTable
+from pipeline.routing.router import Centroids, Router, load_examples
 from retrieval import Embedder
 
 LABELLED = Path(__file__).parent.parent / "tests" / "pipeline" / "data" / "route_queries.jsonl"

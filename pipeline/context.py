@@ -12,8 +12,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from pipeline.answer import AnswerStream
-from pipeline.completion import Completion
+from pipeline.answer.completion import Completion
+from pipeline.answer.stream import AnswerStream
 
 __all__ = ["Completion"]  # re-exported: its home was here
 

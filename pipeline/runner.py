@@ -21,10 +21,10 @@ from typing import Literal, Protocol
 
 from opentelemetry import trace
 
-from pipeline import attributes as attr
 from pipeline.context import RequestContext, StageRecord, _current_record
 from pipeline.errors import DeadlineExceeded, PipelineError
-from pipeline.spans import mark_failed
+from pipeline.telemetry import attributes as attr
+from pipeline.telemetry.spans import mark_failed
 
 FailurePolicy = Literal["fatal", "degrade"]
 

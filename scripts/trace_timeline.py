@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from app.ingest_files import Skipped, read_jsonl
+from app.cli.ingest_files import Skipped, read_jsonl
 from app.main import create_app
 from app.settings import Settings
 from tests.support.data import scifact_file

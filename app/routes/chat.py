@@ -1,8 +1,8 @@
 """POST /v1/chat/completions: read the body (after auth), build the context, run the pipeline,
 shape the answer.
 
-The key is checked before the body is read (``app.auth.AuthenticateFirst``), so the route takes
-the raw request and validates the body itself (``app.bodies``): inline when small, in a worker
+The key is checked before the body is read (``app.http.auth.AuthenticateFirst``), so the route takes
+the raw request and validates the body itself (``app.http.bodies``): inline when small, in a worker
 thread when large. The OpenAPI document still describes the body (``openapi_extra``).
 """
 
@@ -13,10 +13,10 @@ import asyncio
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from app.auth import ChatPrincipal, bearer_token
-from app.bodies import BodyLimits, read_body, request_body
-from app.responses import JSONResponse, chat_completion, sse_stream
-from app.schemas import ChatCompletionRequest
+from app.http.auth import ChatPrincipal, bearer_token
+from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.responses import JSONResponse, chat_completion, sse_stream
+from app.http.schemas import ChatCompletionRequest
 from app.services import ServicesDep
 from pipeline.context import CacheControl, RequestContext
 

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from fastapi import APIRouter, Request
 
-from app.responses import JSONResponse
+from app.http.responses import JSONResponse
 from app.services import ServicesDep
 
 router = APIRouter(tags=["health"])

@@ -26,14 +26,13 @@ from opentelemetry.propagate import inject
 from pydantic import ConfigDict, Field, field_validator
 from starlette.responses import Response
 
-from app.auth import PRINCIPAL, bearer_token
-from app.bodies import BodyLimits, read_body, request_body
+from app.http.auth import PRINCIPAL, bearer_token
+from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.responses import JSONResponse
+from app.http.schemas import ChatCompletionRequest
 from app.jobs import job_queue
 from app.path import guard_in_stage, validate_stage
-from app.responses import JSONResponse
-from app.schemas import ChatCompletionRequest
 from app.services import Services, ServicesDep
-from pipeline import attributes as attr
 from pipeline.context import Principal, RequestContext
 from pipeline.errors import (
     AuthenticationFailed,
@@ -46,8 +45,9 @@ from pipeline.errors import (
 from pipeline.jobs.model import Job, is_job_id
 from pipeline.jobs.queue import Conflict, TooManyJobs
 from pipeline.jobs.urls import UrlPolicy, WebhookUrlRefused
-from pipeline.kv import StoreUnavailable
 from pipeline.stages.auth import Authenticate
+from pipeline.store.kv import StoreUnavailable
+from pipeline.telemetry import attributes as attr
 
 router = APIRouter(tags=["jobs"])
 
@@ -135,7 +135,7 @@ def _owner(principal: Principal) -> str | None:
 
 
 async def _parse(raw: bytes) -> JobRequest:
-    """``app.bodies`` refuses what nothing downstream can use (integers past 64 bits, which
+    """``app.http.bodies`` refuses what nothing downstream can use (integers past 64 bits, which
     the job record's JSON encoder cannot write; non-finite numbers; deep nesting), naming the
     field, inline when small and in a worker thread when large; then the job's schema, where an
     unknown top-level field is refused by name."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from app.auth import ChatPrincipal
+from app.http.auth import ChatPrincipal
 from app.services import ServicesDep
 from pipeline.errors import NotFound
 

@@ -11,12 +11,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.auth import IngestPrincipal, RetrievePrincipal
-from app.bodies import BodyLimits, read_body, request_body
-from app.schemas import Filters
+from app.http.auth import IngestPrincipal, RetrievePrincipal
+from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.schemas import Filters
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
-from pipeline.search import PassageSearch
+from pipeline.sources.search import PassageSearch
 from retrieval import Document, DocumentError, IngestResult
 
 router = APIRouter(tags=["retrieval"])

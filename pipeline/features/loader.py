@@ -20,7 +20,7 @@ import orjson
 
 from pipeline.features.spec import SPECS, FeatureSpec, FeatureValueError, parse_value
 from pipeline.features.store import FeatureRow, FeatureStore
-from pipeline.keys import validate_name
+from pipeline.store.keys import validate_name
 
 IDENTITY = ("tenant", "user")
 

@@ -17,9 +17,9 @@ from pipeline.errors import InvalidRequest
 from pipeline.features.language import guess_language
 from pipeline.features.spec import SPECS, FeatureSpec, FeatureValueError, parse_value
 from pipeline.features.store import FeatureRow
-from pipeline.keys import validate_name
-from pipeline.messages import last_user_text
-from pipeline.search import parse_request_filters
+from pipeline.model.messages import last_user_text
+from pipeline.sources.search import parse_request_filters
+from pipeline.store.keys import validate_name
 
 MAX_FILTERS = 16
 

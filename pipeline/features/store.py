@@ -13,7 +13,7 @@ Keys (``prefix`` is the service's Redis key prefix):
 - ``{prefix}features-log``: a capped stream (``MAXLEN ~``) of request-log records, what
   ``rag features compute`` derives batch features from. No prompt text is ever in it.
 
-Tenant and user names cannot hold a colon (``pipeline.keys.validate_name``), so one user's key
+Tenant and user names cannot hold a colon (``pipeline.store.keys.validate_name``), so one user's key
 can never be another's.
 """
 
@@ -36,7 +36,7 @@ from pipeline.features.spec import (
     encode_value,
     parse_value,
 )
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 WINDOW_S = 3600
 

@@ -41,7 +41,7 @@ from redis.exceptions import ResponseError
 from pipeline.errors import PipelineError, ServiceUnavailable
 from pipeline.jobs import scripts
 from pipeline.jobs.model import Job
-from pipeline.kv import KeyValueStore, ScriptArg, StoreUnavailable
+from pipeline.store.kv import KeyValueStore, ScriptArg, StoreUnavailable
 
 log = logging.getLogger("rag.jobs")
 T = TypeVar("T")

@@ -26,7 +26,7 @@ import time
 from typing import Final
 
 from pipeline.jobs.secret_box import SecretBox, SecretUnreadable, is_sealed, open_stored
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 __all__ = ["SIGNATURE_HEADER", "SecretUnreadable", "WebhookSecrets", "signature_header", "verify"]
 

@@ -34,7 +34,6 @@ from opentelemetry.semconv.attributes import (
 )
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from pipeline import attributes as attr
 from pipeline.jobs.model import Job
 from pipeline.jobs.signing import (
     SIGNATURE_HEADER,
@@ -50,7 +49,8 @@ from pipeline.jobs.urls import (
     WebhookUrlRefused,
     system_resolver,
 )
-from pipeline.kv import StoreUnavailable
+from pipeline.store.kv import StoreUnavailable
+from pipeline.telemetry import attributes as attr
 
 RETRY_STATUSES: Final = frozenset({408, 429})
 Record = Callable[[list[dict[str, Any]]], Awaitable[None]]

@@ -39,12 +39,12 @@ from opentelemetry.propagate import extract
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as messaging
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from pipeline import attributes as attr
 from pipeline.errors import PipelineError
 from pipeline.jobs.model import FAILED, SUCCEEDED, Job
 from pipeline.jobs.queue import Delivery, JobQueue
 from pipeline.jobs.webhooks import WebhookSender
-from pipeline.kv import StoreUnavailable
+from pipeline.store.kv import StoreUnavailable
+from pipeline.telemetry import attributes as attr
 
 log = logging.getLogger("rag.jobs")
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pipeline import attributes as attr
 from pipeline.context import Principal, RequestContext
 from pipeline.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
-from pipeline.keys import ApiKeyStore
-from pipeline.kv import StoreUnavailable
 from pipeline.runner import FailurePolicy
+from pipeline.store.keys import ApiKeyStore
+from pipeline.store.kv import StoreUnavailable
+from pipeline.telemetry import attributes as attr
 
 MAX_CREDENTIAL_CHARS = 512  # generated keys are ~60 characters, custom ones at most 256
 

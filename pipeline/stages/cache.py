@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from pipeline import attributes as attr
 from pipeline.context import ChatParams, Completion, Principal, RequestContext
-from pipeline.kv import KeyValueStore, StoreUnavailable
-from pipeline.messages import content_text
-from pipeline.prompt import PROMPT_VERSION
+from pipeline.model.messages import content_text
+from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.runner import FailurePolicy
+from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.telemetry import attributes as attr
 
 IndexVersion = Callable[[str], str]
 

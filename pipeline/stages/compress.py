@@ -1,7 +1,7 @@
 """The compress stage: the kept passages cut down to their sentences most relevant to the
 question, in their original order, under a token budget counted with the served model's
-tokenizer (``pipeline.compress``). Each kept sentence keeps its passage's document id, so the
-``[doc-id]`` citations survive. Tokens before and after go on the span.
+tokenizer (``pipeline.sources.compress``). Each kept sentence keeps its passage's document
+id, so the ``[doc-id]`` citations survive. Tokens before and after go on the span.
 
 It degrades: should compression fail, the passages go to the model as they are.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline import attributes as attr
-from pipeline.compress import compress
 from pipeline.context import RequestContext
-from pipeline.messages import last_user_text
+from pipeline.model.messages import last_user_text
+from pipeline.model.tokens import TokenCounter
 from pipeline.runner import FailurePolicy
-from pipeline.tokens import TokenCounter
+from pipeline.sources.compress import compress
+from pipeline.telemetry import attributes as attr
 
 IdfLookup = Callable[[str, str], dict[str, float]]
 

@@ -9,11 +9,11 @@ and user ids are on the request's spans already).
 
 from __future__ import annotations
 
-from pipeline import attributes as attr
 from pipeline.context import Features, RequestContext
 from pipeline.features.requestlog import request_record
 from pipeline.features.store import FeatureStore
 from pipeline.runner import FailurePolicy, StageTimeout
+from pipeline.telemetry import attributes as attr
 
 
 class LoadFeatures:

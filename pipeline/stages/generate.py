@@ -17,16 +17,16 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from pipeline import attributes as attr
-from pipeline.answer import AnswerStream
-from pipeline.completion import Completion
+from pipeline.answer.completion import Completion
+from pipeline.answer.stream import AnswerStream
 from pipeline.context import RequestContext, RouteChoice
-from pipeline.generation import TracedChat
 from pipeline.guards.arguments import ArgumentsGuard
 from pipeline.guards.policy import PolicyBook
-from pipeline.prompt import build_messages, personalisation
-from pipeline.routing import Route, RouteTable
+from pipeline.model.chat import TracedChat
+from pipeline.model.prompt import build_messages, personalisation
+from pipeline.model.routes import Route, RouteTable
 from pipeline.runner import FailurePolicy
+from pipeline.telemetry import attributes as attr
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.loop import Invoker, ToolLoop

@@ -1,6 +1,6 @@
 """The input guardrails: before the cache, every text the model will read is checked against
 the tenant's policy, whatever the message's role (system and developer messages included),
-whichever text part carries it (``pipeline.messages.TEXT_PARTS``; the schema refuses the
+whichever text part carries it (``pipeline.model.messages.TEXT_PARTS``; the schema refuses the
 others), and the names and arguments of earlier tool calls too.
 
 - Size first, cheaply: at most ``max_input_chars`` characters (it bounds every check below,
@@ -32,15 +32,15 @@ from typing import Any, NoReturn
 
 import orjson
 
-from pipeline import attributes as attr
 from pipeline.context import ChatParams, RequestContext
 from pipeline.errors import InvalidRequest
 from pipeline.guards.injection import InjectionDecision, InjectionDetector, decide
 from pipeline.guards.pii import find_pii, redact
 from pipeline.guards.policy import GuardPolicy, PolicyBook
-from pipeline.messages import is_text_part
+from pipeline.model.messages import is_text_part
+from pipeline.model.tokens import TokenCounter
 from pipeline.runner import FailurePolicy
-from pipeline.tokens import TokenCounter
+from pipeline.telemetry import attributes as attr
 
 MEMO_CHARS = 2000
 OFFLOAD_CHARS = 8192

@@ -1,6 +1,6 @@
 """The output guardrails, on the answer while it streams.
 
-The stage adds one filter to the answer stream (``pipeline.answer``), so the streamed and the
+The stage adds one filter to the answer stream (``pipeline.answer.stream``), so the streamed and the
 plain answer pass the same code, and the completion that is returned and cached is what came
 out of it. The filter redacts PII and blocked terms as the text arrives, holding back only the
 tail that could still become a match (so the stream stays a stream), in the answer's text and
@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from pipeline import attributes as attr
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta
 from pipeline.context import Passage, RequestContext, StageRecord, current_record
-from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta
 from pipeline.guards.arguments import JsonArgumentsRedactor, RedactorFactory, redactor_factory
 from pipeline.guards.grounding import GroundingReport, check_grounding
 from pipeline.guards.output import StreamingRedactor
 from pipeline.guards.policy import PolicyBook
 from pipeline.runner import FailurePolicy
+from pipeline.telemetry import attributes as attr
 
 
 class OutputGuard:

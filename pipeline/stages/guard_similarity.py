@@ -31,15 +31,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from pipeline import attributes as attr
 from pipeline.context import RequestContext
 from pipeline.errors import ServiceUnavailable
 from pipeline.guards.injection import Closeness, InjectionDetector, decide, rule_signals
 from pipeline.guards.normalize import scrub_surrogates
 from pipeline.guards.policy import PolicyBook
-from pipeline.messages import last_user_text
+from pipeline.model.messages import last_user_text
 from pipeline.runner import FailurePolicy
 from pipeline.stages.guard_in import refuse_injection
+from pipeline.telemetry import attributes as attr
 from retrieval.vectors import FloatArray
 
 Embed = Callable[[str], Awaitable[FloatArray]]

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline import attributes as attr
 from pipeline.context import Passage, RequestContext
-from pipeline.messages import last_user_text
+from pipeline.model.messages import last_user_text
 from pipeline.runner import FailurePolicy
-from pipeline.search import PassageSearch, parse_request_filters
+from pipeline.sources.search import PassageSearch, parse_request_filters
+from pipeline.telemetry import attributes as attr
 from retrieval import RelevanceGate
 
 # Kept for callers of the old name.

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from pipeline import attributes as attr
 from pipeline.context import RequestContext, RouteChoice
 from pipeline.errors import PipelineError
-from pipeline.messages import last_user_text
-from pipeline.router import Router
+from pipeline.model.messages import last_user_text
+from pipeline.routing.router import Router
 from pipeline.runner import FailurePolicy
+from pipeline.telemetry import attributes as attr
 from retrieval.vectors import FloatArray
 
 EmbedQuery = Callable[[str], Awaitable[FloatArray]]

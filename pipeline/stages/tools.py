@@ -10,10 +10,10 @@ needs the user's features (the profile) waits for the features stage of the same
 
 from __future__ import annotations
 
-from pipeline import attributes as attr
 from pipeline.context import Features, RequestContext
-from pipeline.messages import last_user_text
+from pipeline.model.messages import last_user_text
 from pipeline.runner import FailurePolicy
+from pipeline.telemetry import attributes as attr
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import ToolContext
 from pipeline.tools.loop import Invoker

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from pipeline.context import RequestContext
 from pipeline.errors import ContextTooLong
-from pipeline.routing import RouteTable
+from pipeline.model.routes import RouteTable
 from pipeline.runner import FailurePolicy
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool

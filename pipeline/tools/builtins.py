@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipeline.search import PassageSearch
+from pipeline.sources.search import PassageSearch
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.calculator import calculator_tool
 from pipeline.tools.clock import clock_tool

@@ -22,9 +22,9 @@ from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import Span, SpanKind
 
-from pipeline import attributes as attr
 from pipeline.context import ToolRun
-from pipeline.spans import mark_failed
+from pipeline.telemetry import attributes as attr
+from pipeline.telemetry.spans import mark_failed
 from pipeline.tools.base import Tool, ToolCall, ToolContext, ToolError
 from pipeline.tools.registry import ToolRefused, ToolRegistry
 

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.context import ToolRun
-from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.tools.base import ToolCall, ToolContext
 from pipeline.tools.offer import forced_name
 

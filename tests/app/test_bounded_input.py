@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.bodies import BodyLimits, check_values, parse_json
+from app.http.bodies import BodyLimits, check_values, parse_json
 from pipeline.context import ChatParams, Principal
 from pipeline.stages.cache import cache_key
 from tests.app.test_errors import assert_openai_error
@@ -369,7 +369,7 @@ async def test_call_ids_are_short_tokens_no_text_rides_in(harness, message: dict
 
 def test_only_what_the_guards_read_is_passed_on() -> None:
     """A text part's other keys and a function's unknown keys are dropped, not forwarded."""
-    from app.schemas import ChatCompletionRequest
+    from app.http.schemas import ChatCompletionRequest
 
     body = ChatCompletionRequest.model_validate(
         {

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from opentelemetry import trace
 
-from pipeline.keys import ApiKeyStore
-from pipeline.kv import KeyValueStore
+from pipeline.store.keys import ApiKeyStore
+from pipeline.store.kv import KeyValueStore
 from retrieval import HybridRetriever, IndexStore
 
 

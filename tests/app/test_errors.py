@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pipeline.llm import LLMClient
+from pipeline.model.client import LLMClient
 from tests.conftest import make_settings
 from tests.support.servers import free_port
 

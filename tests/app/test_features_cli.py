@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from pipeline.features.store import FeatureStore, Lookup
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.tokens import load_token_counter
+from pipeline.model.tokens import load_token_counter
 from tests.support.hostile import BODIES
 from tests.support.process import ServiceProcess, post_head, raw_request, status_of
 from tests.support.servers import RedisServer, VLLMServer
@@ -76,7 +76,7 @@ def test_a_client_still_sending_after_the_refusal_gets_the_answer(service: Servi
     """After a 431 the server reads and drops what the client still sends for a while before it
     closes: a close with unread input resets the connection, and a client still writing (as
     HTTP clients do before they read) got a broken pipe instead of the answer."""
-    from app.server import LINGER_S, MAX_HEAD_BYTES
+    from app.http.server import LINGER_S, MAX_HEAD_BYTES
 
     first = post_head("/v1/chat/completions", 2, **{"X-Big": "x" * (MAX_HEAD_BYTES + 1)})
     with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
@@ -94,7 +94,7 @@ def test_a_client_still_sending_after_the_refusal_gets_the_answer(service: Servi
 
 
 def test_a_head_that_never_ends_is_cut_off(service: ServiceProcess) -> None:
-    from app.server import HEAD_TIMEOUT_S
+    from app.http.server import HEAD_TIMEOUT_S
 
     started = time.monotonic()
     response = raw_request(

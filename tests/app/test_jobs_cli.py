@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from app.jobs_batch import _records
+from app.cli.batch import _records
 from app.main import create_app
 from tests.app.test_jobs import auth, chat_body, finished, submit
 from tests.conftest import make_settings, unique_question

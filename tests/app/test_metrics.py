@@ -8,8 +8,8 @@ import pytest
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.kv import KeyValueStore, StoreUnavailable
-from pipeline.metrics import StageMetrics
+from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.telemetry.metrics import StageMetrics
 from retrieval import Document
 from tests.conftest import AppHarness, make_settings
 from tests.support.servers import free_port

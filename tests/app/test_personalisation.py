@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from pipeline import attributes as attr
 from pipeline.features.spec import FEATURE_SET_VERSION, SPECS
 from pipeline.features.store import FeatureRow
+from pipeline.telemetry import attributes as attr
 from tests.conftest import AppHarness, chat_request, make_settings, unique_question
 from tests.support.servers import RedisServer
 

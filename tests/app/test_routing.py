@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 
 from app.services import Services
-from pipeline import attributes as attr
+from pipeline.telemetry import attributes as attr
 from retrieval import Embedder
 from tests.conftest import chat_request, make_settings
 

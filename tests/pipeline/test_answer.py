@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from pipeline.answer import AnswerStream
-from pipeline.completion import Completion
-from pipeline.events import (
+from pipeline.answer.completion import Completion
+from pipeline.answer.events import (
     ContentDelta,
     Finish,
     StreamEvent,
@@ -17,6 +16,7 @@ from pipeline.events import (
     Usage,
     events_from_chunk,
 )
+from pipeline.answer.stream import AnswerStream
 
 
 def base() -> Completion:

@@ -6,19 +6,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.compress import (
+from pipeline.context import Passage
+from pipeline.model.tokens import (
+    ApproximateTokenCounter,
+    ModelTokenCounter,
+    find_tokenizer,
+    load_token_counter,
+)
+from pipeline.sources.compress import (
     Compressed,
     clear_passage_cache,
     compress,
     sentence_spans,
     split_sentences,
-)
-from pipeline.context import Passage
-from pipeline.tokens import (
-    ApproximateTokenCounter,
-    ModelTokenCounter,
-    find_tokenizer,
-    load_token_counter,
 )
 from tests.support.data import require_scifact
 from tests.support.fuzzing import examples

@@ -16,16 +16,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline import attributes as attr
 from pipeline.context import ChatParams, Principal, RagOptions, RequestContext
 from pipeline.features.language import guess_language
 from pipeline.features.loader import LoadReport, parse_row, read_rows, write_rows
 from pipeline.features.requestlog import derive_rows, equality_filters, request_record
 from pipeline.features.spec import SPECS, FeatureValueError, parse_value
 from pipeline.features.store import WINDOW_S, FeatureRow, FeatureStore
-from pipeline.kv import KeyValueStore
 from pipeline.runner import INPUTS, Runner
 from pipeline.stages.features import LoadFeatures
+from pipeline.store.kv import KeyValueStore
+from pipeline.telemetry import attributes as attr
 from tests.support.servers import RedisServer
 
 BATCH = sorted(name for name, spec in SPECS.items() if spec.source == "batch")

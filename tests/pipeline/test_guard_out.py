@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline.answer import AnswerStream
-from pipeline.completion import Completion
+from pipeline.answer.completion import Completion
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
+from pipeline.answer.stream import AnswerStream
 from pipeline.context import ChatParams, Passage, Principal, RequestContext
-from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.guards.policy import PolicyBook
 from pipeline.stages.guard_out import GuardOutput
 from pipeline.tools.base import ToolContext

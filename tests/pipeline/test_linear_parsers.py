@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
-from pipeline import compress, tokens
 from pipeline.features.language import guess_language
 from pipeline.guards.grounding import check_grounding
-from pipeline.tokens import ApproximateTokenCounter, load_token_counter
+from pipeline.model import tokens
+from pipeline.model.tokens import ApproximateTokenCounter, load_token_counter
+from pipeline.sources import compress
 from pipeline.tools.planner import ToolPlanner
 from retrieval.documents import Document, chunk_document
 from retrieval.tokenize import tokenize

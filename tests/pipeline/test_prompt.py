@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.context import Passage
-from pipeline.prompt import INSTRUCTIONS, build_messages
+from pipeline.model.prompt import INSTRUCTIONS, build_messages
 
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
 
@@ -42,8 +42,8 @@ def test_the_rendered_prefix_is_identical_across_users_and_requests() -> None:
     from transformers import AutoTokenizer
 
     from pipeline.context import Features, ToolRun
-    from pipeline.prompt import personalisation
-    from pipeline.tokens import find_tokenizer
+    from pipeline.model.prompt import personalisation
+    from pipeline.model.tokens import find_tokenizer
 
     found = find_tokenizer(None)
     assert found is not None, "the SmolLM2 model directory is missing: `make model` builds it"

@@ -15,15 +15,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline import attributes as attr
 from pipeline.context import ChatParams, Features, RagOptions, RequestContext, RouteChoice
 from pipeline.errors import InvalidRequest
-from pipeline.llm import LLMClient
-from pipeline.route_rules import Thresholds
-from pipeline.router import ROUTER_VERSION, Centroids, Router, RouterPolicy, load_examples
-from pipeline.routing import Route, RouteTable
+from pipeline.model.client import LLMClient
+from pipeline.model.routes import Route, RouteTable
+from pipeline.routing.router import ROUTER_VERSION, Centroids, Router, RouterPolicy, load_examples
+from pipeline.routing.rules import Thresholds
 from pipeline.runner import INPUTS, PathError, Runner
 from pipeline.stages.route import ChooseRoute
+from pipeline.telemetry import attributes as attr
 from retrieval import Embedder
 
 LABELLED = Path(__file__).parent / "data" / "route_queries.jsonl"

@@ -10,8 +10,8 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.context import Principal, ToolRun
-from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.tools.base import ToolCall, ToolContext
 from pipeline.tools.loop import ToolLoop
 

@@ -106,7 +106,10 @@ def test_the_similarity_signal_stays_quiet_on_hundreds_of_ordinary_requests(
         for line in (ROOT / "bench/data/offtopic_questions.txt").read_text("utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    for name in ("tests/pipeline/data/route_queries.jsonl", "pipeline/data/route_examples.jsonl"):
+    for name in (
+        "tests/pipeline/data/route_queries.jsonl",
+        "pipeline/routing/data/route_examples.jsonl",
+    ):
         texts += [json.loads(line)["text"] for line in (ROOT / name).read_text().splitlines()]
     texts += list(load_queries().values())[:300]
     rng = random.Random(7)

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from pipeline.context import Principal
 from pipeline.jobs.model import Job
 from pipeline.jobs.queue import JobQueue
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 ALICE = Principal(tenant="acme", user="alice", scopes=frozenset({"chat"}), key_id="rag-alice")
 BOB = Principal(tenant="globex", user="bob", scopes=frozenset({"chat"}), key_id="rag-bob")

@@ -12,7 +12,7 @@ from pipeline.jobs.queue import JobQueue
 from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import BOB, make_job, wait_until
 from tests.pipeline.jobs.receiver import DripReceiver, Receiver
 from tests.pipeline.jobs.test_worker import all_finished, running, worker

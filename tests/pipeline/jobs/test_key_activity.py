@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.keys import KEY_ID_PATTERN, ApiKeyStore, weak_key_reason
-from pipeline.kv import KeyValueStore
+from pipeline.store.keys import KEY_ID_PATTERN, ApiKeyStore, weak_key_reason
+from pipeline.store.kv import KeyValueStore
 from tests.support.fuzzing import examples
 
 STRONG = "Zq7-vP2mL9xK4tR8wB1nC6yH3jF5sD0gA"  # 33 characters, no pattern

@@ -15,7 +15,7 @@ from pipeline.context import Principal
 from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job
 from pipeline.jobs.queue import JobQueue, QueueFull, TooManyJobs
 from pipeline.jobs.worker import JobWorker
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import ALICE, BOB, make_job, wait_until
 from tests.pipeline.jobs.test_worker import all_finished, running, worker
 from tests.pipeline.jobs.worker_process import counting_execute

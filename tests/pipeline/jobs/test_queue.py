@@ -7,7 +7,7 @@ from opentelemetry import trace
 
 from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from pipeline.jobs.queue import Conflict, JobQueue
-from pipeline.kv import KeyValueStore, StoreUnavailable
+from pipeline.store.kv import KeyValueStore, StoreUnavailable
 from tests.pipeline.jobs.conftest import BOB, make_job
 from tests.support.servers import free_port
 

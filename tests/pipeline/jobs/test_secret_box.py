@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from app.settings import JobSettings, Settings
 from pipeline.jobs.secret_box import SecretBox, SecretUnreadable, new_key, parse_keys
 from pipeline.jobs.signing import WebhookSecrets, verify
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.receiver import Receiver
 from tests.pipeline.jobs.test_webhooks import Recorder, finished, sender
 from tests.support.fuzzing import examples

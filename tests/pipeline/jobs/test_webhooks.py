@@ -18,7 +18,7 @@ from pipeline.jobs.model import SUCCEEDED, Job
 from pipeline.jobs.signing import WebhookSecrets, verify
 from pipeline.jobs.urls import Address, UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import make_job
 from tests.pipeline.jobs.receiver import DripReceiver, Receiver
 

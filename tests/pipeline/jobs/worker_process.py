@@ -19,7 +19,7 @@ from opentelemetry import trace
 from pipeline.jobs.model import Job
 from pipeline.jobs.queue import JobQueue
 from pipeline.jobs.worker import Execute, JobWorker
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 
 def counting_execute(kv: KeyValueStore, prefix: str, consumer: str, delay: float) -> Execute:

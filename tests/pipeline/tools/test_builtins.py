@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.context import Features, Principal
-from pipeline.search import PassageSearch
+from pipeline.sources.search import PassageSearch
 from pipeline.tools.base import ToolCall, ToolContext
 from pipeline.tools.builtins import builtin_tools, profile_tool, search_tool
 from pipeline.tools.clock import clock_tool, describe_now, zone_names

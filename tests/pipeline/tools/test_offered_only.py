@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.context import ToolRun
-from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.guards.arguments import ArgumentsGuard
 from pipeline.guards.policy import GuardPolicy, PolicyBook
 from pipeline.tools.base import Tool, ToolContext

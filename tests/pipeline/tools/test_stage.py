@@ -13,7 +13,7 @@ from pipeline.context import (
     RequestContext,
     ToolRun,
 )
-from pipeline.prompt import build_messages
+from pipeline.model.prompt import build_messages
 from pipeline.runner import Concurrent, FailurePolicy, Runner
 from pipeline.stages.tools import PlannedTools
 from pipeline.tools.base import ToolCall, ToolContext

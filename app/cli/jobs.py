@@ -18,14 +18,14 @@ from typing import Any
 
 from opentelemetry import trace
 
+from app.cli.batch import BatchOptions, run_batch
 from app.jobs import start_job_workers, webhook_secrets
-from app.jobs_batch import BatchOptions, run_batch
 from app.services import Services
 from app.settings import get_settings
 from app.telemetry import build_tracer_provider, tracer_from
 from pipeline.jobs.secret_box import SecretUnreadable
-from pipeline.keys import validate_name
-from pipeline.kv import KeyValueStore
+from pipeline.store.keys import validate_name
+from pipeline.store.kv import KeyValueStore
 
 
 async def _worker(args: argparse.Namespace) -> int:

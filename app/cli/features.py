@@ -28,7 +28,7 @@ from app.settings import get_settings
 from pipeline.features.loader import LoadReport, count_lines, read_rows, write_rows
 from pipeline.features.requestlog import derive_rows
 from pipeline.features.store import FeatureRow, FeatureStore
-from pipeline.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore
 
 SHOWN_PROBLEMS = 100
 

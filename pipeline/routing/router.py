@@ -7,11 +7,11 @@ Decisions, cheapest first, each with a short reason code:
 - ``feature:tier=free``: a user whose ``tier`` feature is a capped tier goes to the small
   route (a pinned route still wins). A tier that fell back to its default caps nobody: a
   feature-store outage must not downgrade paying users.
-- ``rule:<name>``: the cheap rules of ``pipeline.route_rules`` (code, step by step,
+- ``rule:<name>``: the cheap rules of ``pipeline.routing.rules`` (code, step by step,
   comparisons, long prompts, several questions -> large; classification, translation,
   extraction, short factual questions -> small).
 - ``centroid:<intent> (0.61 vs 0.47)``: what the rules leave open goes to the intent whose
-  labelled example prompts (``pipeline/data/route_examples.jsonl``) are nearest to the query
+  labelled example prompts (``pipeline/routing/data/route_examples.jsonl``) are nearest to the query
   embedding: its best cosine similarity, then the other intent's.
 - ``length:short`` / ``length:medium``: without an embedder (retrieval off), open cases go by
   length alone.
@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.context import ChatParams, Features, RouteChoice
-from pipeline.messages import last_user_text
-from pipeline.route_rules import Intent, Thresholds, classify, word_count
-from pipeline.routing import Route, RouteTable
+from pipeline.model.messages import last_user_text
+from pipeline.model.routes import Route, RouteTable
+from pipeline.routing.rules import Intent, Thresholds, classify, word_count
 from retrieval.vectors import FloatArray
 
 ROUTER_VERSION = "1"
@@ -61,7 +61,11 @@ class Example:
 def load_examples(text: str | None = None) -> list[Example]:
     """The shipped example prompts (or those in ``text``, JSON lines)."""
     if text is None:
-        text = resources.files("pipeline").joinpath("data/route_examples.jsonl").read_text("utf-8")
+        text = (
+            resources.files("pipeline.routing")
+            .joinpath("data/route_examples.jsonl")
+            .read_text("utf-8")
+        )
     examples = []
     for line in text.splitlines():
         if line.strip():

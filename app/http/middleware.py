@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import error_body
+from app.http.errors import error_body
 from app.logs import CURRENT_REQUEST, RequestFacts, RequestLog
 from app.metrics import HttpMetrics
 

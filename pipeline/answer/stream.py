@@ -17,8 +17,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import replace
 from typing import Any, Protocol
 
-from pipeline.completion import Completion
-from pipeline.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
+from pipeline.answer.completion import Completion
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 
 CompletionCallback = Callable[[Completion], Awaitable[None]]
 

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.responses import JSONResponse
+from app.http.responses import JSONResponse
 from pipeline.errors import PipelineError
 
 log = logging.getLogger("rag.errors")

@@ -2,7 +2,7 @@
 
 Our extra field ``rag`` (sources, cache status, tools; with ``rag.explain`` the route, the
 features and the stage records) rides on the completion object, and on the final chunk of a
-stream. Both shapes are made from the same answer stream (``pipeline.answer``).
+stream. Both shapes are made from the same answer stream (``pipeline.answer.stream``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from pipeline.answer import AnswerStream
+from pipeline.answer.events import ContentDelta, StreamEvent, ToolCallDelta
+from pipeline.answer.stream import AnswerStream
 from pipeline.context import Completion, RequestContext
 from pipeline.errors import PipelineError
-from pipeline.events import ContentDelta, StreamEvent, ToolCallDelta
 
 
 class JSONResponse(Response):

@@ -21,10 +21,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 from opentelemetry.semconv.attributes import server_attributes
 from opentelemetry.trace import Span, SpanKind
 
-from pipeline import attributes as attr
-from pipeline import metrics
-from pipeline.errors import PipelineError
-from pipeline.events import (
+from pipeline.answer.events import (
     ContentDelta,
     Finish,
     StreamEvent,
@@ -32,8 +29,11 @@ from pipeline.events import (
     Usage,
     events_from_chunk,
 )
-from pipeline.routing import Route
-from pipeline.spans import mark_failed
+from pipeline.errors import PipelineError
+from pipeline.model.routes import Route
+from pipeline.telemetry import attributes as attr
+from pipeline.telemetry import metrics
+from pipeline.telemetry.spans import mark_failed
 
 
 def request_attributes(route: Route, payload: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ one computed over the passages' own sentences); the best sentence of every passa
 first, so each source stays in the prompt, then the best of the rest while the budget lasts.
 Kept sentences come out in their original order, grouped by passage, each with its source ids,
 so `[doc-id]` citations survive. Tokens are counted with the generation model's tokenizer
-(pipeline.tokens). Cost and what it keeps on SciFact: `python -m bench.compress_bench`.
+(pipeline.model.tokens). Cost and what it keeps on SciFact: `python -m bench.compress_bench`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functools import cache, lru_cache
 import numpy as np
 
 from pipeline.context import Passage
-from pipeline.tokens import TokenCounter, load_token_counter
+from pipeline.model.tokens import TokenCounter, load_token_counter
 from retrieval.tokenize import tokenize
 
 DEFAULT_BUDGET_TOKENS = 512
@@ -219,7 +219,7 @@ class _Unit:
 
 @cache
 def default_counter() -> TokenCounter:
-    """The SmolLM2 tokenizer found by pipeline.tokens, loaded once per process."""
+    """The SmolLM2 tokenizer found by pipeline.model.tokens, loaded once per process."""
     return load_token_counter()
 
 

@@ -1,18 +1,18 @@
 """The service's Prometheus metrics, in one place, and the runner observer that feeds most of them.
 
 Every family is a process-wide object in prometheus-client's default registry, so ``/metrics``
-(``app.metrics``) serves them next to the process collectors. Labels are low-cardinality only:
-route templates, stage names, statuses, model names from the configuration, error kinds;
+(``app.routes.metrics``) serves them next to the process collectors. Labels are low-cardinality
+only: route templates, stage names, statuses, model names from the configuration, error kinds;
 never a tenant, a user or anything a caller chooses freely.
 
 Where each is fed (none depends on trace sampling: a span processor sees only the spans that
 are recorded, so with a ratio sampler metrics fed from spans would be sampled too):
 
-- HTTP requests: the ASGI middleware (``app.middleware.RequestTracing``).
+- HTTP requests: the ASGI middleware (``app.http.middleware.RequestTracing``).
 - Stage latency, cache outcomes, retrieval sizes: ``StageMetrics``, a runner observer.
 - Model calls (time to first token, time per output token, tokens, errors): where the
-  ``chat {model}`` span ends (``pipeline.generation``).
-- Redis errors: ``pipeline.kv.KeyValueStore._call``, the one place Redis is called.
+  ``chat {model}`` span ends (``pipeline.model.chat``).
+- Redis errors: ``pipeline.store.kv.KeyValueStore._call``, the one place Redis is called.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ connection is closed; a head not complete within ``HEAD_TIMEOUT_S`` of its first
 408. Bodies are not counted here (``BodySizeLimit`` bounds them, after the key check).
 
 `rag serve` and the image's command run with it; by hand:
-``uvicorn --http app.server:BoundedHttpToolsProtocol ...``.
+``uvicorn --http app.http.server:BoundedHttpToolsProtocol ...``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Typed stream events: what an answer is made of, as it is made.
 
-Generation turns vLLM's chunks into these; the answer stream (``pipeline.answer``) passes them
-through the output filters; the SSE writer, the non-streamed response and the cache all read
+Generation turns vLLM's chunks into these; the answer stream (``pipeline.answer.stream``) passes
+them through the output filters; the SSE writer, the non-streamed response and the cache all read
 them. Upstream order is: deltas, then one ``Finish``, then one ``Usage``.
 """
 

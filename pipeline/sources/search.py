@@ -13,8 +13,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from pipeline import attributes as attr
 from pipeline.errors import InvalidRequest, ServiceUnavailable
+from pipeline.telemetry import attributes as attr
 from retrieval import (
     Document,
     Filter,

@@ -18,7 +18,7 @@ import orjson
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import error_body
+from app.http.errors import error_body
 from app.services import Services, ServicesDep
 from pipeline.context import Principal
 from pipeline.errors import (

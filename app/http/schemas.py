@@ -4,7 +4,7 @@ Unknown OpenAI fields are accepted and ignored, so newer clients keep working. F
 but cannot honour (``n`` > 1) are refused with a clear 400 rather than ignored. ``tools`` are
 checked for shape here (each a function with a valid name); their JSON Schemas are checked by
 the validate stage, after auth, within limits and off the event loop
-(``pipeline.tools.schema_check``). Bodies reach this model through ``app.bodies``, which has
+(``pipeline.tools.schema_check``). Bodies reach this model through ``app.http.bodies``, which has
 already refused what no part downstream can use (lone surrogates, integers past 64 bits,
 non-finite numbers, deep nesting), each with the field's name.
 """
@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.context import ChatParams, RagOptions
-from pipeline.messages import TEXT_PARTS
+from pipeline.model.messages import TEXT_PARTS
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_MESSAGES = 2048  # a conversation past this could not fit any context this service serves
@@ -47,7 +47,7 @@ class ChatMessage(BaseModel):
     """A message as the model will read it. Only these fields are passed on: other fields of
     OpenAI's messages (``refusal``, ``audio``, ``annotations``, ``function_call``) and unknown
     ones are dropped, so no text reaches the model that the guardrails did not read. Content
-    parts must be text parts (``pipeline.messages.TEXT_PARTS``): any other type is a 400."""
+    parts must be text parts (``pipeline.model.messages.TEXT_PARTS``): any other type is a 400."""
 
     model_config = ConfigDict(extra="ignore")
 

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from pipeline import metrics
+from pipeline.telemetry import metrics
 
 ScriptArg = str | int | float | bytes
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 from opentelemetry import trace
 
-from app.cli_features import add_commands as add_feature_commands
-from app.cli_jobs import add_commands as add_job_commands
-from app.ingest_files import Skipped, read_documents
+from app.cli.features import add_commands as add_feature_commands
+from app.cli.ingest_files import Skipped, read_documents
+from app.cli.jobs import add_commands as add_job_commands
 from app.jobs import job_queue
 from app.services import build_index_store, build_key_store
 from app.settings import get_settings
-from pipeline.keys import DEFAULT_SCOPES, ApiKeyStore, validate_scopes
-from pipeline.kv import KeyValueStore, StoreUnavailable
+from pipeline.store.keys import DEFAULT_SCOPES, ApiKeyStore, validate_scopes
+from pipeline.store.kv import KeyValueStore, StoreUnavailable
 from retrieval import Document, DocumentError, Embedder, IndexStore
 
 
@@ -69,7 +69,7 @@ async def _revoke_key(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.server import BoundedHttpToolsProtocol
+    from app.http.server import BoundedHttpToolsProtocol
 
     settings = get_settings()
     uvicorn.run(
@@ -200,7 +200,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, StoreUnavailable) as exc:
         print(f"rag: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from pipeline.errors import InvalidRequest, NotFound
-from pipeline.llm import LLMClient
+from pipeline.model.client import LLMClient
 
 AUTO = "auto"
 
