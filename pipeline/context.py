@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +137,7 @@ class StageRecord:
     duration_ms: float = 0.0
     status: str = "ok"
     info: dict[str, Any] = field(default_factory=dict)
+    ended: bool = False  # the stage has returned (or failed); what it started may run on
 
 
 _current_record: contextvars.ContextVar[StageRecord | None] = contextvars.ContextVar(
@@ -156,9 +155,9 @@ def current_record() -> StageRecord | None:
 class RequestContext:
     """Everything a request accumulates on its way through the stages.
 
-    Each stage declares the fields it reads and writes (checked when the path is built).
+    Each stage declares the fields it reads and writes (``pipeline.runner.StageSpec``).
     Stages running concurrently write different fields; one that needs a sibling's field waits
-    for it with ``await ctx.available(name)``.
+    for it with ``await pipeline.runner.available(name)``.
     """
 
     params: ChatParams
@@ -181,7 +180,6 @@ class RequestContext:
     completion: Completion | None = None
     finished: bool = False
     records: list[StageRecord] = field(default_factory=list)
-    _pending: dict[str, asyncio.Event] = field(default_factory=dict, repr=False)
 
     def respond(self, completion: Completion) -> None:
         """Hand back a final answer now; the runner skips the remaining stages."""
@@ -196,26 +194,6 @@ class RequestContext:
         if self.principal is None:
             raise RuntimeError("no principal: a stage that reads it runs before auth")
         return self.principal
-
-    async def available(self, name: str) -> None:
-        """Wait until a sibling stage of the running group has written ``name`` (at once when
-        no running stage is still to write it)."""
-        pending = self._pending.get(name)
-        if pending is not None:
-            await pending.wait()
-
-    def expect(self, names: Iterable[str]) -> None:
-        for name in names:
-            self._pending.setdefault(name, asyncio.Event())
-
-    def provide(self, names: Iterable[str]) -> None:
-        for name in names:
-            pending = self._pending.pop(name, None)
-            if pending is not None:
-                pending.set()
-
-    def tools_report(self) -> list[dict[str, Any]]:
-        return [run.report() for run in self.tool_runs]
 
     def annotate(self, **attributes: Any) -> None:
         """Record facts about the running stage on its span and in its explain record."""

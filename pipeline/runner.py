@@ -1,23 +1,29 @@
 """The runner: one span per stage, the request's deadline, early exit, concurrent groups, and
 each stage's failure policy.
 
-A stage declares what it ``reads`` and ``writes`` of the context; ``check_path`` proves, when
-the path is built, that every field a stage reads is written before it (or by a sibling of its
-concurrent group, which it then awaits with ``ctx.available``). Its ``policy`` says what its
-failure means: ``fatal`` (auth, validation, retrieval, generation) ends the request with that
-error and cancels the siblings of its group; ``degrade`` (features, tools) is recorded on the
-span and in ``rag.explain`` and the request goes on, after the stage's ``fallback`` has put
-defaults in place. A degrading stage may also set ``timeout_s``, its own time budget. Degrading
-is for faults (a dependency down, a budget spent): a stage's refusal of the request (a 4xx) and
-the request's own deadline end the request whatever the policy.
+Each stage declares one ``StageSpec``: its name, the context fields it ``reads`` (written before
+it runs: ``check_path`` proves it when the path is built, counting a sibling of its concurrent
+group, which it then awaits with ``available``), those it reads when a step wrote them and
+takes a default otherwise (``optional``), what it ``writes``, its failure ``policy`` and its own
+``timeout_s``. ``tests/app/test_stage_contract.py`` runs the real path on a context that records
+every field each stage touches and fails on anything undeclared.
+
+The policy says what a failure means: ``fatal`` (auth, validation, retrieval, generation) ends
+the request with that error and cancels the siblings of its group; ``degrade`` (features, tools)
+is recorded on the span and in ``rag.explain`` and the request goes on, after the stage's
+``fallback`` (the ``Fallback`` protocol) has put defaults in place. ``timeout_s`` bounds a
+degrading stage. Degrading is for faults (a dependency down, a budget spent): a stage's refusal
+of the request (a 4xx) and the request's own deadline end the request whatever the policy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Iterable, Sequence
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
 
 from opentelemetry import trace
 
@@ -32,15 +38,82 @@ FailurePolicy = Literal["fatal", "degrade"]
 INPUTS = frozenset({"params", "deadline", "cache_control", "credential"})
 
 
+@dataclass(frozen=True)
+class StageSpec:
+    """What a stage is, reads, writes and does when it fails: declared once, checked when the
+    path is built (``check_path``) and against behaviour by the contract test."""
+
+    name: str
+    reads: frozenset[str] = frozenset()
+    optional: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    policy: FailurePolicy = "fatal"
+    timeout_s: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        *,
+        reads: Iterable[str] = (),
+        optional: Iterable[str] = (),
+        writes: Iterable[str] = (),
+        policy: FailurePolicy = "fatal",
+        timeout_s: float | None = None,
+    ) -> StageSpec:
+        return cls(
+            name, frozenset(reads), frozenset(optional), frozenset(writes), policy, timeout_s
+        )
+
+
 class Stage(Protocol):
     """A step of the request path. Collaborators come in through ``__init__``."""
 
-    name: str
-    reads: frozenset[str]
-    writes: frozenset[str]
-    policy: FailurePolicy
+    @property
+    def spec(self) -> StageSpec: ...
 
     async def __call__(self, ctx: RequestContext) -> RequestContext: ...
+
+
+@runtime_checkable
+class Fallback(Protocol):
+    """A degrading stage's defaults, put in place when it fails and the request goes on."""
+
+    def fallback(self, ctx: RequestContext, exc: Exception) -> None: ...
+
+
+class Waits:
+    """The fields the stages of a running concurrent group have still to write; the runner owns
+    one per group, and a stage that needs a sibling's field waits here (``available``)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, asyncio.Event] = {}
+
+    def expect(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._pending.setdefault(name, asyncio.Event())
+
+    def provide(self, names: Iterable[str]) -> None:
+        for name in names:
+            pending = self._pending.pop(name, None)
+            if pending is not None:
+                pending.set()
+
+    async def available(self, name: str) -> None:
+        pending = self._pending.get(name)
+        if pending is not None:
+            await pending.wait()
+
+
+_waits: contextvars.ContextVar[Waits | None] = contextvars.ContextVar("rag_waits", default=None)
+
+
+async def available(name: str) -> None:
+    """Wait until a sibling stage of the running group has written ``name``, however it ended
+    (at once outside a group, or when no running stage is still to write it)."""
+    waits = _waits.get()
+    if waits is not None:
+        await waits.available(name)
 
 
 class StageObserver(Protocol):
@@ -56,7 +129,7 @@ class Concurrent:
         if len(stages) < 2:
             raise ValueError("a concurrent group needs at least two stages")
         self.stages = stages
-        self.name = "+".join(stage.name for stage in stages)
+        self.name = "+".join(stage.spec.name for stage in stages)
 
 
 Step = Stage | Concurrent
@@ -66,31 +139,19 @@ class PathError(ValueError):
     """The steps do not fit together: a stage reads a field nothing before it writes."""
 
 
-def _reads(stage: Stage) -> frozenset[str]:
-    return frozenset(getattr(stage, "reads", frozenset()))
-
-
-def _writes(stage: Stage) -> frozenset[str]:
-    return frozenset(getattr(stage, "writes", frozenset()))
-
-
-def policy_of(stage: Stage) -> FailurePolicy:
-    policy: FailurePolicy = getattr(stage, "policy", "fatal")
-    return policy
-
-
 def check_path(steps: Iterable[Step], inputs: frozenset[str] = INPUTS) -> None:
     """Raise ``PathError`` unless every stage's reads are written before it runs."""
     written = set(inputs)
     problems: list[str] = []
     for step in steps:
         stages = step.stages if isinstance(step, Concurrent) else (step,)
-        group_writes = set().union(*(_writes(stage) for stage in stages))
+        group_writes = set().union(*(stage.spec.writes for stage in stages))
         for stage in stages:
-            siblings = group_writes - _writes(stage) if isinstance(step, Concurrent) else set()
-            missing = _reads(stage) - written - siblings
+            spec = stage.spec
+            siblings = group_writes - spec.writes if isinstance(step, Concurrent) else set()
+            missing = spec.reads - written - siblings
             if missing:
-                problems.append(f"{stage.name} reads {sorted(missing)}, written by no step before")
+                problems.append(f"{spec.name} reads {sorted(missing)}, written by no step before")
         written |= group_writes
     if problems:
         raise PathError("; ".join(problems))
@@ -121,7 +182,8 @@ class Runner:
     def stage_names(self) -> list[str]:
         names: list[str] = []
         for step in self.steps:
-            names.extend(s.name for s in (step.stages if isinstance(step, Concurrent) else [step]))
+            stages = step.stages if isinstance(step, Concurrent) else [step]
+            names.extend(stage.spec.name for stage in stages)
         return names
 
     async def run(self, ctx: RequestContext) -> RequestContext:
@@ -142,8 +204,10 @@ class Runner:
 
     async def _run_group(self, group: Concurrent, ctx: RequestContext) -> None:
         with self.tracer.start_as_current_span(f"group {group.name}"):
+            waits = Waits()
             for stage in group.stages:
-                ctx.expect(_writes(stage))
+                waits.expect(stage.spec.writes)
+            token = _waits.set(waits)  # each stage's task starts with a copy of this context
             try:
                 async with asyncio.TaskGroup() as tasks:
                     for stage in group.stages:
@@ -151,15 +215,18 @@ class Runner:
             except* PipelineError as group_error:
                 # A fatal failure decides the response; its siblings were cancelled with it.
                 raise group_error.exceptions[0] from None
+            finally:
+                _waits.reset(token)
 
     async def _run_stage(self, stage: Stage, ctx: RequestContext) -> None:
-        record = StageRecord(name=stage.name, start_ms=round(ctx.elapsed_ms(), 3))
+        spec = stage.spec
+        record = StageRecord(name=spec.name, start_ms=round(ctx.elapsed_ms(), 3))
         ctx.records.append(record)
         token = _current_record.set(record)
         started = time.perf_counter()
         with self.tracer.start_as_current_span(
-            f"stage {stage.name}",
-            attributes={attr.STAGE: stage.name},
+            f"stage {spec.name}",
+            attributes={attr.STAGE: spec.name},
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
@@ -167,7 +234,7 @@ class Runner:
                 await self._call(stage, ctx)
             except Exception as exc:
                 mark_failed(span, exc)
-                if policy_of(stage) != "degrade" or ends_the_request(exc):
+                if spec.policy != "degrade" or ends_the_request(exc):
                     record.status = "error"
                     raise
                 self._degrade(stage, ctx, record, exc)
@@ -176,22 +243,25 @@ class Runner:
                 raise
             finally:
                 record.duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
+                record.ended = True
                 _current_record.reset(token)
-                ctx.provide(_writes(stage))
+                waits = _waits.get()
+                if waits is not None:
+                    waits.provide(spec.writes)
                 for observer in self.observers:
                     observer.stage_finished(record, ctx)
 
     async def _call(self, stage: Stage, ctx: RequestContext) -> None:
-        budget: float | None = getattr(stage, "timeout_s", None)
-        if budget is None or policy_of(stage) != "degrade":
+        spec = stage.spec
+        if spec.timeout_s is None or spec.policy != "degrade":
             await stage(ctx)
             return
         try:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout(spec.timeout_s):
                 await stage(ctx)
         except TimeoutError as exc:
             raise StageTimeout(
-                f"{stage.name} ran past its budget of {budget * 1000:.0f} ms"
+                f"{spec.name} ran past its budget of {spec.timeout_s * 1000:.0f} ms"
             ) from exc
 
     def _degrade(
@@ -200,9 +270,8 @@ class Runner:
         record.status = "degraded"
         record.info["error"] = exc.message if isinstance(exc, PipelineError) else str(exc)
         record.info["error_type"] = type(exc).__name__
-        fallback = getattr(stage, "fallback", None)
-        if fallback is not None:
-            fallback(ctx, exc)
+        if isinstance(stage, Fallback):
+            stage.fallback(ctx, exc)
 
 
 def ends_the_request(exc: Exception) -> bool:

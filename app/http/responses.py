@@ -32,7 +32,9 @@ def rag_field(ctx: RequestContext, completion: Completion | None) -> dict[str, A
     field: dict[str, Any] = {
         "sources": completion.sources if completion is not None else ctx.sources,
         "cache": ctx.cache_status,
-        "tools": completion.tools if completion is not None else ctx.tools_report(),
+        "tools": (
+            completion.tools if completion is not None else [r.report() for r in ctx.tool_runs]
+        ),
     }
     if ctx.params.rag.explain:
         route = completion.route if completion is not None else None

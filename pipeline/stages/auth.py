@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.context import Principal, RequestContext
 from pipeline.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import StoreUnavailable
 from pipeline.telemetry import attributes as attr
@@ -16,10 +16,10 @@ class Authenticate:
     """Resolves the bearer key; a request that arrives with its principal already resolved (a
     queued job) is checked again: its key must still be active."""
 
-    name = "auth"
-    reads = frozenset({"credential"})
-    writes = frozenset({"principal"})
-    policy: FailurePolicy = "fatal"
+    # A queued job arrives with its principal and no credential; the raw key is cleared.
+    spec = StageSpec.of(
+        "auth", reads={"credential"}, optional={"principal"}, writes={"principal", "credential"}
+    )
 
     def __init__(self, keys: ApiKeyStore, *, scope: str = "chat") -> None:
         self.keys = keys

@@ -19,7 +19,7 @@ import orjson
 from pipeline.context import ChatParams, Completion, Principal, RequestContext
 from pipeline.model.messages import content_text
 from pipeline.model.prompt import PROMPT_VERSION
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.store.kv import KeyValueStore, StoreUnavailable
 from pipeline.telemetry import attributes as attr
 
@@ -110,10 +110,14 @@ def no_index(tenant: str) -> str:
 
 
 class CacheLookup:
-    name = "cache_lookup"
-    reads = frozenset({"principal"})
-    writes = frozenset({"cache_key", "cache_status"})
-    policy: FailurePolicy = "fatal"  # never raises for Redis: it fails open by itself
+    # Fatal, but it never raises for Redis: it fails open by itself.
+    # A hit answers (``respond``): it writes the completion and its stream.
+    spec = StageSpec.of(
+        "cache_lookup",
+        reads={"principal", "params", "cache_control"},
+        optional={"key_parts"},
+        writes={"cache_key", "cache_status", "completion", "answer"},
+    )
 
     def __init__(
         self,
@@ -162,10 +166,7 @@ class CacheStore:
     degrading stage failed on the way (an answer made with defaults is not the one its key
     stands for)."""
 
-    name = "cache_store"
-    reads = frozenset({"cache_key", "answer"})
-    writes: frozenset[str] = frozenset()
-    policy: FailurePolicy = "fatal"  # never raises for Redis: it fails open by itself
+    spec = StageSpec.of("cache_store", reads={"cache_key", "answer", "cache_control"})
 
     def __init__(self, cache: ResponseCache) -> None:
         self.cache = cache

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pipeline.context import RequestContext
 from pipeline.model.messages import last_user_text
 from pipeline.model.tokens import TokenCounter
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.sources.compress import compress
 from pipeline.telemetry import attributes as attr
 
@@ -21,10 +21,9 @@ IdfLookup = Callable[[str, str], dict[str, float]]
 
 
 class CompressSources:
-    name = "compress"
-    reads = frozenset({"principal", "params", "passages"})
-    writes = frozenset({"passages"})
-    policy: FailurePolicy = "degrade"
+    spec = StageSpec.of(
+        "compress", reads={"principal", "params", "passages"}, writes={"passages"}, policy="degrade"
+    )
 
     def __init__(
         self,

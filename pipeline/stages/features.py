@@ -12,7 +12,7 @@ from __future__ import annotations
 from pipeline.context import Features, RequestContext
 from pipeline.features.requestlog import request_record
 from pipeline.features.store import FeatureStore
-from pipeline.runner import FailurePolicy, StageTimeout
+from pipeline.runner import StageSpec, StageTimeout
 from pipeline.telemetry import attributes as attr
 
 
@@ -20,17 +20,18 @@ class LoadFeatures:
     """Loads the user's batch features and real-time counters in one Redis round trip, and
     appends the request to the request log (``log_requests``)."""
 
-    name = "features"
-    reads = frozenset({"principal", "params"})
-    writes = frozenset({"features"})
-    policy: FailurePolicy = "degrade"
-
     def __init__(
         self, store: FeatureStore, *, timeout_s: float = 0.05, log_requests: bool = True
     ) -> None:
         self.store = store
-        self.timeout_s = timeout_s
         self.log_requests = log_requests
+        self.spec = StageSpec.of(
+            "features",
+            reads={"principal", "params"},
+            writes={"features"},
+            policy="degrade",
+            timeout_s=timeout_s,
+        )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         caller = ctx.caller

@@ -19,13 +19,13 @@ from opentelemetry import context as otel_context
 
 from pipeline.answer.completion import Completion
 from pipeline.answer.stream import AnswerStream
-from pipeline.context import RequestContext, RouteChoice
+from pipeline.context import RequestContext, RouteChoice, ToolRun
 from pipeline.guards.arguments import ArgumentsGuard
 from pipeline.guards.policy import PolicyBook
 from pipeline.model.chat import TracedChat
 from pipeline.model.prompt import build_messages, personalisation
 from pipeline.model.routes import Route, RouteTable
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool, ToolContext
@@ -34,10 +34,12 @@ from pipeline.tools.offer import function_names, offer
 
 
 class Generate:
-    name = "generate"
-    reads = frozenset({"params", "principal"})
-    writes = frozenset({"answer", "route"})
-    policy: FailurePolicy = "fatal"
+    spec = StageSpec.of(
+        "generate",
+        reads={"params", "principal"},
+        optional={"passages", "features", "tool_runs", "route"},
+        writes={"answer", "route"},
+    )
 
     def __init__(
         self,
@@ -77,15 +79,20 @@ class Generate:
             **params.sampling,
             **tools.options,
         }
-        loop = self._loop(ctx, route, tools.server)
-        answer = AnswerStream(loop.events(payload), lambda: base_completion(ctx, route.model))
+        # The loop's runs are the planned ones and then its own: they go on the completion, and
+        # the context keeps what the tools stage wrote (the loop runs on after this returns).
+        runs = list(ctx.tool_runs)
+        loop = self._loop(ctx, route, tools.server, runs)
+        answer = AnswerStream(loop.events(payload), lambda: base_completion(ctx, route.model, runs))
         started = time.perf_counter()
         await answer.prime()
         ctx.annotate(**{attr.TTFT_MS: round((time.perf_counter() - started) * 1000.0, 3)})
         ctx.answer = answer
         return ctx
 
-    def _loop(self, ctx: RequestContext, route: Route, offered: frozenset[str]) -> ToolLoop:
+    def _loop(
+        self, ctx: RequestContext, route: Route, offered: frozenset[str], runs: list[ToolRun]
+    ) -> ToolLoop:
         parent = otel_context.get_current()
 
         def model_round(request: dict[str, Any]) -> Any:
@@ -100,7 +107,7 @@ class Generate:
             client_tools=frozenset(function_names(ctx.params.tools)),
             max_rounds=self.max_rounds,
             parent=parent,
-            runs=ctx.tool_runs,
+            runs=runs,
             # Validation checked the offer against the tenant's tools; asked again all the same.
             offered=frozenset(
                 n for n in offered if self.access is None or self.access.allows(tenant, n)
@@ -113,15 +120,15 @@ async def _features(ctx: RequestContext) -> Any:
     return ctx.features
 
 
-def base_completion(ctx: RequestContext, model: str) -> Completion:
+def base_completion(ctx: RequestContext, model: str, runs: list[ToolRun]) -> Completion:
     """The completion's fixed parts, read when the answer ends (tool runs are known by then)."""
-    ttls = [run.cache_ttl for run in ctx.tool_runs if run.cache_ttl is not None]
+    ttls = [run.cache_ttl for run in runs if run.cache_ttl is not None]
     return Completion(
         content="",
         finish_reason="stop",
         model=model,
         sources=ctx.sources,
-        tools=ctx.tools_report(),
+        tools=[run.report() for run in runs],
         route=ctx.route.report() if ctx.route is not None else None,
         cache_ttl=min(ttls) if ttls else None,
     )

@@ -39,7 +39,7 @@ from pipeline.guards.pii import find_pii, redact
 from pipeline.guards.policy import GuardPolicy, PolicyBook
 from pipeline.model.messages import is_text_part
 from pipeline.model.tokens import TokenCounter
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 
 MEMO_CHARS = 2000
@@ -198,10 +198,7 @@ def _map_strings(value: Any, change: Callable[[str], str]) -> tuple[Any, bool]:
 
 
 class GuardInput:
-    name = "guard_in"
-    reads = frozenset({"principal", "params"})
-    writes = frozenset({"params", "key_parts"})
-    policy: FailurePolicy = "fatal"
+    spec = StageSpec.of("guard_in", reads={"principal", "params"}, writes={"params", "key_parts"})
 
     def __init__(
         self, policies: PolicyBook, detector: InjectionDetector, counter: TokenCounter

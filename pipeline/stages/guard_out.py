@@ -27,7 +27,7 @@ from pipeline.guards.arguments import JsonArgumentsRedactor, RedactorFactory, re
 from pipeline.guards.grounding import GroundingReport, check_grounding
 from pipeline.guards.output import StreamingRedactor
 from pipeline.guards.policy import PolicyBook
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 
 
@@ -148,10 +148,7 @@ def _facts(report: GroundingReport, held_max: int) -> dict[str, str | int | floa
 
 
 class GuardOutput:
-    name = "guard_out"
-    reads = frozenset({"principal", "answer"})
-    writes: frozenset[str] = frozenset()
-    policy: FailurePolicy = "fatal"
+    spec = StageSpec.of("guard_out", reads={"principal", "answer"}, optional={"passages"})
 
     def __init__(self, policies: PolicyBook, tracer: trace.Tracer) -> None:
         self.policies = policies

@@ -37,7 +37,7 @@ from pipeline.guards.injection import Closeness, InjectionDetector, decide, rule
 from pipeline.guards.normalize import scrub_surrogates
 from pipeline.guards.policy import PolicyBook
 from pipeline.model.messages import last_user_text
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec, available
 from pipeline.stages.guard_in import refuse_injection
 from pipeline.telemetry import attributes as attr
 from retrieval.vectors import FloatArray
@@ -47,10 +47,6 @@ BATCH_NOISE = 1e-3  # cosine; batching moves it by ~1e-6 at most
 
 
 class GuardSimilarity:
-    name = "guard_similarity"
-    writes: frozenset[str] = frozenset()
-    policy: FailurePolicy = "fatal"
-
     def __init__(
         self,
         policies: PolicyBook,
@@ -63,8 +59,10 @@ class GuardSimilarity:
         self.detector = detector
         self.embed = embed
         self.beside_retrieval = beside_retrieval
-        self.reads = frozenset(
-            {"principal", "params", *(["query_vector"] if beside_retrieval else [])}
+        self.spec = StageSpec.of(
+            "guard_similarity",
+            reads={"principal", "params", *(["query_vector"] if beside_retrieval else [])},
+            optional={"query_vector"},
         )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
@@ -74,7 +72,7 @@ class GuardSimilarity:
         if not text.strip():
             return ctx
         if self.beside_retrieval:
-            await ctx.available("query_vector")
+            await available("query_vector")
         vector = ctx.query_vector
         if vector is None:
             vector = await self.embed(text)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.context import Passage, RequestContext
 from pipeline.model.messages import last_user_text
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec, available
 from pipeline.sources.search import PassageSearch, parse_request_filters
 from pipeline.telemetry import attributes as attr
 from retrieval import RelevanceGate
@@ -37,10 +37,6 @@ class Retrieve:
     a user's feature becomes a default filter: the query is embedded while the features load,
     then the search waits for them."""
 
-    name = "retrieve"
-    policy: FailurePolicy = "fatal"
-    writes = frozenset({"passages", "query_vector"})
-
     def __init__(
         self,
         search: PassageSearch,
@@ -51,7 +47,11 @@ class Retrieve:
         self.search = search
         self.feature_filters = dict(feature_filters or {})
         self.gate = gate or RelevanceGate(enabled=False)
-        self.reads = frozenset({"principal", *(["features"] if self.feature_filters else [])})
+        self.spec = StageSpec.of(
+            "retrieve",
+            reads={"principal", "params", *(["features"] if self.feature_filters else [])},
+            writes={"passages", "query_vector"},
+        )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         options = ctx.params.rag
@@ -98,7 +98,7 @@ class Retrieve:
     async def _feature_filters(self, ctx: RequestContext) -> dict[str, Any]:
         if not self.feature_filters:
             return {}
-        await ctx.available("features")
+        await available("features")
         found = {
             key: ctx.features.get(name)
             for name, key in self.feature_filters.items()

@@ -15,7 +15,7 @@ from pipeline.context import RequestContext, RouteChoice
 from pipeline.errors import PipelineError
 from pipeline.model.messages import last_user_text
 from pipeline.routing.router import Router
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 from retrieval.vectors import FloatArray
 
@@ -32,10 +32,6 @@ class ChooseRoute:
     ``with_query_vector`` say whether the path has the stages that write those fields (they
     run before this one, so there is nothing to wait for)."""
 
-    name = "route"
-    writes = frozenset({"route"})
-    policy: FailurePolicy = "degrade"
-
     def __init__(
         self,
         router: Router,
@@ -49,9 +45,15 @@ class ChooseRoute:
             raise ValueError("a router with centroids needs an embed function")
         self.router = router
         self.embed = embed
-        self.timeout_s = timeout_s
         optional = {"features": with_features, "query_vector": with_query_vector}
-        self.reads = frozenset({"params", *(name for name, on in optional.items() if on)})
+        self.spec = StageSpec.of(
+            "route",
+            reads={"params", *(name for name, on in optional.items() if on)},
+            optional=optional.keys(),  # read all the same: their defaults when not on the path
+            writes={"route"},
+            policy="degrade",
+            timeout_s=timeout_s,
+        )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         # The rules read the whole question: a long one (40,000 characters took 40-100 ms to

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pipeline.context import Features, RequestContext
 from pipeline.model.messages import last_user_text
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec, available
 from pipeline.telemetry import attributes as attr
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import ToolContext
@@ -24,7 +24,7 @@ def features_when_ready(ctx: RequestContext) -> ToolContext:
     """The caller's tool context; its ``features`` waits for the features stage, if one runs."""
 
     async def features() -> Features:
-        await ctx.available("features")
+        await available("features")
         return ctx.features
 
     return ToolContext(ctx.caller, features=features)
@@ -33,10 +33,9 @@ def features_when_ready(ctx: RequestContext) -> ToolContext:
 class PlannedTools:
     """Runs the planned tools (``rag.plan_tools`` false: none)."""
 
-    name = "tools"
-    reads = frozenset({"principal", "params"})
-    writes = frozenset({"tool_runs"})
-    policy: FailurePolicy = "degrade"
+    spec = StageSpec.of(
+        "tools", reads={"principal", "params"}, writes={"tool_runs"}, policy="degrade"
+    )
 
     def __init__(
         self, planner: ToolPlanner, invoker: Invoker, access: ToolAccess | None = None

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pipeline.context import RequestContext
 from pipeline.errors import ContextTooLong
 from pipeline.model.routes import RouteTable
-from pipeline.runner import FailurePolicy
+from pipeline.runner import StageSpec
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool
 from pipeline.tools.offer import offered_tools
@@ -17,10 +17,7 @@ from pipeline.tools.schema_check import SchemaLimits, check_tool_schemas
 
 
 class ValidateRequest:
-    name = "validate"
-    reads = frozenset({"params", "principal"})
-    writes: frozenset[str] = frozenset()
-    policy: FailurePolicy = "fatal"
+    spec = StageSpec.of("validate", reads={"params", "principal"})
 
     def __init__(
         self,

@@ -59,10 +59,10 @@ def assert_path_structure(
     for step in harness.services.runner.steps:
         if isinstance(step, Concurrent):
             group = under_root[f"group {step.name}"]
-            assert set(children(spans, group)) == {f"stage {s.name}" for s in step.stages}
+            assert set(children(spans, group)) == {f"stage {s.spec.name}" for s in step.stages}
         else:
-            assert f"stage {step.name}" in under_root, sorted(under_root)
-            if step.name == last_stage:
+            assert f"stage {step.spec.name}" in under_root, sorted(under_root)
+            if step.spec.name == last_stage:
                 return
 
 

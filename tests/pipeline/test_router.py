@@ -21,7 +21,7 @@ from pipeline.model.client import LLMClient
 from pipeline.model.routes import Route, RouteTable
 from pipeline.routing.router import ROUTER_VERSION, Centroids, Router, RouterPolicy, load_examples
 from pipeline.routing.rules import Thresholds
-from pipeline.runner import INPUTS, PathError, Runner
+from pipeline.runner import INPUTS, PathError, Runner, StageSpec
 from pipeline.stages.route import ChooseRoute
 from pipeline.telemetry import attributes as attr
 from retrieval import Embedder
@@ -217,10 +217,7 @@ def test_version_changes_with_thresholds_and_examples(
 class Recorder:
     """Stands in for generation: records the route the request reached it with."""
 
-    name = "generate"
-    reads = frozenset({"route"})
-    writes: frozenset[str] = frozenset()
-    policy = "fatal"
+    spec = StageSpec.of("generate", reads={"route"})
 
     def __init__(self) -> None:
         self.seen: list[RouteChoice | None] = []
@@ -340,9 +337,9 @@ async def test_reads_follow_the_path(router: Router) -> None:
     async def embed(text: str) -> Any:
         return np.zeros(384, dtype=np.float32)
 
-    assert ChooseRoute(router, embed=embed).reads == frozenset({"params"})
+    assert ChooseRoute(router, embed=embed).spec.reads == frozenset({"params"})
     both = ChooseRoute(router, embed=embed, with_features=True, with_query_vector=True)
-    assert both.reads == frozenset({"params", "features", "query_vector"})
+    assert both.spec.reads == frozenset({"params", "features", "query_vector"})
     with pytest.raises(PathError, match="route reads"):
         Runner([both], TracerProvider().get_tracer("test"))
     with pytest.raises(ValueError, match="embed"):

@@ -11,12 +11,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pipeline.context import ChatParams, Completion, Features, RequestContext, StageRecord
 from pipeline.errors import DeadlineExceeded, InvalidRequest, ServiceUnavailable
-from pipeline.runner import Concurrent, PathError, Runner
+from pipeline.runner import Concurrent, PathError, Runner, StageSpec, available
 
 
 class Sleep:
     def __init__(self, name: str, seconds: float = 0.0, log: list[str] | None = None) -> None:
         self.name = name
+        self.spec = StageSpec.of(name)
         self.seconds = seconds
         self.log = log if log is not None else []
 
@@ -29,7 +30,7 @@ class Sleep:
 
 
 class Answer:
-    name = "answer"
+    spec = StageSpec.of("answer", writes={"completion", "answer", "finished"})
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         ctx.respond(Completion(content="cached", finish_reason="stop", model="m"))
@@ -37,7 +38,7 @@ class Answer:
 
 
 class Fail:
-    name = "fail"
+    spec = StageSpec.of("fail")
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         raise InvalidRequest("nope")
@@ -125,15 +126,14 @@ async def test_a_failing_stage_in_a_group_fails_the_run_with_its_error(tracing) 
 class Broken:
     """A degrading stage that fails; its fallback puts defaults in place."""
 
-    name = "features"
-    reads = frozenset({"params"})
-    writes = frozenset({"features"})
-    policy = "degrade"
-
-    def __init__(self, error: Exception | None = None, delay: float = 0.0) -> None:
+    def __init__(
+        self, error: Exception | None = None, delay: float = 0.0, timeout_s: float | None = None
+    ) -> None:
         self.error = error or RuntimeError("feature store down")
         self.delay = delay
-        self.timeout_s: float | None = None
+        self.spec = StageSpec.of(
+            "features", reads={"params"}, writes={"features"}, policy="degrade", timeout_s=timeout_s
+        )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         await asyncio.sleep(self.delay)
@@ -145,10 +145,7 @@ class Broken:
 
 class Writes:
     def __init__(self, name: str, reads: set[str], writes: set[str]) -> None:
-        self.name = name
-        self.reads = frozenset(reads)
-        self.writes = frozenset(writes)
-        self.policy = "fatal"
+        self.spec = StageSpec.of(name, reads=reads, writes=writes)
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         return ctx
@@ -175,8 +172,7 @@ async def test_a_degrading_stage_fails_without_failing_the_request(tracing) -> N
 
 async def test_a_degrading_stage_past_its_budget_times_out_alone(tracing) -> None:
     provider, _ = tracing
-    slow = Broken(delay=5.0)
-    slow.timeout_s = 0.05
+    slow = Broken(delay=5.0, timeout_s=0.05)
     runner = Runner([slow, Sleep("after")], provider.get_tracer("t"))
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -219,10 +215,7 @@ async def test_a_stage_waits_for_a_sibling_that_writes_what_it_reads(tracing) ->
     seen: list[str] = []
 
     class Loader:
-        name = "features"
-        reads = frozenset({"params"})
-        writes = frozenset({"features"})
-        policy = "degrade"
+        spec = StageSpec.of("features", reads={"params"}, writes={"features"}, policy="degrade")
 
         async def __call__(self, ctx: RequestContext) -> RequestContext:
             await asyncio.sleep(0.1)
@@ -230,14 +223,11 @@ async def test_a_stage_waits_for_a_sibling_that_writes_what_it_reads(tracing) ->
             return ctx
 
     class Reader:
-        name = "retrieve"
-        reads = frozenset({"features"})
-        writes = frozenset({"passages"})
-        policy = "fatal"
+        spec = StageSpec.of("retrieve", reads={"features"}, writes={"passages"})
 
         async def __call__(self, ctx: RequestContext) -> RequestContext:
             seen.append("embedding while the features load")
-            await ctx.available("features")
+            await available("features")
             seen.append(ctx.features.get("department"))
             return ctx
 
@@ -251,13 +241,10 @@ async def test_a_stage_waiting_on_a_failed_sibling_gets_its_fallback(tracing) ->
     seen: list[object] = []
 
     class Reader:
-        name = "retrieve"
-        reads = frozenset({"features"})
-        writes = frozenset({"passages"})
-        policy = "fatal"
+        spec = StageSpec.of("retrieve", reads={"features"}, writes={"passages"})
 
         async def __call__(self, ctx: RequestContext) -> RequestContext:
-            await ctx.available("features")
+            await available("features")
             seen.append(ctx.features.defaulted)
             return ctx
 

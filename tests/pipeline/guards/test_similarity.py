@@ -187,7 +187,7 @@ async def test_when_the_embedding_fails_the_request_is_refused_not_answered_unch
 
     stage = GuardSimilarity(PolicyBook(), InjectionDetector(exemplars), broken,
                             beside_retrieval=False)  # fmt: skip
-    assert stage.policy == "fatal"  # the runner ends the request with the stage's error
+    assert stage.spec.policy == "fatal"  # the runner ends the request with the stage's error
     with pytest.raises(ServiceUnavailable) as raised:
         await stage(_context(PARAPHRASED))
     assert raised.value.status_code == 503

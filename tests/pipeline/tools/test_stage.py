@@ -14,7 +14,7 @@ from pipeline.context import (
     ToolRun,
 )
 from pipeline.model.prompt import build_messages
-from pipeline.runner import Concurrent, FailurePolicy, Runner
+from pipeline.runner import Concurrent, Runner, StageSpec
 from pipeline.stages.tools import PlannedTools
 from pipeline.tools.base import ToolCall, ToolContext
 from pipeline.tools.builtins import builtin_tools
@@ -25,10 +25,7 @@ from tests.pipeline.tools.support import Tracing
 
 
 class SignIn:
-    name = "auth"
-    reads: frozenset[str] = frozenset()
-    writes = frozenset({"principal"})
-    policy: FailurePolicy = "fatal"
+    spec = StageSpec.of("auth", writes={"principal"})
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         ctx.principal = Principal("acme", "alice", frozenset({"chat"}), "k")
@@ -38,10 +35,7 @@ class SignIn:
 class SlowFeatures:
     """Writes the user's features after ``delay`` seconds."""
 
-    name = "features"
-    reads = frozenset({"principal"})
-    writes = frozenset({"features"})
-    policy: FailurePolicy = "degrade"
+    spec = StageSpec.of("features", reads={"principal"}, writes={"features"}, policy="degrade")
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
