@@ -26,19 +26,19 @@ from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
 from pipeline.jobs.worker import JobWorker
+from pipeline.runner import Runner
 from pipeline.store.kv import KeyValueStore
 
 log = logging.getLogger("rag.jobs")
 
 
-async def run_job(services: Services, job: Job) -> dict[str, Any]:
+async def run_job(settings: Settings, runner: Runner, job: Job) -> dict[str, Any]:
     """Run ``job`` through the request path; the chat completion it answers with.
 
     The context arrives with the job's stored principal and no credential: the auth stage then
     checks that the key is still active (a revoked key fails the job with a 401 error) and that
     it still carries the ``chat`` scope. Errors are the path's own ``PipelineError``s.
     """
-    settings = services.settings
     body = ChatCompletionRequest.model_validate(job.request)
     ctx = RequestContext(
         params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
@@ -47,7 +47,7 @@ async def run_job(services: Services, job: Job) -> dict[str, Any]:
         deadline=asyncio.get_running_loop().time() + settings.jobs.timeout_seconds,
         cache_control=CacheControl(),
     )
-    await services.runner.run(ctx)
+    await runner.run(ctx)
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
     return chat_completion(ctx, ctx.completion)
@@ -126,8 +126,11 @@ class JobWorkers:
         await asyncio.gather(*self.tasks)
 
 
-async def start_job_workers(services: Services, count: int | None = None) -> JobWorkers:
-    """Start ``count`` workers (default ``RAG_JOBS__WORKERS``) that run jobs with ``run_job``."""
+async def start_job_workers(
+    services: Services, runner: Runner, count: int | None = None
+) -> JobWorkers:
+    """Start ``count`` workers (default ``RAG_JOBS__WORKERS``) that run jobs with ``run_job`` on
+    ``runner`` (the chat path of ``app.path.build_paths``)."""
     settings = services.settings
     count = settings.jobs.workers if count is None else count
     if count <= 0:
@@ -137,7 +140,7 @@ async def start_job_workers(services: Services, count: int | None = None) -> Job
     sender = webhook_sender(settings, services.kv, services.tracer)
 
     async def execute(job: Job) -> dict[str, Any]:
-        return await run_job(services, job)
+        return await run_job(settings, runner, job)
 
     workers = [
         JobWorker(

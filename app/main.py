@@ -19,6 +19,7 @@ from app.http.schemas import ChatCompletionRequest
 from app.jobs import start_job_workers
 from app.lag import LagProbe
 from app.logs import RequestLog, configure_logging
+from app.path import build_paths
 from app.routes import chat, health, jobs, models, retrieval
 from app.routes import metrics as metrics_route
 from app.routes.jobs import JobRequest
@@ -47,8 +48,10 @@ def create_app(
         services = Services.build(settings, tracer, embedder)
         if services.retrieval is not None and settings.retrieval.warm_up:
             await asyncio.to_thread(services.retrieval.queries.embedder.warm_up)
+        paths = build_paths(settings, services)
         app.state.services = services
-        job_workers = await start_job_workers(services)
+        app.state.paths = paths
+        job_workers = await start_job_workers(services, paths.chat)
         # Everything built so far (the models, indexes, clients: millions of objects) lives as
         # long as the process; the cyclic GC need never walk it again. Without this a full
         # collection, set off by any request that allocates much, holds the loop for 50-200 ms.

@@ -1,5 +1,6 @@
-"""The request path, built from settings by one function: the API and job workers both run
-what it returns, so a job runs exactly what a chat request runs.
+"""The request paths, built from settings and the services by one function, ``build_paths``,
+called from the app's lifespan and by ``rag worker``: the API and the job workers run the same
+``chat`` runner, so a job runs exactly what a chat request runs.
 
     auth -> validate -> guard_in -> cache_lookup
          -> [features || retrieve || tools || guard_similarity] -> compress -> route -> generate
@@ -7,13 +8,20 @@ what it returns, so a job runs exactly what a chat request runs.
 
 A stage whose part is switched off in the settings is left out; ``Runner`` checks that what
 is left still fits together (every field a stage reads is written before it).
+
+``submit`` is the short path a job takes when it is submitted (validate, then guard_in, on a
+context whose principal is already resolved): a job the path would refuse is refused then, and
+its messages are stored as guard_in left them (PII redacted).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
 
-from pipeline.runner import Concurrent, Stage, Step
+from fastapi import Depends, Request
+
+from pipeline.runner import INPUTS, Concurrent, Runner, Stage, Step
 from pipeline.stages.auth import Authenticate
 from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache, no_index
 from pipeline.stages.compress import CompressSources
@@ -31,6 +39,33 @@ from retrieval import RelevanceGate
 if TYPE_CHECKING:
     from app.services import Services
     from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The runners of the service: ``chat``, the request path (the API and the job workers),
+    and ``submit``, a job's checks when it is submitted."""
+
+    chat: Runner
+    submit: Runner
+
+
+def build_paths(settings: Settings, services: Services) -> Paths:
+    chat = Runner(build_steps(settings, services), services.tracer, observers=services.observers)
+    submit = Runner(
+        [validate_stage(settings, services), *optional(guard_in_stage(services))],
+        services.tracer,
+        inputs=INPUTS | {"principal"},
+    )
+    return Paths(chat=chat, submit=submit)
+
+
+async def get_paths(request: Request) -> Paths:
+    paths: Paths = request.app.state.paths
+    return paths
+
+
+PathsDep = Annotated[Paths, Depends(get_paths)]
 
 
 def build_steps(settings: Settings, services: Services) -> list[Step]:

@@ -1,8 +1,8 @@
 """The long-lived collaborators of the app, built in the lifespan and closed there.
 
 ``Services.build`` makes the clients (Redis, the model routes, retrieval, the feature store,
-the tools); ``app.path.build_steps`` makes the request path from them. Job workers build the
-same ``Services``, so they run the same path.
+the tools); it holds collaborators only. ``app.path.build_paths`` makes the request paths from
+them; job workers build the same ``Services`` and paths, so they run the same path.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from fastapi import Depends, Request
 from opentelemetry import trace
 
 from app.logs import RequestLogObserver
-from app.path import build_steps
 from app.settings import RetrievalSettings, Settings
 from pipeline.features import FEATURE_SET_VERSION, FeatureStore
 from pipeline.features.spec import filter_keys
@@ -27,7 +26,7 @@ from pipeline.model.routes import Route, RouteTable
 from pipeline.model.tokens import ApproximateTokenCounter, TokenCounter, load_token_counter
 from pipeline.routing.router import Centroids, Router, RouterPolicy, load_examples
 from pipeline.routing.rules import Thresholds
-from pipeline.runner import Runner, StageObserver
+from pipeline.runner import StageObserver
 from pipeline.sources.search import PassageSearch
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
@@ -58,14 +57,9 @@ class Services:
     observers: list[StageObserver] = field(default_factory=list)
     tokens: TokenCounter = field(default_factory=ApproximateTokenCounter)
     guards: Guards | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    runner: Runner = field(init=False)
 
     def __post_init__(self) -> None:
         self.chat = TracedChat(self.tracer, capture_content=self.settings.telemetry.capture_content)
-        self.runner = Runner(
-            build_steps(self.settings, self), self.tracer, observers=self.observers
-        )
 
     @property
     def llm(self) -> LLMClient:

@@ -40,6 +40,7 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from app.http.schemas import ChatCompletionRequest
+from app.path import build_paths
 from app.services import Services
 from app.settings import Settings
 from bench.rawclient import measure_raw, summarise
@@ -114,7 +115,7 @@ async def prefill(settings: Settings) -> str:
         params=params, credential=raw, deadline=asyncio.get_running_loop().time() + 30
     )
     lookup = None
-    for step in services.runner.steps:
+    for step in build_paths(settings, services).chat.steps:
         assert not isinstance(step, Concurrent), "no concurrent group before the cache lookup"
         await step(ctx)
         if isinstance(step, CacheLookup):

@@ -30,6 +30,7 @@ import httpx
 from opentelemetry import trace
 
 from app.jobs import job_queue, run_job
+from app.path import build_paths
 from app.services import Services
 from app.settings import Settings
 from pipeline.context import Principal
@@ -188,9 +189,10 @@ async def llm_throughput(llm_url: str, count: int, worker_counts: list[int]) -> 
     )
     services = Services.build(settings, trace.NoOpTracer())
     queue = job_queue(settings, services.kv)
+    chat = build_paths(settings, services).chat
 
     async def execute(job: Job) -> dict[str, Any]:
-        return await run_job(services, job)
+        return await run_job(settings, chat, job)
 
     try:
         await services.keys.create("bench", "bench", frozenset({"chat"}), raw_key=BENCH_KEY)

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.main import create_app
+from app.path import Paths
 from app.services import Services
 from app.settings import Settings
 from retrieval import Embedder
@@ -74,6 +75,11 @@ class AppHarness:
     def services(self) -> Services:
         services: Services = self.app.state.services
         return services
+
+    @property
+    def paths(self) -> Paths:
+        paths: Paths = self.app.state.paths
+        return paths
 
     async def key(self, tenant: str = "acme", user: str = "alice", scopes: str = "") -> str:
         chosen = frozenset(scopes.split(",")) if scopes else frozenset({"chat", "retrieve"})

@@ -20,6 +20,7 @@ from opentelemetry import trace
 
 from app.cli.batch import BatchOptions, run_batch
 from app.jobs import start_job_workers, webhook_secrets
+from app.path import build_paths
 from app.services import Services
 from app.settings import get_settings
 from app.telemetry import build_tracer_provider, tracer_from
@@ -42,7 +43,9 @@ async def _worker(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    workers = await start_job_workers(services, count=args.workers)
+    workers = await start_job_workers(
+        services, build_paths(settings, services).chat, count=args.workers
+    )
     print(
         f"rag worker: {args.workers} worker(s), {jobs.concurrency} jobs each; SIGTERM stops",
         file=sys.stderr,

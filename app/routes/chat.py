@@ -17,6 +17,7 @@ from app.http.auth import ChatPrincipal, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.responses import JSONResponse, chat_completion, sse_stream
 from app.http.schemas import ChatCompletionRequest
+from app.path import PathsDep
 from app.services import ServicesDep
 from pipeline.context import CacheControl, RequestContext
 
@@ -31,7 +32,7 @@ LIMITS = BodyLimits()
     openapi_extra=request_body(ChatCompletionRequest),
 )
 async def create_chat_completion(
-    request: Request, services: ServicesDep, principal: ChatPrincipal
+    request: Request, services: ServicesDep, paths: PathsDep, principal: ChatPrincipal
 ) -> Response:
     body = await read_body(await request.body(), ChatCompletionRequest, LIMITS)
     settings = services.settings
@@ -41,7 +42,7 @@ async def create_chat_completion(
         deadline=asyncio.get_running_loop().time() + settings.server.request_timeout_seconds,
         cache_control=CacheControl.parse(request.headers.get("cache-control")),
     )
-    await services.runner.run(ctx)
+    await paths.chat.run(ctx)
     headers = {"x-cache": "hit" if ctx.cache_status == "hit" else "miss"}
     if ctx.params.stream and ctx.answer is not None:
         return StreamingResponse(

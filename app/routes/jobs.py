@@ -15,6 +15,7 @@ user's jobs with ``all_users=true``). Another tenant's job is a 404 for every ke
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from collections.abc import Awaitable, Callable
@@ -31,7 +32,7 @@ from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.responses import JSONResponse
 from app.http.schemas import ChatCompletionRequest
 from app.jobs import job_queue
-from app.path import guard_in_stage, validate_stage
+from app.path import Paths, PathsDep
 from app.services import Services, ServicesDep
 from pipeline.context import Principal, RequestContext
 from pipeline.errors import (
@@ -160,21 +161,20 @@ def _unknown_field(name: str) -> InvalidRequest:
     )
 
 
-async def _check(services: Services, body: JobRequest, principal: Principal) -> RequestContext:
-    """The checks the path's validate and guard_in stages make, run now rather than when the
-    job runs: a refused request is refused at submit, and personal data is redacted before
-    the job is stored."""
+async def _check(
+    services: Services, paths: Paths, body: JobRequest, principal: Principal
+) -> RequestContext:
+    """The submit path (``app.path``: the chat path's validate and guard_in stages), run now
+    rather than when the job runs: a refused request is refused at submit, and personal data is
+    redacted before the job is stored."""
     settings = services.settings
     ctx = RequestContext(
         params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
         credential=None,
-        deadline=0.0,
+        deadline=asyncio.get_running_loop().time() + settings.server.request_timeout_seconds,
         principal=principal,
     )
-    await validate_stage(settings, services)(ctx)
-    guard = guard_in_stage(services)
-    if guard is not None:
-        await guard(ctx)
+    await paths.submit.run(ctx)
     if body.webhook_url is not None:
         policy = UrlPolicy(settings.jobs.webhook_allow)
         try:
@@ -206,7 +206,7 @@ def _idempotency_key(request: Request) -> str | None:
     "/v1/jobs", status_code=202, response_model=None, openapi_extra=request_body(JobRequest)
 )
 @retry_later_on_outage
-async def create_job(request: Request, services: ServicesDep) -> Response:
+async def create_job(request: Request, services: ServicesDep, paths: PathsDep) -> Response:
     principal = await _principal(request, services, "chat")
     queue = job_queue(services.settings, services.kv)
     await queue.take_submit_token(principal.tenant)  # before any work that grows with the body
@@ -228,7 +228,7 @@ async def create_job(request: Request, services: ServicesDep) -> Response:
             code="request_too_large",
         )
     body = await _parse(raw)
-    checked = await _check(services, body, principal)
+    checked = await _check(services, paths, body, principal)
     key = _idempotency_key(request)
     carrier: dict[str, str] = {}
     inject(carrier)  # the submitting request's trace: the job's trace links to it

@@ -48,7 +48,7 @@ async def test_each_request_writes_one_json_line_with_its_trace_stages_and_cache
         buffer = capture("json")
         miss = await chat(harness, key, text)
         hit = await chat(harness, key, text)
-        stage_names = harness.services.runner.stage_names
+        stage_names = harness.paths.chat.stage_names
     lines = request_lines(buffer)
     assert [line["trace_id"] for line in lines] == [miss, hit]
     first, second = lines

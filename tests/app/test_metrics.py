@@ -81,7 +81,7 @@ async def test_a_miss_and_a_hit_move_the_request_stage_cache_retrieval_and_model
         miss = await harness.chat(key, chat(text))
         hit = await harness.chat(key, chat(text))
         page, after = await scrape(harness)
-        stage_names = harness.services.runner.stage_names
+        stage_names = harness.paths.chat.stage_names
     assert miss.headers["x-cache"] == "miss" and hit.headers["x-cache"] == "hit"
     usage = miss.json()["usage"]
 
@@ -143,7 +143,7 @@ async def test_metrics_can_be_switched_off(make_app, redis_server) -> None:
     )
     async with make_app(settings) as harness:
         assert (await harness.client.get("/metrics")).status_code == 404
-        observers = harness.services.runner.observers
+        observers = harness.paths.chat.observers
         assert observers and not any(isinstance(o, StageMetrics) for o in observers)
 
 

@@ -56,7 +56,7 @@ def assert_path_structure(
     """Every step of the path up to ``last_stage`` (all: None) is a child of the root; the
     stages of a concurrent group are children of its ``group`` span."""
     under_root = children(spans, root)
-    for step in harness.services.runner.steps:
+    for step in harness.paths.chat.steps:
         if isinstance(step, Concurrent):
             group = under_root[f"group {step.name}"]
             assert set(children(spans, group)) == {f"stage {s.spec.name}" for s in step.stages}
@@ -84,7 +84,7 @@ async def test_a_miss_and_a_hit_arrive_over_grpc_as_one_trace_each_through_every
         key = await harness.key()
         miss, miss_start, miss_end = await send(harness, key, text)
         hit, hit_start, hit_end = await send(harness, key, text)
-        steps = harness.services.runner.steps
+        steps = harness.paths.chat.steps
         # Leaving the app shuts the provider down, which flushes the batch exporter.
     spans = grpc_receiver.spans()
     assert miss != hit

@@ -201,7 +201,7 @@ async def test_chat_retrieves_cites_sources_and_ingest_changes_the_cache_key(
         # top_k 2, but the relevance gate lets only the passage about the bird through.
         assert [s["document_id"] for s in sources] == ["kiwi-1"]
         stages = [s["name"] for s in first.json()["rag"]["explain"]["stages"]]
-        assert sorted(stages) == sorted(harness.services.runner.stage_names)
+        assert sorted(stages) == sorted(harness.paths.chat.stage_names)
         # The less relevant of the two passages is still above the gate's threshold.
         retrieve = next(
             s for s in first.json()["rag"]["explain"]["stages"] if s["name"] == "retrieve"

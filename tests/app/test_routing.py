@@ -13,6 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 
+from app.path import build_paths
 from app.services import Services
 from pipeline.telemetry import attributes as attr
 from retrieval import Embedder
@@ -212,7 +213,8 @@ async def test_the_route_stage_is_on_the_path_only_when_there_is_a_choice(redis_
     for groups, expected in cases:
         services = built(make_settings(redis_server.url, url, retrieval=no_retrieval, **groups))
         try:
-            assert ("route" in services.runner.stage_names) is expected, groups
+            chat = build_paths(services.settings, services).chat
+            assert ("route" in chat.stage_names) is expected, groups
             assert (services.router is not None) is expected
             if services.router is not None:
                 # Retrieval off: no embedder, so the router decides by rules (and length) alone.

@@ -110,7 +110,7 @@ LOGS: list[list[Access]] = []
 
 def specs(harness: Any) -> dict[str, StageSpec]:
     out: dict[str, StageSpec] = {}
-    for step in harness.services.runner.steps:
+    for step in harness.paths.chat.steps:
         for stage in step.stages if isinstance(step, Concurrent) else (step,):
             out[stage.spec.name] = stage.spec
     return out
@@ -198,7 +198,7 @@ async def test_the_recorder_sees_an_undeclared_access(harness, monkeypatch) -> N
     """The check can fail: a stage that reads a field it does not declare is reported."""
     validate = next(
         step
-        for step in harness.services.runner.steps
+        for step in harness.paths.chat.steps
         if not isinstance(step, Concurrent) and step.spec.name == "validate"
     )
     original = type(validate).__call__
