@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Final
 
-from prometheus_client import Histogram
-
-LAG: Final = Histogram(
-    "rag_event_loop_lag_seconds",
-    "How much later than asked a 10 ms sleep on the event loop woke up.",
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
-)
+from pipeline.telemetry.metrics import EVENT_LOOP_LAG
 
 
 class LagProbe:
@@ -50,7 +43,7 @@ class LagProbe:
             self.samples += 1
             self.max_lag = max(self.max_lag, lag)
             if self.record:
-                LAG.observe(lag)
+                EVENT_LOOP_LAG.observe(lag)
 
     async def stop(self) -> None:
         if self._task is not None:

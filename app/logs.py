@@ -10,10 +10,10 @@ a caller sent stay out of logs whatever the format.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import sys
 import time
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
@@ -21,7 +21,7 @@ import orjson
 from opentelemetry import trace
 
 from app.settings import LogSettings
-from pipeline.context import RequestContext, StageRecord
+from pipeline.context import RequestContext
 
 REQUEST_LOGGER: Final = "rag.request"
 # Probes and scrapes: logged at debug level, so a healthcheck does not fill the log.
@@ -30,7 +30,7 @@ QUIET_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 
 @dataclass
 class RequestFacts:
-    """What the log line of one request says; the runner's observer adds the context."""
+    """What the log line of one request says; the route hands it the context (``hand_to_log``)."""
 
     method: str
     path: str
@@ -59,18 +59,20 @@ class RequestFacts:
         return out
 
 
-CURRENT_REQUEST: contextvars.ContextVar[RequestFacts | None] = contextvars.ContextVar(
-    "rag_request_facts", default=None
-)
+# Where a route leaves its request context for the log line: a key of the ASGI scope's state,
+# which the HTTP middleware reads when the response is done.
+REQUEST_CONTEXT: Final = "rag_request_context"
 
 
-class RequestLogObserver:
-    """Runner observer: hands the request's context to its log line (stage durations, cache)."""
+def hand_to_log(scope: MutableMapping[str, Any], ctx: RequestContext) -> None:
+    """Give the request's context to its log line (stage durations, cache outcome). Called
+    before the path runs, so a request the path refuses is logged with its stages too."""
+    scope.setdefault("state", {})[REQUEST_CONTEXT] = ctx
 
-    def stage_finished(self, record: StageRecord, ctx: RequestContext) -> None:
-        facts = CURRENT_REQUEST.get()
-        if facts is not None:
-            facts.ctx = ctx
+
+def handed_context(scope: Mapping[str, Any]) -> RequestContext | None:
+    ctx = scope.get("state", {}).get(REQUEST_CONTEXT)
+    return ctx if isinstance(ctx, RequestContext) else None
 
 
 class RequestLog:

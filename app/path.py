@@ -187,7 +187,7 @@ def features_stage(settings: Settings, services: Services) -> Stage | None:
         return None
     return LoadFeatures(
         services.features,
-        timeout_s=config.timeout_ms / 1000.0,
+        timeout_s=config.timeout_seconds,
         log_requests=config.log_requests,
     )
 
@@ -212,5 +212,5 @@ def route_stage(settings: Settings, services: Services, *, with_features: bool) 
         embed=search.embed if search is not None else None,
         with_features=with_features,
         with_query_vector=search is not None,
-        timeout_s=settings.routing.timeout_ms / 1000.0,
+        timeout_s=settings.routing.timeout_seconds,
     )

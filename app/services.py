@@ -14,12 +14,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from opentelemetry import trace
 
-from app.logs import RequestLogObserver
-from app.settings import RetrievalSettings, Settings
+from app.settings import RetrievalSettings, Settings, SettingsError
 from pipeline.features import FEATURE_SET_VERSION, FeatureStore
 from pipeline.features.spec import filter_keys
 from pipeline.guards.injection import ExemplarIndex, InjectionDetector
-from pipeline.guards.policy import PolicyBook
+from pipeline.guards.policy import PolicyBook, PolicyError
 from pipeline.model.chat import TracedChat
 from pipeline.model.client import LLMClient
 from pipeline.model.routes import Route, RouteTable
@@ -32,7 +31,7 @@ from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry.metrics import StageMetrics
 from pipeline.tools.access import ToolAccess
-from pipeline.tools.base import Tool
+from pipeline.tools.base import Tool, ToolError
 from pipeline.tools.builtins import builtin_tools
 from pipeline.tools.http import HttpTool
 from pipeline.tools.invoker import ToolInvoker
@@ -87,6 +86,10 @@ class Services:
     def build(
         cls, settings: Settings, tracer: trace.Tracer, embedder: Embedder | None = None
     ) -> Services:
+        # What settings name but only building can check, first: a bad tool or policy stops
+        # the start before a model is loaded or a connection opened.
+        http_tools = build_http_tools(settings)
+        policies = build_policies(settings)
         kv = KeyValueStore.from_url(
             settings.redis.url,
             tracer,
@@ -114,8 +117,8 @@ class Services:
             features=build_feature_store(settings, kv) if settings.features.enabled else None,
             observers=build_observers(settings),
             tokens=load_token_counter(settings.llm.tokenizer_path),
-            guards=build_guards(settings, queries),
-            **build_tools(settings, tracer, retrieval),
+            guards=build_guards(settings, policies, queries),
+            **build_tools(settings, tracer, retrieval, http_tools),
         )
 
     async def aclose(self) -> None:
@@ -135,23 +138,33 @@ class Guards:
     rules_only: InjectionDetector
 
 
-def build_guards(settings: Settings, embedder: Embedder | None) -> Guards | None:
+def build_policies(settings: Settings) -> PolicyBook:
+    """The tenants' guard policies from ``RAG_GUARD__POLICY`` (checked even with guards off,
+    so switching them on cannot reveal a broken policy)."""
+    try:
+        return PolicyBook.from_json(settings.guard.policy)
+    except PolicyError as exc:
+        raise SettingsError(f"RAG_GUARD__POLICY: {exc}") from None
+
+
+def build_guards(
+    settings: Settings, policies: PolicyBook, embedder: Embedder | None
+) -> Guards | None:
     config = settings.guard
     if not config.enabled:
         return None
     exemplars = None
     if config.similarity and embedder is not None:
         exemplars = ExemplarIndex.from_file(embedder)  # ~100 short texts, embedded once
-    return Guards(config.policies(), InjectionDetector(exemplars), InjectionDetector())
+    return Guards(policies, InjectionDetector(exemplars), InjectionDetector())
 
 
 def build_observers(settings: Settings) -> list[StageObserver]:
-    """Metrics and the request log hang on the runner, not on each stage."""
+    """The stage metrics hang on the runner, not on each stage (the request log reads the
+    context the route hands it: ``app.logs.hand_to_log``)."""
     observers: list[StageObserver] = []
     if settings.telemetry.metrics:
         observers.append(StageMetrics())
-    if settings.log.requests:
-        observers.append(RequestLogObserver())
     return observers
 
 
@@ -214,8 +227,22 @@ def build_router(
     return Router(routes, policy, centroids)
 
 
+def build_http_tools(settings: Settings) -> list[HttpTool]:
+    """The configured HTTP tools (``RAG_TOOLS__HTTP``), each checked against its allow-list."""
+    tools = []
+    for config in settings.tools.http:
+        try:
+            tools.append(HttpTool(**config.tool_options()))
+        except (ToolError, ValueError) as exc:  # ValueError: the tool's own URL is refused
+            raise SettingsError(f"RAG_TOOLS__HTTP: tool {config.name}: {exc}") from None
+    return tools
+
+
 def build_tools(
-    settings: Settings, tracer: trace.Tracer, retrieval: PassageSearch | None
+    settings: Settings,
+    tracer: trace.Tracer,
+    retrieval: PassageSearch | None,
+    http_tools: list[HttpTool],
 ) -> dict[str, Any]:
     """``server_tools``, ``tool_invoker`` and ``tool_access``: the built-ins (the document
     search only with retrieval) and the configured HTTP tools, behind one invoker whose limits
@@ -228,8 +255,8 @@ def build_tools(
             retrieval, timeout_s=config.timeout_seconds, max_concurrency=config.max_concurrency
         )
     )
-    for http in config.http:
-        registry.add(HttpTool(**http.tool_options()).tool())
+    for http in http_tools:
+        registry.add(http.tool())
     invoker = ToolInvoker(registry, tracer, capture_content=settings.telemetry.capture_content)
     access = ToolAccess.from_settings(
         {tenant: (entry.allow, entry.private_network) for tenant, entry in config.tenants.items()},
@@ -271,7 +298,7 @@ def build_search(
         else HybridRetriever(store)
     )
     queries = QueryBatcher(
-        query_embedder, max_batch=config.query_batch_max, window_ms=config.query_batch_window_ms
+        query_embedder, max_batch=config.query_batch_max, window_s=config.query_batch_window_seconds
     )
     return PassageSearch(store, retriever, queries, tracer)
 

@@ -10,13 +10,19 @@ import json
 import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.production import unsafe_for_production
-from pipeline.guards.policy import PolicyBook
 from pipeline.jobs.secret_box import parse_keys
 from retrieval.relevance import DEFAULT_THRESHOLD
 
@@ -25,6 +31,55 @@ logger = logging.getLogger(__name__)
 
 def default_home() -> Path:
     return Path.home() / ".cache" / "rag"
+
+
+class SettingsError(ValueError):
+    """A setting that parses but cannot become what it configures (an HTTP tool off its own
+    allow-list, a guard policy that is not one). Raised while the services are built, before
+    anything is served, with the variable's name and never its value."""
+
+
+def split_list(value: object) -> object:
+    """A list setting from the environment: a JSON list, or comma-separated items."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [item.strip() for item in text.split(",") if item.strip()]
+    return value
+
+
+# A list of strings read from one variable as `a, b` or `["a", "b"]` (NoDecode: pydantic-settings
+# would otherwise insist on JSON).
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_list)]
+
+
+class Durations(BaseModel):
+    """Durations are named ``*_seconds``. A group whose fields were once ``*_ms`` lists them in
+    ``renamed_ms``: the old variable still works (converted, with a warning) so a deployment's
+    environment keeps its meaning across the rename."""
+
+    renamed_ms: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _milliseconds_to_seconds(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not cls.renamed_ms:
+            return data
+        data = dict(data)
+        for name in cls.renamed_ms:
+            old = f"{name}_ms"
+            if old not in data:
+                continue
+            value = data.pop(old)
+            if f"{name}_seconds" in data:
+                raise ValueError(f"set {name}_seconds or the old {old}, not both")
+            try:
+                data[f"{name}_seconds"] = float(value) / 1000.0
+            except (TypeError, ValueError):
+                raise ValueError(f"{old} must be a number of milliseconds") from None
+            logger.warning("%s.%s is deprecated: set %s_seconds", cls.__name__, old, name)
+        return data
 
 
 class RedisSettings(BaseModel):
@@ -39,7 +94,7 @@ class RedisSettings(BaseModel):
 class LLMSettings(BaseModel):
     base_url: str = "http://127.0.0.1:8001"
     api_key: str | None = None
-    models: Annotated[list[str], NoDecode] = Field(
+    models: CommaList = Field(
         default_factory=lambda: ["smollm2"],
         description="Model names the service accepts; each is served under the same name.",
     )
@@ -56,15 +111,12 @@ class LLMSettings(BaseModel):
         "(unset: the one `make model` builds; none found: an approximate count).",
     )
 
-    @field_validator("models", mode="before")
+    @field_validator("models", mode="after")
     @classmethod
-    def _split_models(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [m.strip() for m in text.split(",") if m.strip()]
-        return value
+    def _some_model(cls, models: list[str]) -> list[str]:
+        if not models:
+            raise ValueError("name at least one model")
+        return models
 
 
 class CacheSettings(BaseModel):
@@ -118,7 +170,9 @@ class LogSettings(BaseModel):
     requests: bool = Field(True, description="One line per HTTP request (logger rag.request).")
 
 
-class RetrievalSettings(BaseModel):
+class RetrievalSettings(Durations):
+    renamed_ms = ("query_batch_window",)
+
     enabled: bool = True
     index_dir: Path = Field(default_factory=lambda: default_home() / "indexes")
     top_k: int = Field(4, ge=1, le=50, description="Passages put into the prompt by default.")
@@ -130,7 +184,9 @@ class RetrievalSettings(BaseModel):
     max_document_chars: int = Field(1_000_000, gt=0)
     max_batch_documents: int = Field(1000, gt=0)
     approximate_above: int = Field(200_000, gt=0)
-    query_batch_window_ms: float = Field(2.0, ge=0)
+    query_batch_window_seconds: float = Field(
+        0.002, ge=0, description="Concurrent query embeddings wait this long to share a batch."
+    )
     query_batch_max: int = Field(32, ge=1)
     warm_up: bool = Field(True, description="Load the embedding model at start-up.")
     relevance_threshold: float = Field(
@@ -150,9 +206,11 @@ class RouteSettings(BaseModel):
     max_concurrency: int = Field(64, gt=0, description="Requests in flight on this route.")
 
 
-class RoutingSettings(BaseModel):
+class RoutingSettings(Durations):
     """Model routes (``RAG_ROUTING__ROUTES`` as JSON: name -> {base_url, model, ...}). Empty:
     two routes, ``small`` and ``large``, both on ``RAG_LLM__BASE_URL`` and its first model."""
+
+    renamed_ms = ("timeout",)
 
     enabled: bool = Field(True, description="Choose a route per request (off: the default).")
     routes: dict[str, RouteSettings] = Field(default_factory=dict)
@@ -164,12 +222,12 @@ class RoutingSettings(BaseModel):
     short_words: int = Field(
         20, gt=0, description="Up to this many words a factual question may go small."
     )
-    capped_tiers: list[str] = Field(
+    capped_tiers: CommaList = Field(
         default_factory=lambda: ["free"],
-        description="Values of the user's `tier` feature routed small unless pinned (JSON).",
+        description="Values of the user's `tier` feature routed small unless pinned.",
     )
-    timeout_ms: float = Field(
-        250.0, gt=0, description="Budget of the route stage; past it, the default route."
+    timeout_seconds: float = Field(
+        0.25, gt=0, description="Budget of the route stage; past it, the default route."
     )
 
     def resolved(self, llm: LLMSettings) -> dict[str, RouteSettings]:
@@ -183,11 +241,15 @@ class RoutingSettings(BaseModel):
         return {"small": local(first), "large": local(first), **{m: local(m) for m in others}}
 
 
-class FeatureSettings(BaseModel):
+class FeatureSettings(Durations):
     """The online feature store and the ``features`` stage."""
 
+    renamed_ms = ("timeout",)
+
     enabled: bool = Field(True, description="Load the user's features (answers get personal).")
-    timeout_ms: float = Field(50.0, gt=0, description="Budget of the lookup; past it, defaults.")
+    timeout_seconds: float = Field(
+        0.05, gt=0, description="Budget of the lookup; past it, defaults."
+    )
     log_requests: bool = Field(
         True, description="Append each request to the request log `rag features compute` reads."
     )
@@ -222,18 +284,6 @@ class HttpToolSettings(BaseModel):
     allow_private: bool = Field(
         False, description="Its allow-listed hosts may be private addresses (inside the network)."
     )
-
-    @model_validator(mode="after")
-    def _valid_tool(self) -> HttpToolSettings:
-        # Refused at start-up rather than at the first call: build the tool once.
-        from pipeline.tools.base import ToolError
-        from pipeline.tools.http import HttpTool
-
-        try:
-            HttpTool(**self.tool_options())
-        except ToolError as exc:
-            raise ValueError(f"HTTP tool {self.name}: {exc}") from None
-        return self
 
     def tool_options(self) -> dict[str, Any]:
         """Keyword arguments of ``pipeline.tools.http.HttpTool``."""
@@ -324,7 +374,7 @@ class JobSettings(BaseModel):
     idempotency_ttl_seconds: int = Field(86_400, gt=0)
     max_body_bytes: int = Field(256_000, gt=0, description="Larger job bodies are a 413.")
     poll_seconds: float = Field(1.0, gt=0, description="Longest blocking read of the queue.")
-    webhook_allow: Annotated[list[str], NoDecode] = Field(
+    webhook_allow: CommaList = Field(
         default_factory=list,
         description="Hosts or CIDRs exempt from the webhook address rules (and allowed http).",
     )
@@ -374,16 +424,6 @@ class JobSettings(BaseModel):
             ]
         return []
 
-    @field_validator("webhook_allow", mode="before")
-    @classmethod
-    def _split_allow(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [item.strip() for item in text.split(",") if item.strip()]
-        return value
-
 
 class CompressSettings(BaseModel):
     """Extractive compression of the sources: the sentences most relevant to the question,
@@ -403,15 +443,6 @@ class GuardSettings(BaseModel):
     similarity: bool = Field(
         True, description="Also compare the query's embedding to known injection attacks."
     )
-
-    @field_validator("policy")
-    @classmethod
-    def _valid_policy(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        PolicyBook.from_json(value)  # refuse a bad policy at start-up, not at the first request
-        return value
-
-    def policies(self) -> PolicyBook:
-        return PolicyBook.from_json(self.policy)
 
 
 class Settings(BaseSettings):

@@ -44,7 +44,8 @@ from app.path import build_paths
 from app.services import Services
 from app.settings import Settings
 from bench.rawclient import measure_raw, summarise
-from pipeline.context import Completion, RequestContext
+from pipeline.answer.completion import Completion
+from pipeline.context import RequestContext
 from pipeline.runner import Concurrent
 from pipeline.stages.cache import CacheLookup
 from tests.support.servers import RedisServer, free_port, wait_for

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from app.services import build_search
 from app.settings import Settings
 from bench.retrieval_data import load_corpus
+from pipeline.answer.events import ToolCall
 from pipeline.context import ChatParams, Principal, RequestContext
 from pipeline.features.store import FeatureStore
 from pipeline.runner import Concurrent, Runner, Stage
@@ -32,7 +33,7 @@ from pipeline.stages.features import LoadFeatures
 from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.tools import PlannedTools
 from pipeline.store.kv import KeyValueStore
-from pipeline.tools.base import Tool, ToolCall, ToolContext
+from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.builtins import builtin_tools
 from pipeline.tools.http import HttpTool
 from pipeline.tools.invoker import ToolInvoker

@@ -182,7 +182,7 @@ def embedding_rows(queries: list[str]) -> list[str]:
     batched = (time.perf_counter() - started) * 1000 / 128
 
     async def concurrent() -> float:
-        batcher = QueryBatcher(embedder, max_batch=32, window_ms=2.0)
+        batcher = QueryBatcher(embedder, max_batch=32, window_s=0.002)
         started = time.perf_counter()
         await asyncio.gather(*(batcher.embed(q) for q in queries[:128]))
         await batcher.aclose()

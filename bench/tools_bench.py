@@ -27,8 +27,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracer
 
+from pipeline.answer.events import ToolCall
 from pipeline.context import Principal
-from pipeline.tools.base import Tool, ToolCall, ToolContext
+from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.calculator import CalculatorError, calculate
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.planner import ToolPlanner

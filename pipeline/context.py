@@ -13,8 +13,6 @@ from opentelemetry import trace
 from pipeline.answer.completion import Completion
 from pipeline.answer.stream import AnswerStream
 
-__all__ = ["Completion"]  # re-exported: its home was here
-
 
 @dataclass(frozen=True)
 class Principal:
@@ -145,6 +143,12 @@ _current_record: contextvars.ContextVar[StageRecord | None] = contextvars.Contex
 )
 
 
+def info_key(attribute: str) -> str:
+    """The key under which ``annotate`` keeps a span attribute in the stage's explain record
+    (``rag.retrieval.candidates`` -> ``retrieval.candidates``)."""
+    return attribute.removeprefix("rag.")
+
+
 def current_record() -> StageRecord | None:
     """The explain record of the stage running now (for facts that arrive after it returned,
     such as those of a stream filter it added)."""
@@ -206,7 +210,7 @@ class RequestContext:
             if recording:
                 span.set_attribute(key if "." in key else f"rag.{key}", value)
             if record is not None:
-                record.info[key.removeprefix("rag.")] = value
+                record.info[info_key(key)] = value
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000.0

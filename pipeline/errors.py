@@ -8,37 +8,55 @@
     ├── NotFound              404 invalid_request_error (model_not_found, ...)
     ├── PayloadTooLarge       413 invalid_request_error
     ├── UpstreamError         502 api_error            (the LLM answered with an error)
-    ├── ServiceUnavailable    503 service_unavailable  (the LLM or a store cannot be reached)
+    ├── ServiceUnavailable    503 service_unavailable  (the LLM cannot be reached)
+    │   └── StoreUnavailable  503 service_unavailable, code store_unavailable (Redis)
     └── DeadlineExceeded      504 timeout              (the request ran past its deadline)
 
-Lower-layer exceptions (httpx, redis) are converted where they occur, with ``raise ... from exc``,
-so the app has one handler that renders every one of them in OpenAI's error shape.
+Lower-layer exceptions are converted where they occur, each in one table, with ``raise ... from
+exc``: httpx's in ``pipeline.model.client``, redis-py's in ``pipeline.store.kv``. An error may
+carry response headers (``Retry-After``); ``error_body`` is the one function that writes the
+body, so every error leaves in OpenAI's shape, whichever part of the app renders it.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
+
+
+def error_body(
+    message: str, error_type: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {message, type, param, code}}``."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The ``Retry-After`` header for a wait of ``seconds`` (whole seconds, at least one)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
 class PipelineError(Exception):
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "api_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return error_body(self.message, self.error_type, param=self.param, code=self.code)
 
 
 class InvalidRequest(PipelineError):
@@ -82,6 +100,19 @@ class UpstreamError(PipelineError):
 class ServiceUnavailable(PipelineError):
     status_code = 503
     error_type = "service_unavailable"
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """Redis did not answer (down, refused, timed out) or refused a command; converted in
+    ``pipeline.store.kv``, with the wait before its circuit breaker tries again."""
+
+    def __init__(self, detail: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(
+            f"The data store cannot be reached right now ({detail}); retry later.",
+            code="store_unavailable",
+            headers=retry_after(retry_after_s),
+        )
+        self.detail = detail
 
 
 class DeadlineExceeded(PipelineError):

@@ -79,15 +79,15 @@ _Pending = tuple[str, "asyncio.Future[FloatArray]"]
 class QueryBatcher:
     """Batches the query embeddings of concurrent callers into single `embed()` calls.
 
-    The first caller opens a window of `window_ms`; everyone who arrives in it (up to `max_batch`)
-    rides in the same batch. The batch runs in one worker thread, so the event loop never blocks,
-    and while it runs the next batch gathers.
+    The first caller opens a window of `window_s` seconds; everyone who arrives in it (up to
+    `max_batch`) rides in the same batch. The batch runs in one worker thread, so the event loop
+    never blocks, and while it runs the next batch gathers.
     """
 
-    def __init__(self, embedder: Embedder, *, max_batch: int = 32, window_ms: float = 2.0) -> None:
+    def __init__(self, embedder: Embedder, *, max_batch: int = 32, window_s: float = 0.002) -> None:
         self.embedder = embedder
         self.max_batch = max_batch
-        self.window_s = window_ms / 1000.0
+        self.window_s = window_s
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-embed")

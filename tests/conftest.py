@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from hypothesis import settings as hypothesis_settings
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -22,6 +23,7 @@ from app.services import Services
 from app.settings import Settings
 from retrieval import Embedder
 from tests.support.servers import RedisServer, VLLMServer
+from tests.support.tracing import memory_tracing
 
 # Property tests are deterministic in `make test`: each draws the same examples on every run and
 # every machine (seeded from the test itself), with no example database carried between runs, so
@@ -92,6 +94,12 @@ class AppHarness:
 
 
 AppFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A fresh tracer provider and the in-memory exporter holding the spans it finished."""
+    return memory_tracing()
 
 
 @pytest.fixture(scope="session")

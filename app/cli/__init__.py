@@ -21,8 +21,9 @@ from app.cli.jobs import add_commands as add_job_commands
 from app.jobs import job_queue
 from app.services import build_index_store, build_key_store
 from app.settings import get_settings
+from pipeline.errors import StoreUnavailable
 from pipeline.store.keys import DEFAULT_SCOPES, ApiKeyStore, validate_scopes
-from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.store.kv import KeyValueStore
 from retrieval import Document, DocumentError, Embedder, IndexStore
 
 

@@ -10,7 +10,6 @@ metrics and the API's own docs are outside ``/v1/`` and need no key.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -18,14 +17,12 @@ import orjson
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.http.errors import error_body
 from app.services import Services, ServicesDep
 from pipeline.context import Principal
 from pipeline.errors import (
     AuthenticationFailed,
     PermissionDenied,
     PipelineError,
-    ServiceUnavailable,
 )
 from pipeline.stages.auth import Authenticate
 
@@ -68,23 +65,21 @@ class AuthenticateFirst:
                 token_from_headers(scope["headers"])
             )
         except PipelineError as exc:
-            await self._refuse(send, exc, services)
+            await self._refuse(send, exc)
             return
         scope.setdefault("state", {})[PRINCIPAL] = principal
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _refuse(send: Send, exc: PipelineError, services: Services) -> None:
-        body = orjson.dumps(error_body(exc.message, exc.error_type, param=exc.param, code=exc.code))
+    async def _refuse(send: Send, exc: PipelineError) -> None:
+        body = orjson.dumps(exc.to_dict())
         # The body was never read: closing the connection spares reading (and discarding) it.
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
-        if isinstance(exc, ServiceUnavailable):
-            retry = max(1, math.ceil(services.settings.redis.retry_after_seconds))
-            headers.append((b"retry-after", str(retry).encode()))
+        headers += [(name.lower().encode(), value.encode()) for name, value in exc.headers.items()]
         if isinstance(exc, AuthenticationFailed):
             headers.append((b"www-authenticate", b'Bearer realm="rag"'))
         await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})

@@ -1,4 +1,5 @@
-"""One place renders every error in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+"""The app's error handlers: every error leaves in OpenAI's shape, written by
+``pipeline.errors.error_body``, with the headers the error carries (``Retry-After``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.http.responses import JSONResponse
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, error_body
 
 log = logging.getLogger("rag.errors")
 
@@ -23,12 +24,6 @@ _HTTP_TYPES = {
     429: "rate_limit_error",
 }
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
-
-
-def error_body(
-    message: str, error_type: str, *, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
@@ -58,7 +53,7 @@ def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PipelineError)
     async def _pipeline_error(request: Request, exc: PipelineError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.status_code)
+        return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -8,20 +8,20 @@ last byte of a stream is sent.
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Final
 
 import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.semconv.attributes import http_attributes, url_attributes
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from starlette.exceptions import HTTPException
+from opentelemetry.trace import SpanKind
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.errors import error_body
-from app.logs import CURRENT_REQUEST, RequestFacts, RequestLog
+from app.logs import RequestFacts, RequestLog, handed_context
 from app.metrics import HttpMetrics
+from pipeline.errors import PayloadTooLarge
+from pipeline.telemetry.spans import mark_failed
 
 # Trace context headers (W3C Trace Context and Baggage) that continue a caller's trace.
 PROPAGATED: Final = frozenset({b"traceparent", b"tracestate", b"baggage"})
@@ -56,7 +56,6 @@ class RequestTracing:
             await self.app(scope, receive, send)
             return
         facts = RequestFacts(scope["method"], scope["path"])
-        facts_token = CURRENT_REQUEST.set(facts)
         span, token = None, None
         if facts.path not in self.untraced:
             parent = self._parent(scope)
@@ -72,7 +71,7 @@ class RequestTracing:
                 if span is not None:
                     span.set_attribute(http_attributes.HTTP_RESPONSE_STATUS_CODE, facts.status)
                     if facts.status >= 500:
-                        span.set_status(Status(StatusCode.ERROR))
+                        mark_failed(span, kind=str(facts.status))
                     message["headers"] = [*message.get("headers", []), (b"x-trace-id", trace_id)]
             await send(message)
 
@@ -81,15 +80,15 @@ class RequestTracing:
         except BaseException as exc:
             facts.status = facts.status or 500  # the server's error handler answers outside us
             if span is not None:
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                mark_failed(span, exc)
             raise
         finally:
             route = scope.get("route")
             facts.route = getattr(route, "path", None) or None
+            facts.ctx = handed_context(scope)
             self._finish(facts, span)
             if token is not None:
                 otel_context.detach(token)
-            CURRENT_REQUEST.reset(facts_token)
 
     @staticmethod
     def _parent(scope: Scope) -> otel_context.Context:
@@ -152,23 +151,22 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    # Raised inside the route's body read; FastAPI passes HTTPException through
-                    # to the error handlers, which render it in OpenAI's shape.
-                    raise HTTPException(413, detail=self._message)
+                    # Raised inside the route's body read: the app's error handler renders it.
+                    raise self._too_large()
             return message
 
         await self.app(scope, counting_receive, send)
 
-    @property
-    def _message(self) -> str:
-        return f"Request body is larger than the limit of {self.max_bytes} bytes."
-
-    async def _refuse(self, send: Send) -> None:
-        body: dict[str, Any] = error_body(
-            self._message,
-            "invalid_request_error",
+    def _too_large(self) -> PayloadTooLarge:
+        """The one 413 of both branches: a declared length over the limit, or a body that
+        grows past it as it arrives."""
+        return PayloadTooLarge(
+            f"Request body is larger than the limit of {self.max_bytes} bytes.",
             code="request_too_large",
         )
+
+    async def _refuse(self, send: Send) -> None:
+        body = self._too_large().to_dict()
         await send(
             {
                 "type": "http.response.start",

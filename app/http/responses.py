@@ -13,9 +13,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from pipeline.answer.completion import Completion
 from pipeline.answer.events import ContentDelta, StreamEvent, ToolCallDelta
 from pipeline.answer.stream import AnswerStream
-from pipeline.context import Completion, RequestContext
+from pipeline.context import RequestContext
 from pipeline.errors import PipelineError
 
 
@@ -73,7 +74,7 @@ def message(completion: Completion) -> dict[str, Any]:
     when there are calls and no text, as OpenAI returns it)."""
     body: dict[str, Any] = {"role": "assistant", "content": completion.content}
     if completion.tool_calls:
-        body["tool_calls"] = completion.tool_calls
+        body["tool_calls"] = [call.to_openai() for call in completion.tool_calls]
         body["content"] = completion.content or None
     return body
 
@@ -125,14 +126,7 @@ class _Chunks:
         if isinstance(event, ContentDelta):
             return self.delta({"content": event.text})
         if isinstance(event, ToolCallDelta):
-            call: dict[str, Any] = {"index": event.index}
-            if event.id is not None:
-                call.update(id=event.id, type="function")
-            function: dict[str, Any] = {"arguments": event.arguments}
-            if event.name is not None:
-                function["name"] = event.name
-            call["function"] = function
-            return self.delta({"tool_calls": [call]})
+            return self.delta({"tool_calls": [event.to_openai()]})
         return None  # the finish and the usage go out when the stream has ended
 
 

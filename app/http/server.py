@@ -16,9 +16,12 @@ connection is closed; a head not complete within ``HEAD_TIMEOUT_S`` of its first
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Final
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from pipeline.errors import error_body
 
 MAX_HEAD_BYTES: Final = 65_536
 HEAD_TIMEOUT_S: Final = 10.0
@@ -29,10 +32,7 @@ LINGER_S: Final = 2.0
 
 
 def _answer(status: bytes, reason: str) -> bytes:
-    body = (
-        '{"error":{"message":"' + reason + '","type":"invalid_request_error",'
-        '"param":null,"code":null}}'
-    ).encode()
+    body = json.dumps(error_body(reason, "invalid_request_error"), separators=(",", ":")).encode()
     return (
         b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body

@@ -17,6 +17,7 @@ from app.http.auth import ChatPrincipal, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.responses import JSONResponse, chat_completion, sse_stream
 from app.http.schemas import ChatCompletionRequest
+from app.logs import hand_to_log
 from app.path import PathsDep
 from app.services import ServicesDep
 from pipeline.context import CacheControl, RequestContext
@@ -42,6 +43,7 @@ async def create_chat_completion(
         deadline=asyncio.get_running_loop().time() + settings.server.request_timeout_seconds,
         cache_control=CacheControl.parse(request.headers.get("cache-control")),
     )
+    hand_to_log(request.scope, ctx)
     await paths.chat.run(ctx)
     headers = {"x-cache": "hit" if ctx.cache_status == "hit" else "miss"}
     if ctx.params.stream and ctx.answer is not None:

@@ -16,9 +16,6 @@ user's jobs with ``all_users=true``). Another tenant's job is a 404 for every ke
 from __future__ import annotations
 
 import asyncio
-import functools
-import math
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -41,13 +38,11 @@ from pipeline.errors import (
     NotFound,
     PayloadTooLarge,
     PermissionDenied,
-    ServiceUnavailable,
 )
 from pipeline.jobs.model import Job, is_job_id
-from pipeline.jobs.queue import Conflict, TooManyJobs
+from pipeline.jobs.queue import Conflict
 from pipeline.jobs.urls import UrlPolicy, WebhookUrlRefused
 from pipeline.stages.auth import Authenticate
-from pipeline.store.kv import StoreUnavailable
 from pipeline.telemetry import attributes as attr
 
 router = APIRouter(tags=["jobs"])
@@ -80,43 +75,6 @@ class JobRequest(ChatCompletionRequest):
 
     def chat_body(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_unset=True, exclude={"webhook_url", "metadata"})
-
-
-Endpoint = Callable[..., Awaitable[Response]]
-
-
-def retry_later_on_outage(endpoint: Endpoint) -> Endpoint:
-    """Redis unreachable (the queue, or the key store behind auth), or the queue full: 503 with
-    ``Retry-After``; the tenant over one of its limits: 429 with ``Retry-After``."""
-
-    @functools.wraps(endpoint)
-    async def wrapper(*args: Any, **kwargs: Any) -> Response:
-        services: Services = kwargs["services"]
-        try:
-            return await endpoint(*args, **kwargs)
-        except TooManyJobs as exc:
-            return _retry_later(exc, exc.retry_after)
-        except (StoreUnavailable, ServiceUnavailable) as exc:
-            error = (
-                exc
-                if isinstance(exc, ServiceUnavailable)
-                else ServiceUnavailable(
-                    "The job queue cannot be reached right now; nothing was stored. Retry later.",
-                    code="queue_unavailable",
-                )
-            )
-            default = services.settings.redis.retry_after_seconds
-            return _retry_later(error, getattr(error, "retry_after", default))
-
-    return wrapper
-
-
-def _retry_later(error: ServiceUnavailable | TooManyJobs, seconds: float) -> Response:
-    return JSONResponse(
-        error.to_dict(),
-        status_code=error.status_code,
-        headers={"Retry-After": str(max(1, math.ceil(seconds)))},
-    )
 
 
 async def _principal(request: Request, services: Services, *scopes: str) -> Principal:
@@ -205,7 +163,6 @@ def _idempotency_key(request: Request) -> str | None:
 @router.post(
     "/v1/jobs", status_code=202, response_model=None, openapi_extra=request_body(JobRequest)
 )
-@retry_later_on_outage
 async def create_job(request: Request, services: ServicesDep, paths: PathsDep) -> Response:
     principal = await _principal(request, services, "chat")
     queue = job_queue(services.settings, services.kv)
@@ -275,14 +232,12 @@ async def _owned(services: Services, principal: Principal, job_id: str) -> Job:
 
 
 @router.get("/v1/jobs/{job_id}", response_model=None)
-@retry_later_on_outage
 async def get_job(job_id: str, request: Request, services: ServicesDep) -> Response:
     principal = await _principal(request, services, "chat", ADMIN)
     return JSONResponse((await _owned(services, principal, job_id)).public())
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=None)
-@retry_later_on_outage
 async def cancel_job(job_id: str, request: Request, services: ServicesDep) -> Response:
     principal = await _principal(request, services, "chat", ADMIN)
     job = await _owned(services, principal, job_id)
@@ -300,7 +255,6 @@ async def cancel_job(job_id: str, request: Request, services: ServicesDep) -> Re
 
 
 @router.get("/v1/jobs", response_model=None)
-@retry_later_on_outage
 async def list_jobs(
     request: Request,
     services: ServicesDep,

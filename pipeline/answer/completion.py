@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.answer.events import ToolCall
+
 
 @dataclass
 class Completion:
     """The answer as it came out of the output filters, with what the response reports of it.
 
-    ``tool_calls`` are calls for the client to run (OpenAI's shape); ``tools`` are the server's
+    ``tool_calls`` are calls for the client to run; ``tools`` are the server's
     own tool runs (name, status, duration); ``route`` is the model route that answered.
     ``cache_ttl`` caps how long the answer may be cached (a tool whose result changes with time
     was used); None means the cache's own TTL.
@@ -22,7 +24,7 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     sources: list[dict[str, Any]] = field(default_factory=list)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     route: dict[str, Any] | None = None
     finish_detail: str | None = None
@@ -36,7 +38,7 @@ class Completion:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "sources": self.sources,
-            "tool_calls": self.tool_calls,
+            "tool_calls": [call.to_openai() for call in self.tool_calls],
             "tools": self.tools,
             "route": self.route,
             "finish_detail": self.finish_detail,
@@ -53,7 +55,7 @@ class Completion:
             prompt_tokens=int(data.get("prompt_tokens", 0)),
             completion_tokens=int(data.get("completion_tokens", 0)),
             sources=list(data.get("sources", [])),
-            tool_calls=list(data.get("tool_calls", [])),
+            tool_calls=[ToolCall.from_openai(c) for c in data.get("tool_calls", [])],
             tools=list(data.get("tools", [])),
             route=dict(route) if isinstance(route, dict) else None,
             finish_detail=str(detail) if detail is not None else None,

@@ -19,6 +19,33 @@ class ContentDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One whole call of a tool, by the planner or by the model (``arguments`` is the raw
+    JSON). ``to_openai``/``from_openai`` are the one conversion to and from OpenAI's shape, for
+    the response, the cache, the replay and the messages of the next round."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    @classmethod
+    def from_openai(cls, call: dict[str, Any]) -> ToolCall:
+        function = call.get("function") or {}
+        return cls(
+            str(call.get("id") or ""),
+            str(function.get("name") or ""),
+            str(function.get("arguments") or ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A fragment of a tool call: the first of a call carries its id and name, later ones more
     of its JSON arguments. ``index`` tells the calls of one answer apart."""
@@ -27,6 +54,17 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The fragment as a streamed chunk's ``delta.tool_calls`` entry."""
+        call: dict[str, Any] = {"index": self.index}
+        if self.id is not None:
+            call.update(id=self.id, type="function")
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.name is not None:
+            function["name"] = self.name
+        call["function"] = function
+        return call
 
 
 @dataclass(frozen=True, slots=True)

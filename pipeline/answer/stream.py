@@ -15,10 +15,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from pipeline.answer.completion import Completion
-from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
+from pipeline.answer.events import (
+    ContentDelta,
+    Finish,
+    StreamEvent,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 CompletionCallback = Callable[[Completion], Awaitable[None]]
 
@@ -38,7 +45,7 @@ class CompletionBuilder:
 
     def __init__(self) -> None:
         self.text: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}
+        self.calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         self.finish: Finish | None = None
         self.usage = Usage(0, 0)
 
@@ -46,13 +53,10 @@ class CompletionBuilder:
         if isinstance(event, ContentDelta):
             self.text.append(event.text)
         elif isinstance(event, ToolCallDelta):
-            call = self.calls.setdefault(
-                event.index,
-                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-            )
-            call["id"] = event.id or call["id"]
-            call["function"]["name"] = event.name or call["function"]["name"]
-            call["function"]["arguments"] += event.arguments
+            call = self.calls.setdefault(event.index, ["", "", ""])
+            call[0] = event.id or call[0]
+            call[1] = event.name or call[1]
+            call[2] += event.arguments
         elif isinstance(event, Finish):
             self.finish = self.finish or event
         else:
@@ -63,7 +67,7 @@ class CompletionBuilder:
         return replace(
             base,
             content="".join(self.text),
-            tool_calls=[self.calls[i] for i in sorted(self.calls)],
+            tool_calls=[ToolCall(*self.calls[i]) for i in sorted(self.calls)],
             finish_reason=finish.reason,
             finish_detail=finish.detail,
             prompt_tokens=self.usage.prompt_tokens,
@@ -101,10 +105,7 @@ class AnswerStream:
             if completion.content:
                 yield ContentDelta(completion.content)
             for index, call in enumerate(completion.tool_calls):
-                function = call.get("function", {})
-                yield ToolCallDelta(
-                    index, call.get("id"), function.get("name"), function.get("arguments", "")
-                )
+                yield ToolCallDelta(index, call.id, call.name, call.arguments)
             yield Finish(completion.finish_reason, completion.finish_detail)
             yield Usage(completion.prompt_tokens, completion.completion_tokens)
 

@@ -67,8 +67,7 @@ class StreamingRedactor:
         # The most canonical characters `held` can reach: the tail run's piece, plus a term's
         # prefix; plus, when the tail run begins inside the expansion of one original character
         # ("ﷺ" is four Arabic words), the rest of that expansion and the piece of the run before
-        # it (the cut may not split the character, nor a match in that run that reaches into it;
-        # found by the fuzz test: "+44 20 7946 0958ana@example.comﷺDE00 DE00 ..." held 293).
+        # it (the cut may not split the character, nor a match in that run that reaches into it).
         # Plus the few characters after the last split point that decide whether it is one.
         self.max_holdback = 2 * (RUN_LIMIT + MAX_EXPANSION) + LINK_AHEAD + self.terms.longest
         self._canon = CanonicalText()

@@ -38,10 +38,11 @@ from typing import Any, Final, TypeVar
 import orjson
 from redis.exceptions import ResponseError
 
-from pipeline.errors import PipelineError, ServiceUnavailable
+from pipeline.errors import PipelineError, ServiceUnavailable, StoreUnavailable, error_body
+from pipeline.errors import retry_after as retry_after_header
 from pipeline.jobs import scripts
 from pipeline.jobs.model import Job
-from pipeline.store.kv import KeyValueStore, ScriptArg, StoreUnavailable
+from pipeline.store.kv import KeyValueStore, ScriptArg
 
 log = logging.getLogger("rag.jobs")
 T = TypeVar("T")
@@ -68,7 +69,7 @@ class TooManyJobs(PipelineError):
     error_type = "rate_limit_error"
 
     def __init__(self, message: str, *, code: str, retry_after: float) -> None:
-        super().__init__(message, code=code)
+        super().__init__(message, code=code, headers=retry_after_header(retry_after))
         self.retry_after = retry_after
 
 
@@ -76,12 +77,13 @@ class QueueFull(ServiceUnavailable):
     """503: the stream is at its cap (all tenants together); retry later."""
 
     def __init__(self, message: str, *, retry_after: float = FULL_RETRY_AFTER) -> None:
-        super().__init__(message, code="queue_full")
+        super().__init__(message, code="queue_full", headers=retry_after_header(retry_after))
         self.retry_after = retry_after
 
 
 def job_error(message: str, error_type: str, code: str) -> dict[str, Any]:
-    return {"message": message, "type": error_type, "param": None, "code": code}
+    error: dict[str, Any] = error_body(message, error_type, code=code)["error"]
+    return error
 
 
 KEY_REVOKED: Final = job_error(

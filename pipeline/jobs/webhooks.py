@@ -32,8 +32,9 @@ from opentelemetry.semconv.attributes import (
     network_attributes,
     server_attributes,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
+from pipeline.errors import StoreUnavailable
 from pipeline.jobs.model import Job
 from pipeline.jobs.signing import (
     SIGNATURE_HEADER,
@@ -49,8 +50,8 @@ from pipeline.jobs.urls import (
     WebhookUrlRefused,
     system_resolver,
 )
-from pipeline.store.kv import StoreUnavailable
 from pipeline.telemetry import attributes as attr
+from pipeline.telemetry.spans import mark_failed
 
 RETRY_STATUSES: Final = frozenset({408, 429})
 Record = Callable[[list[dict[str, Any]]], Awaitable[None]]
@@ -146,7 +147,7 @@ class WebhookSender:
                 else:
                     entry["outcome"] = "rejected"
             if entry["outcome"] != "delivered":
-                span.set_status(Status(StatusCode.ERROR, entry["outcome"]))
+                mark_failed(span, kind=entry["outcome"])
         entry["duration_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return entry
 

@@ -37,14 +37,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as messaging
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, StoreUnavailable
 from pipeline.jobs.model import FAILED, SUCCEEDED, Job
 from pipeline.jobs.queue import Delivery, JobQueue
 from pipeline.jobs.webhooks import WebhookSender
-from pipeline.store.kv import StoreUnavailable
 from pipeline.telemetry import attributes as attr
+from pipeline.telemetry.spans import mark_failed
 
 log = logging.getLogger("rag.jobs")
 
@@ -258,7 +258,7 @@ class JobWorker:
             try:
                 await self._advance(kind, job, delivery, lease, span)
             except StoreUnavailable as exc:
-                span.set_status(Status(StatusCode.ERROR, "StoreUnavailable"))
+                mark_failed(span, exc)
                 log.warning("job %s: could not record its state: %s", job.id, exc)
 
     async def _advance(
@@ -315,7 +315,7 @@ class JobWorker:
             error, transient = dict(INTERNAL_ERROR), True
         else:
             return await self.queue.finish(delivery, lease, SUCCEEDED, result)
-        trace.get_current_span().set_status(Status(StatusCode.ERROR, str(error.get("code"))))
+        mark_failed(trace.get_current_span(), kind=str(error.get("code")))
         if transient and job.attempts < job.max_attempts:
             await asyncio.sleep(self.retry_backoff * 2 ** (job.attempts - 1))
             await self.queue.requeue(delivery, lease, error, refund=False)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pipeline.context import Principal, RequestContext
-from pipeline.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
+from pipeline.errors import AuthenticationFailed, PermissionDenied
 from pipeline.runner import StageSpec
 from pipeline.store.keys import ApiKeyStore
-from pipeline.store.kv import StoreUnavailable
 from pipeline.telemetry import attributes as attr
 
 MAX_CREDENTIAL_CHARS = 512  # generated keys are ~60 characters, custom ones at most 256
@@ -36,13 +35,7 @@ class Authenticate:
 
     async def recheck(self, principal: Principal) -> None:
         """A principal resolved earlier: its key must still exist and carry the scope."""
-        try:
-            active = await self.keys.is_active(principal.key_id)
-        except StoreUnavailable as exc:
-            raise ServiceUnavailable(
-                "API keys cannot be checked right now (key store unreachable).",
-                code="auth_unavailable",
-            ) from exc
+        active = await self.keys.is_active(principal.key_id)  # StoreUnavailable: a 503
         if not active:
             raise AuthenticationFailed("The API key of this request has been revoked.")
         if not principal.can(self.scope):
@@ -62,13 +55,7 @@ class Authenticate:
             raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
         if len(credential) > MAX_CREDENTIAL_CHARS:
             raise AuthenticationFailed()
-        try:
-            principal = await self.keys.resolve(credential)
-        except StoreUnavailable as exc:
-            raise ServiceUnavailable(
-                "API keys cannot be checked right now (key store unreachable).",
-                code="auth_unavailable",
-            ) from exc
+        principal = await self.keys.resolve(credential)  # StoreUnavailable: a 503
         if principal is None:
             raise AuthenticationFailed()
         return principal

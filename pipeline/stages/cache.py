@@ -16,11 +16,13 @@ from typing import Any
 
 import orjson
 
-from pipeline.context import ChatParams, Completion, Principal, RequestContext
+from pipeline.answer.completion import Completion
+from pipeline.context import ChatParams, Principal, RequestContext
+from pipeline.errors import StoreUnavailable
 from pipeline.model.messages import content_text
 from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.runner import StageSpec
-from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
 
 IndexVersion = Callable[[str], str]

@@ -20,7 +20,6 @@ from pipeline.telemetry import attributes as attr
 from retrieval import RelevanceGate
 
 # Kept for callers of the old name.
-query_text = last_user_text
 
 
 def merge_filters(

@@ -30,7 +30,8 @@ from itertools import pairwise
 from typing import Final
 
 from pipeline.context import Principal
-from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.errors import StoreUnavailable
+from pipeline.store.kv import KeyValueStore
 
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEFAULT_SCOPES = frozenset({"chat", "retrieve"})

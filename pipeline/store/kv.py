@@ -1,19 +1,20 @@
 """Redis access for the request path: spans per command, errors converted, a short circuit breaker.
 
-When Redis cannot be reached, callers get ``StoreUnavailable`` at once, and for ``retry_after``
-seconds after a failure no request waits on a connect attempt; then the next call tries again,
-so the service recovers by itself when Redis is back.
+When Redis cannot be reached, callers get ``StoreUnavailable`` (``pipeline.errors``: a 503
+with ``Retry-After``, converted here from redis-py's exceptions and nowhere else) at once, and
+for ``retry_after`` seconds after a failure no request waits on a connect attempt; then the next
+call tries again, so the service recovers by itself when Redis is back.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import redis.asyncio as redis
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -21,13 +22,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from pipeline.errors import StoreUnavailable
 from pipeline.telemetry import metrics
+from pipeline.telemetry.spans import mark_failed
 
 ScriptArg = str | int | float | bytes
 
 
-class StoreUnavailable(Exception):
-    """Redis did not answer (down, refused, timed out)."""
+# redis-py's exceptions, converted here and nowhere else: those that mean Redis cannot be
+# reached open the circuit; any other Redis error fails the one command.
+UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class KeyValueStore:
@@ -64,7 +68,9 @@ class KeyValueStore:
     async def _call(self, command: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         if not self.available:
             metrics.redis_failed(command, "circuit_open")
-            raise StoreUnavailable("redis is down (circuit open)")
+            raise StoreUnavailable(
+                "circuit open", retry_after_s=self._down_until - time.monotonic()
+            )
         with self.tracer.start_as_current_span(
             f"redis {command}",
             kind=SpanKind.CLIENT,
@@ -74,17 +80,14 @@ class KeyValueStore:
         ) as span:
             try:
                 result = await fn()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                self._down_until = time.monotonic() + self.retry_after
+            except (*UNREACHABLE, RedisError) as exc:
+                if isinstance(exc, UNREACHABLE):
+                    self._down_until = time.monotonic() + self.retry_after
                 metrics.redis_failed(command, type(exc).__name__)
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                span.set_attribute("error.type", type(exc).__name__)
-                raise StoreUnavailable(f"redis unreachable: {type(exc).__name__}") from exc
-            except RedisError as exc:
-                metrics.redis_failed(command, type(exc).__name__)
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                span.set_attribute("error.type", type(exc).__name__)
-                raise StoreUnavailable(f"redis error: {exc}") from exc
+                mark_failed(span, exc)
+                raise StoreUnavailable(
+                    f"redis {command}: {type(exc).__name__}", retry_after_s=self.retry_after
+                ) from exc
             return result
 
     async def get(self, key: str) -> bytes | None:

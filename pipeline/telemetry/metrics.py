@@ -21,7 +21,8 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from pipeline.context import RequestContext, StageRecord
+from pipeline.context import RequestContext, StageRecord, info_key
+from pipeline.telemetry import attributes as attr
 
 # Seconds. The hit path's stages take tens of microseconds to a millisecond, generation seconds.
 LATENCY_BUCKETS: Final = (
@@ -38,6 +39,11 @@ HTTP_DURATION: Final = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 HTTP_IN_FLIGHT: Final = Gauge("rag_http_requests_in_flight", "HTTP requests being served.")
+EVENT_LOOP_LAG: Final = Histogram(  # fed by app.lag.LagProbe
+    "rag_event_loop_lag_seconds",
+    "How much later than asked a 10 ms sleep on the event loop woke up.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
 STAGE_DURATION: Final = Histogram(
     "rag_stage_duration_seconds",
     "Pipeline stages by name and outcome (ok, degraded, error, cancelled).",
@@ -122,6 +128,11 @@ def redis_failed(command: str, kind: str) -> None:
     REDIS_ERRORS.labels(command, kind).inc()
 
 
+CACHE_STATUS_KEY: Final = info_key(attr.CACHE_STATUS)
+CANDIDATES_KEY: Final = info_key(attr.RETRIEVAL_CANDIDATES)
+RESULTS_KEY: Final = info_key(attr.RETRIEVAL_RESULTS)
+
+
 class StageMetrics:
     """Runner observer: stage latency by name and outcome, the cache's outcome, the size of
     retrieval. Told about every stage of every run, sampled or not."""
@@ -136,10 +147,14 @@ class StageMetrics:
         if histogram is None:
             histogram = self._durations[key] = STAGE_DURATION.labels(*key)
         histogram.observe(record.duration_ms / 1000.0)
-        if record.name == "cache_lookup" and record.status == "ok":
-            CACHE_LOOKUPS.labels(ctx.cache_status).inc()
-        elif record.name == "retrieve" and record.status == "ok":
-            candidates = record.info.get("retrieval.candidates")
-            if isinstance(candidates, int):
-                RETRIEVAL_CANDIDATES.observe(candidates)
-                RETRIEVAL_RESULTS.observe(len(ctx.passages))
+        if record.status != "ok":
+            return
+        # Keyed on what the stage reported (the span attributes), not on stage names.
+        cache_status = record.info.get(CACHE_STATUS_KEY)
+        if isinstance(cache_status, str):
+            CACHE_LOOKUPS.labels(cache_status).inc()
+        candidates = record.info.get(CANDIDATES_KEY)
+        results = record.info.get(RESULTS_KEY)
+        if isinstance(candidates, int) and isinstance(results, int):
+            RETRIEVAL_CANDIDATES.observe(candidates)
+            RETRIEVAL_RESULTS.observe(results)

@@ -1,6 +1,6 @@
 """Server-side tools.
 
-base        Tool, ToolCall, ToolContext, ToolError
+base        Tool, ToolContext, ToolError (ToolCall is pipeline.answer.events')
 registry    the tools by name; argument parsing and schema checks
 invoker     one round of calls at once: spans, timeouts, concurrency and rate limits
 calculator  clock  builtins  http     the tools themselves

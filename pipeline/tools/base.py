@@ -22,15 +22,6 @@ class ToolError(Exception):
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    """One call of a tool: by the planner or by the model (``arguments`` is the raw JSON)."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
 class Tool:
     """A server-side tool. ``cache_ttl``: None when its result does not change with time (the
     answer may be cached as usual), else the seconds an answer that used it may be cached

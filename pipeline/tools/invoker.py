@@ -22,10 +22,11 @@ from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import Span, SpanKind
 
+from pipeline.answer.events import ToolCall
 from pipeline.context import ToolRun
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import mark_failed
-from pipeline.tools.base import Tool, ToolCall, ToolContext, ToolError
+from pipeline.tools.base import Tool, ToolContext, ToolError
 from pipeline.tools.registry import ToolRefused, ToolRegistry
 
 logger = logging.getLogger(__name__)

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
-from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCall, ToolCallDelta, Usage
 from pipeline.context import ToolRun
-from pipeline.tools.base import ToolCall, ToolContext
+from pipeline.tools.base import ToolContext
 from pipeline.tools.offer import forced_name
 
 ModelRound = Callable[[dict[str, Any]], AsyncIterator[StreamEvent]]
@@ -280,14 +280,7 @@ class ToolLoop:
         assistant = {
             "role": "assistant",
             "content": "".join(current.text) or None,
-            "tool_calls": [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in calls
-            ],
+            "tool_calls": [call.to_openai() for call in calls],
         }
         results = [
             {"role": "tool", "tool_call_id": run.call_id, "content": run.content} for run in runs

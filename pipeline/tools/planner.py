@@ -25,7 +25,7 @@ from typing import Final
 
 import orjson
 
-from pipeline.tools.base import ToolCall
+from pipeline.answer.events import ToolCall
 from pipeline.tools.calculator import CalculatorError, parse
 from pipeline.tools.clock import zone_names
 

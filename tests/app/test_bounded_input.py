@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 from app.http.bodies import BodyLimits, check_values, parse_json
 from pipeline.context import ChatParams, Principal
@@ -19,6 +18,7 @@ from tests.app.test_errors import assert_openai_error
 from tests.conftest import make_settings
 from tests.support.fuzzing import examples
 from tests.support.servers import free_port
+from tests.support.strategies import json_values
 
 BODY: dict[str, Any] = {
     "model": "smollm2",
@@ -226,11 +226,7 @@ async def test_huge_titles_and_metadata_at_ingest_are_a_400_naming_the_field(
 
 # --- the checks on their own -------------------------------------------------------------------
 
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children),
-    max_leaves=20,
-)
+JSON_VALUES = json_values(list_size=4, max_leaves=20)
 
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from opentelemetry import trace
@@ -14,16 +11,7 @@ from opentelemetry import trace
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from retrieval import HybridRetriever, IndexStore
-
-
-def rag(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from tests.support.cli import rag
 
 
 def test_keys_create_prints_a_key_that_resolves_to_the_principal(redis_server) -> None:

@@ -140,6 +140,9 @@ async def test_body_over_the_limit_is_413(make_app, redis_server) -> None:
             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
         )
         assert_openai_error(streamed, 413, "invalid_request_error")
+        # Both branches (a declared length, bytes counted as they come) give the same error.
+        assert streamed.json() == response.json()
+        assert response.json()["error"]["code"] == "request_too_large"
 
 
 async def test_unknown_path_is_404_in_openai_shape_for_a_caller_with_a_key(harness) -> None:

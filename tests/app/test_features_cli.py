@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,18 +13,9 @@ from opentelemetry import trace
 
 from pipeline.features.store import FeatureStore, Lookup
 from pipeline.store.kv import KeyValueStore
+from tests.support.cli import rag
 
 T = TypeVar("T")
-
-
-def rag(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def with_store(url: str, prefix: str, work: Callable[[FeatureStore], Awaitable[T]]) -> T:

@@ -235,7 +235,7 @@ async def test_redis_down_at_submit_is_503_with_retry_after_and_stores_nothing(m
             redis.stop()
             down = await submit(h, key, chat_body("during"))
             error = assert_openai_error(down, 503, "service_unavailable")
-            assert error["code"] == "queue_unavailable"
+            assert error["code"] == "store_unavailable"
             assert down.headers["retry-after"] == "1"
             unknown_key = await submit(h, "rag-never.seen", chat_body("during"))
             assert_openai_error(unknown_key, 503, "service_unavailable")

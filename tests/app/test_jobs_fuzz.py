@@ -18,16 +18,15 @@ from app.routes.jobs import JobRequest
 from tests.conftest import AppHarness, make_settings
 from tests.support.fuzzing import examples
 from tests.support.servers import free_port
+from tests.support.strategies import json_values
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
+JSON = json_values(
+    text_size=20,
+    key_size=10,
+    list_size=4,
+    dict_size=4,
+    allow_nan=False,
+    allow_infinity=False,
     max_leaves=12,
 )
 MESSAGE = st.fixed_dictionaries(

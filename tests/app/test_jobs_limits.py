@@ -6,9 +6,7 @@ revoked key's queued jobs."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from tests.app.test_errors import assert_openai_error
 from tests.app.test_jobs import auth, backlog, chat_body, submit, unreachable_llm
 from tests.conftest import AppHarness, make_settings
+from tests.support import cli
 
 
 def limited_settings(redis_url: str, **jobs: Any) -> Any:
@@ -138,17 +137,10 @@ async def test_users_of_one_tenant_see_only_their_own_jobs_unless_admin(
 
 def rag(*args: str, h: AppHarness, redis_url: str) -> subprocess.CompletedProcess[str]:
     env = {
-        **os.environ,
         "RAG_REDIS__URL": redis_url,
         "RAG_REDIS__KEY_PREFIX": h.services.settings.redis.key_prefix,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return cli.rag(*args, env=env, timeout=120)
 
 
 async def test_rag_keys_revoke_settles_the_keys_queued_jobs(make_app, redis_server) -> None:

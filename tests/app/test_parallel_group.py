@@ -13,13 +13,14 @@ import asyncio
 from collections.abc import Collection
 from typing import Any
 
+from pipeline.answer.events import ToolCall
 from pipeline.context import ChatParams, Features, Principal, RequestContext
 from pipeline.features.store import FeatureStore
 from pipeline.runner import Concurrent, Runner
 from pipeline.stages.features import LoadFeatures
 from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.tools import PlannedTools
-from pipeline.tools.base import Tool, ToolCall, ToolContext
+from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.registry import ToolRegistry
 from retrieval import Document

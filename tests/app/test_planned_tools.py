@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.settings import HttpToolSettings, Settings
+from app.services import build_http_tools
+from app.settings import Settings, SettingsError
 from pipeline.features.store import FeatureRow
 from tests.conftest import AppHarness, chat_request, make_settings
 
@@ -108,9 +109,10 @@ def test_http_tools_come_from_the_environment_and_bad_ones_are_refused(
     tool = {"name": "w", "description": "d", "url": "https://w.example/v1/{q}"}
     monkeypatch.setenv("RAG_TOOLS__HTTP", json.dumps([tool]))
     assert [t.name for t in Settings().tools.http] == ["w"]
-    with pytest.raises(ValidationError, match="off its allow-list"):
-        HttpToolSettings(**tool, allow=["https://other.example/"])
-    with pytest.raises(ValidationError, match="only http and https"):
-        HttpToolSettings(**{**tool, "url": "file:///etc/{q}"})
+    # Settings parse them; building them (first thing at start-up) checks the allow-list.
+    with pytest.raises(SettingsError, match=r"RAG_TOOLS__HTTP: tool w: .*off its allow-list"):
+        build_http_tools(Settings(tools={"http": [{**tool, "allow": ["https://o.example/"]}]}))
+    with pytest.raises(SettingsError, match="only http and https"):
+        build_http_tools(Settings(tools={"http": [{**tool, "url": "file:///etc/{q}"}]}))
     with pytest.raises(ValidationError, match="same name"):
         Settings(tools={"http": [tool, tool]})

@@ -24,7 +24,7 @@ def routing(url: str, small_limit: int = 1, large_limit: int = 4) -> dict[str, A
     return {
         # Roomy: on a busy test machine embedding one query can take longer than the default
         # 250 ms, and these tests are about what the router decides, not how fast.
-        "timeout_ms": 10_000,
+        "timeout_seconds": 10.0,
         "routes": {
             "small": {"base_url": url, "model": "smollm2", "max_concurrency": small_limit},
             "large": {"base_url": url, "model": "smollm2", "max_concurrency": large_limit},

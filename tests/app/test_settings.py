@@ -6,11 +6,14 @@ import base64
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
-from app.settings import Settings
+from app.services import Services, build_policies
+from app.settings import Settings, SettingsError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -52,6 +55,100 @@ def test_invalid_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAG_CACHE__TTL_SECONDS", "-5")
     with pytest.raises(ValueError, match="ttl_seconds"):
         Settings()
+
+
+def field_names(model: type[BaseModel]) -> list[str]:
+    return [name.lower() for name in env_names(model)]
+
+
+def test_durations_have_one_unit_in_their_names() -> None:
+    names = field_names(Settings)
+    assert [n for n in names if re.search(r"_(ms|s|secs|millis|minutes)$", n)] == []
+    assert "rag_routing__timeout_seconds" in names
+
+
+@pytest.mark.parametrize(
+    "old, value, group, field, seconds",
+    [
+        ("RAG_ROUTING__TIMEOUT_MS", "250", "routing", "timeout_seconds", 0.25),
+        ("RAG_FEATURES__TIMEOUT_MS", "50", "features", "timeout_seconds", 0.05),
+        (
+            "RAG_RETRIEVAL__QUERY_BATCH_WINDOW_MS",
+            "2.5",
+            "retrieval",
+            "query_batch_window_seconds",
+            0.0025,
+        ),
+    ],
+)
+def test_a_duration_under_its_old_millisecond_name_still_means_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    old: str,
+    value: str,
+    group: str,
+    field: str,
+    seconds: float,
+) -> None:
+    monkeypatch.setenv(old, value)
+    with caplog.at_level("WARNING", logger="app.settings"):
+        settings = Settings(_env_file=None)
+    assert getattr(getattr(settings, group), field) == pytest.approx(seconds)
+    assert any("deprecated" in r.getMessage() and field in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv(old.removesuffix("_MS") + "_SECONDS", "1")
+    with pytest.raises(ValidationError, match="not both"):
+        Settings(_env_file=None)
+    monkeypatch.delenv(old.removesuffix("_MS") + "_SECONDS")
+    monkeypatch.setenv(old, "soon")
+    with pytest.raises(ValidationError, match="milliseconds"):
+        Settings(_env_file=None)
+
+
+@pytest.mark.parametrize(
+    "variable, value, read",
+    [
+        ("RAG_LLM__MODELS", " a , b,,", lambda s: s.llm.models),
+        ("RAG_LLM__MODELS", '["a", "b"]', lambda s: s.llm.models),
+        ("RAG_JOBS__WEBHOOK_ALLOW", "a,b", lambda s: s.jobs.webhook_allow),
+        ("RAG_ROUTING__CAPPED_TIERS", "a, b", lambda s: s.routing.capped_tiers),
+        ("RAG_ROUTING__CAPPED_TIERS", '["a","b"]', lambda s: s.routing.capped_tiers),
+    ],
+)
+def test_list_settings_take_commas_or_json(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, read: Any
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert read(Settings(_env_file=None)) == ["a", "b"]
+
+
+@pytest.mark.parametrize("value", ["", " , ", "[]", '["a", 1]', "[oops"])
+def test_a_bad_or_empty_model_list_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("RAG_LLM__MODELS", value)
+    with pytest.raises(ValidationError, match="models"):
+        Settings(_env_file=None)
+
+
+@pytest.mark.parametrize(
+    "policy, problem",
+    [
+        ("{oops", "not valid JSON"),
+        ('{"acme": 3}', "map tenant names"),
+        ('{"*": {"injection": "maybe"}}', "injection"),
+    ],
+)
+def test_a_bad_guard_policy_stops_the_start_before_anything_is_built(
+    policy: str, problem: str
+) -> None:
+    settings = Settings(_env_file=None, guard={"policy": policy})  # settings only hold it
+    with pytest.raises(SettingsError, match=rf"RAG_GUARD__POLICY: .*{problem}"):
+        build_policies(settings)
+    # Services.build checks it first: before Redis is dialled or a model loaded (the URL below
+    # would fail differently, and the embedder is never asked for).
+    unreachable = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"url": "redis://nowhere.invalid:1"})}
+    )
+    with pytest.raises(SettingsError, match="RAG_GUARD__POLICY"):
+        Services.build(unreachable, trace.get_tracer("test"))
 
 
 # Production refuses what is fine in development. Values come from the environment, as in a

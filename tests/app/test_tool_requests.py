@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 from tests.app.test_errors import BODY, assert_openai_error
 from tests.conftest import make_settings
 from tests.support.fuzzing import examples
+from tests.support.strategies import json_values
 
 # No model server is needed: every request here is refused before generation.
 NO_LLM = "http://127.0.0.1:9"
@@ -61,15 +61,13 @@ async def test_bad_tool_input_is_a_400_naming_the_field(harness, extra, param, c
         assert error["code"] == code
 
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
+JSON = json_values(
+    text_size=8,
+    key_size=6,
+    list_size=3,
+    dict_size=3,
+    allow_nan=False,
+    allow_infinity=False,
     max_leaves=12,
 )
 

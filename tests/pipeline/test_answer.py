@@ -12,6 +12,7 @@ from pipeline.answer.events import (
     ContentDelta,
     Finish,
     StreamEvent,
+    ToolCall,
     ToolCallDelta,
     Usage,
     events_from_chunk,
@@ -205,6 +206,10 @@ async def test_tool_call_fragments_are_assembled_by_index() -> None:
     completion = await AnswerStream(source(events, []), base).drain()
     assert completion.finish_reason == "tool_calls"
     assert completion.tool_calls == [
+        ToolCall("a", "calc", '{"expression": "1+1"}'),
+        ToolCall("b", "clock", "{}"),
+    ]
+    assert completion.to_dict()["tool_calls"] == [
         {
             "id": "a",
             "type": "function",
@@ -221,11 +226,12 @@ async def test_replay_gives_back_the_same_completion() -> None:
         model="m",
         prompt_tokens=7,
         completion_tokens=3,
-        tool_calls=[{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        tool_calls=[ToolCall("x", "f", "{}")],
         route={"name": "small", "model": "m", "reason": "rule"},
     )
     again = await AnswerStream.replay(original).drain()
     assert again.to_dict() == original.to_dict()
+    assert Completion.from_dict(original.to_dict()) == original  # as the cache stores it
 
 
 async def test_a_stream_is_read_once_and_filters_come_first() -> None:

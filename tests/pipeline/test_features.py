@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.context import ChatParams, Principal, RagOptions, RequestContext
 from pipeline.features.language import guess_language
@@ -29,14 +27,6 @@ from pipeline.telemetry import attributes as attr
 from tests.support.servers import RedisServer
 
 BATCH = sorted(name for name, spec in SPECS.items() if spec.source == "batch")
-
-
-@pytest.fixture
-def tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
 
 
 @pytest.fixture

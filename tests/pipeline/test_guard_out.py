@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.answer.completion import Completion
@@ -25,6 +23,7 @@ from pipeline.tools.base import ToolContext
 from pipeline.tools.loop import ToolLoop
 from tests.pipeline.test_tool_loop import Script, collect
 from tests.support.fuzzing import examples
+from tests.support.tracing import memory_tracing
 
 ANSWER = "Write to jane.doe@example.com or call +44 20 7946 0958 about [kea] and [moa]."
 PASSAGES = [Passage("kea", "kea#0", "Kea", "The kea is a parrot of the Southern Alps.", 1.0)]
@@ -49,9 +48,7 @@ def base() -> Completion:
 async def guarded(
     events: Sequence[StreamEvent], policy: str | None = None
 ) -> tuple[list[StreamEvent], Completion, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     ctx = RequestContext(
         params=ChatParams(model="m", messages=[]),
         credential=None,
@@ -129,7 +126,7 @@ async def test_tool_call_arguments_are_redacted_as_json_whatever_the_fragments(s
     streamed = "".join(d.arguments for d in deltas)
     assert json.loads(streamed) == {"to": "[EMAIL]", "body": "Call me on [PHONE]", "n": "[CARD]"}
     (call,) = completion.tool_calls
-    assert call["function"]["arguments"] == streamed
+    assert call.arguments == streamed
     assert completion.finish_reason == "tool_calls"
 
 
@@ -170,7 +167,7 @@ async def test_a_forced_tool_choice_makes_the_whole_answer_guarded_arguments() -
     request = {"messages": [], "tools": [function], "tool_choice": function}
     out, completion, _ = await guarded(await collect(loop.events(request)))
     (call,) = completion.tool_calls
-    assert call["function"]["name"] == "subscribe"
-    assert json.loads(call["function"]["arguments"]) == {"email": "[EMAIL]"}
+    assert call.name == "subscribe"
+    assert json.loads(call.arguments) == {"email": "[EMAIL]"}
     assert completion.finish_reason == "tool_calls"
     assert "ana.silva" not in "".join(e.arguments for e in out if isinstance(e, ToolCallDelta))

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.context import ChatParams, Features, RagOptions, RequestContext, RouteChoice
@@ -225,14 +224,6 @@ class Recorder:
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         self.seen.append(ctx.route)
         return ctx
-
-
-@pytest.fixture
-def tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
 
 
 async def run_route(

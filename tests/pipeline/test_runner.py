@@ -6,8 +6,6 @@ import asyncio
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.context import ChatParams, Completion, Features, RequestContext, StageRecord
 from pipeline.errors import DeadlineExceeded, InvalidRequest, ServiceUnavailable
@@ -49,14 +47,6 @@ def new_ctx(seconds: float = 5.0) -> RequestContext:
     return RequestContext(
         params=ChatParams(model="m", messages=[]), credential=None, deadline=loop.time() + seconds
     )
-
-
-@pytest.fixture
-def tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
 
 
 async def test_each_stage_gets_its_own_span_in_order(tracing) -> None:

@@ -10,9 +10,9 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
+from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCall, ToolCallDelta, Usage
 from pipeline.context import Principal, ToolRun
-from pipeline.tools.base import ToolCall, ToolContext
+from pipeline.tools.base import ToolContext
 from pipeline.tools.loop import ToolLoop
 
 ALICE = Principal("acme", "alice", frozenset({"chat"}), "k1")

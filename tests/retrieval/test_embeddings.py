@@ -27,7 +27,7 @@ def test_embeddings_are_unit_float32_rows_and_similar_texts_are_close(embedder: 
 async def test_query_batcher_batches_concurrent_callers_with_unbatched_results(
     counting_embedder: CountingEmbedder,
 ) -> None:
-    batcher = QueryBatcher(counting_embedder, max_batch=32, window_ms=20.0)
+    batcher = QueryBatcher(counting_embedder, max_batch=32, window_s=0.02)
     try:
         results = await asyncio.gather(*(batcher.embed(q) for q in QUERIES))
     finally:
@@ -40,7 +40,7 @@ async def test_query_batcher_batches_concurrent_callers_with_unbatched_results(
 
 
 async def test_query_batcher_respects_max_batch(counting_embedder: CountingEmbedder) -> None:
-    batcher = QueryBatcher(counting_embedder, max_batch=5, window_ms=50.0)
+    batcher = QueryBatcher(counting_embedder, max_batch=5, window_s=0.05)
     try:
         await asyncio.gather(*(batcher.embed(q) for q in QUERIES[:12]))
     finally:
@@ -49,7 +49,7 @@ async def test_query_batcher_respects_max_batch(counting_embedder: CountingEmbed
 
 
 async def test_query_batcher_keeps_the_event_loop_free(counting_embedder: CountingEmbedder) -> None:
-    batcher = QueryBatcher(counting_embedder, window_ms=1.0)
+    batcher = QueryBatcher(counting_embedder, window_s=0.001)
     ticks = 0
 
     async def ticker() -> None:
@@ -80,7 +80,7 @@ async def test_embed_errors_reach_every_caller_of_the_batch(embedder: Embedder) 
         def embed(self, texts: list[str]) -> np.ndarray:
             raise OSError("model gone")
 
-    batcher = QueryBatcher(Broken(), window_ms=10.0)
+    batcher = QueryBatcher(Broken(), window_s=0.01)
     try:
         results = await asyncio.gather(
             *(batcher.embed(q) for q in QUERIES[:3]), return_exceptions=True

@@ -156,7 +156,7 @@ async def test_a_verdict_is_the_same_idle_and_while_32_other_queries_are_embedde
     noise. Besides the real detector, each of eight texts gets a detector whose threshold is
     exactly its own cosine, where that noise flips a verdict taken from the batched vector."""
     texts = _dev_texts()
-    batcher = QueryBatcher(shared_embedder, max_batch=32, window_ms=20)
+    batcher = QueryBatcher(shared_embedder, max_batch=32, window_s=0.02)
     try:
         real = GuardSimilarity(PolicyBook(), InjectionDetector(exemplars), batcher.embed,
                                beside_retrieval=False)  # fmt: skip

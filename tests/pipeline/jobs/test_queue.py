@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 
+from pipeline.errors import StoreUnavailable
 from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from pipeline.jobs.queue import Conflict, JobQueue
-from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import BOB, make_job
 from tests.support.servers import free_port
 

@@ -18,11 +18,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from pipeline.errors import InvalidRequest, ServiceUnavailable
+from pipeline.errors import InvalidRequest, ServiceUnavailable, StoreUnavailable
 from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job
 from pipeline.jobs.queue import JobQueue
 from pipeline.jobs.worker import Execute, JobWorker
-from pipeline.store.kv import KeyValueStore, StoreUnavailable
+from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
 from tests.pipeline.jobs.conftest import make_job, wait_until
 from tests.pipeline.jobs.worker_process import counting_execute

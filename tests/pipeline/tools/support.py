@@ -6,21 +6,16 @@ import asyncio
 import time
 from typing import Any
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from pipeline.context import Principal
 from pipeline.tools.base import Tool, ToolContext
+from tests.support.tracing import memory_tracing
 
 OBJECT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 class Tracing:
     def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider()
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.provider, self.exporter = memory_tracing()
         self.tracer = self.provider.get_tracer("tools-test")
 
     def spans(self, prefix: str = "execute_tool") -> dict[str, Any]:

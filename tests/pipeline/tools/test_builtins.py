@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from pipeline.answer.events import ToolCall
 from pipeline.context import Features, Principal
 from pipeline.sources.search import PassageSearch
-from pipeline.tools.base import ToolCall, ToolContext
+from pipeline.tools.base import ToolContext
 from pipeline.tools.builtins import builtin_tools, profile_tool, search_tool
 from pipeline.tools.clock import clock_tool, describe_now, zone_names
 from pipeline.tools.invoker import ToolInvoker

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.tools.base import ToolCall
+from pipeline.answer.events import ToolCall
 from pipeline.tools.calculator import CalculatorError, calculate, calculator_tool, format_number
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.registry import ToolRegistry

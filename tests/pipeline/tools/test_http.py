@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from pipeline.tools.base import ToolCall
+from pipeline.answer.events import ToolCall
 from pipeline.tools.http import HttpTool, UrlRefused, parse_url
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.registry import ToolRegistry

@@ -8,7 +8,8 @@ from typing import Any
 
 from opentelemetry.trace import StatusCode
 
-from pipeline.tools.base import Tool, ToolCall, ToolContext, ToolError
+from pipeline.answer.events import ToolCall
+from pipeline.tools.base import Tool, ToolContext, ToolError
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.registry import ToolRegistry
 from tests.pipeline.tools.support import OBJECT, Sleeper, Tracing, caller

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.registry import ToolArgumentsError, ToolRegistry, UnknownTool
 from tests.support.fuzzing import examples
+from tests.support.strategies import json_values
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -126,11 +127,7 @@ def test_definitions_are_openai_function_entries(registry: ToolRegistry) -> None
     assert registry.tools == {"calc": TOOL}
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
-    max_leaves=20,
-)
+JSON = json_values(allow_nan=False, max_leaves=20)
 
 
 SHARED = ToolRegistry([TOOL])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from pipeline.answer.events import ToolCall
 from pipeline.context import (
     ChatParams,
     Features,
@@ -16,7 +17,7 @@ from pipeline.context import (
 from pipeline.model.prompt import build_messages
 from pipeline.runner import Concurrent, Runner, StageSpec
 from pipeline.stages.tools import PlannedTools
-from pipeline.tools.base import ToolCall, ToolContext
+from pipeline.tools.base import ToolContext
 from pipeline.tools.builtins import builtin_tools
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.planner import ToolPlanner
