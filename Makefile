@@ -10,7 +10,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: help install vllm model redis run test fuzz lint typecheck pytest bench bench-cache \
-	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile compose-check clean
+	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
+	compose-check clean
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -124,7 +125,12 @@ bench-hostile: install redis
 	$(PY) -m bench.hostile_bench
 	$(PY) -m bench.head_bench
 
-bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile
+# What structured outputs and logprobs cost: the output guard, the body, and vLLM per format.
+bench-structured: install model redis
+	$(PY) -m bench.structured_bench --llm-url $(BENCH_VLLM_URL)
+
+bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile \
+	bench-structured
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

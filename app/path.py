@@ -173,8 +173,7 @@ def retrieve_stage(settings: Settings, services: Services, *, with_features: boo
     if services.retrieval is None:
         return None
     filters = services.feature_filters() if with_features else None
-    threshold = settings.retrieval.relevance_threshold
-    gate = RelevanceGate(threshold, enabled=threshold > 0)
+    gate = RelevanceGate.configured(settings.retrieval.relevance_threshold)
     return Retrieve(services.retrieval, feature_filters=filters, gate=gate)
 
 

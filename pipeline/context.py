@@ -12,6 +12,7 @@ from opentelemetry import trace
 
 from pipeline.answer.completion import Completion
 from pipeline.answer.stream import AnswerStream
+from pipeline.telemetry import attributes as attr
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,16 @@ class ChatParams:
 
 @dataclass(frozen=True)
 class Passage:
-    """A retrieved passage as the prompt and the response's sources see it."""
+    """A retrieved passage as the prompt and the response's sources see it: ``score`` ranks
+    it (the fused score), ``relevance`` is what the relevance gate compared with the request's
+    ``min_relevance`` (None where the search could not compute it)."""
 
     document_id: str
     chunk_id: str
     title: str
     text: str
     score: float
+    relevance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,12 +147,6 @@ _current_record: contextvars.ContextVar[StageRecord | None] = contextvars.Contex
 )
 
 
-def info_key(attribute: str) -> str:
-    """The key under which ``annotate`` keeps a span attribute in the stage's explain record
-    (``rag.retrieval.candidates`` -> ``retrieval.candidates``)."""
-    return attribute.removeprefix("rag.")
-
-
 def current_record() -> StageRecord | None:
     """The explain record of the stage running now (for facts that arrive after it returned,
     such as those of a stream filter it added)."""
@@ -210,7 +208,7 @@ class RequestContext:
             if recording:
                 span.set_attribute(key if "." in key else f"rag.{key}", value)
             if record is not None:
-                record.info[info_key(key)] = value
+                record.info[attr.info_key(key)] = value
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000.0
@@ -223,6 +221,7 @@ class RequestContext:
                 "chunk_id": p.chunk_id,
                 "title": p.title,
                 "score": round(p.score, 6),
+                "relevance": None if p.relevance is None else round(p.relevance, 6),
             }
             for p in self.passages
         ]

@@ -59,14 +59,21 @@ class Hit:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """Hits best first; `candidates` scored by vectors, `allowed` chunks passing the filter;
-    `timings_ms` has the keys filter, bm25, vector, fusion; `version` of the index searched."""
+    """Hits best first; `candidates` scored by vectors, `allowed` chunks passing the filters;
+    `timings_ms` has the keys filter, bm25, vector, fusion; `version` of the index searched.
+
+    The chunks the filters kept out, by filter: `excluded_by_filters` those `filters` excludes,
+    `excluded_by_defaults` those `defaults` excludes of the rest (so the index holds
+    `allowed + excluded_by_filters + excluded_by_defaults` chunks).
+    """
 
     hits: list[Hit]
     candidates: int
     allowed: int
     timings_ms: dict[str, float] = field(default_factory=dict)
     version: str = NO_VERSION
+    excluded_by_filters: int = 0
+    excluded_by_defaults: int = 0
 
 
 def _ms(since: float) -> float:
@@ -107,6 +114,9 @@ class HybridRetriever:
     `candidates` is how many BM25 results get a vector score; `fusion`, `vector_weight` and
     `rrf_k` set how the two rankings are combined (see retrieval.fusion); `relevance` scores each
     hit for the relevance gate (retrieval.relevance).
+
+    A search takes two filters, both applied: `filters` (the caller's) and `defaults` (one the
+    caller did not write, such as a user's department); each one's exclusions are counted apart.
     """
 
     def __init__(
@@ -136,12 +146,15 @@ class HybridRetriever:
         *,
         top_k: int = 5,
         filters: Filter | None = None,
+        defaults: Filter | None = None,
     ) -> SearchResult:
         """Top `top_k` chunks of `tenant` for the query; BM25 only when `query_vector` is None."""
         index = self.store.current(tenant)
         if index is None:
             return SearchResult([], 0, 0, _empty_timings())
-        return self.search_index(index, query, query_vector, top_k=top_k, filters=filters)
+        return self.search_index(
+            index, query, query_vector, top_k=top_k, filters=filters, defaults=defaults
+        )
 
     def search_index(
         self,
@@ -151,10 +164,15 @@ class HybridRetriever:
         *,
         top_k: int = 5,
         filters: Filter | None = None,
+        defaults: Filter | None = None,
     ) -> SearchResult:
         """`search` on a given snapshot (what `search` does after picking the tenant's)."""
         started = time.perf_counter()
         mask = filters.mask(index.columns) if filters is not None else None
+        requested = len(index) if mask is None else int(np.count_nonzero(mask))
+        narrower = defaults.mask(index.columns) if defaults is not None else None
+        if narrower is not None:
+            mask = narrower if mask is None else mask & narrower
         allowed = len(index) if mask is None else int(np.count_nonzero(mask))
         timings = {"filter": _ms(started)}
 
@@ -188,7 +206,15 @@ class HybridRetriever:
                 _hit(index, int(rows[i]), float(fused[i]), lexical, cosine, norm, relevance)
             )
         timings["fusion"] = _ms(started)
-        return SearchResult(hits, len(rows), allowed, timings, index.version)
+        return SearchResult(
+            hits,
+            len(rows),
+            allowed,
+            timings,
+            index.version,
+            excluded_by_filters=len(index) - requested,
+            excluded_by_defaults=requested - allowed,
+        )
 
     def _fuse(
         self, bm25: npt.NDArray[np.float32], is_match: BoolArray, vector: FloatArray | None
@@ -234,7 +260,9 @@ def dense_search(
     hits = [
         _hit(index, int(r), float(s), None, float(s)) for r, s in zip(rows, scores, strict=True)
     ]
-    return SearchResult(hits, allowed, allowed, timings, index.version)
+    return SearchResult(
+        hits, allowed, allowed, timings, index.version, excluded_by_filters=len(index) - allowed
+    )
 
 
 def _empty_timings() -> dict[str, float]:

@@ -119,6 +119,12 @@ class RelevanceGate:
         self.threshold = threshold
         self.enabled = enabled
 
+    @classmethod
+    def configured(cls, threshold: float) -> RelevanceGate:
+        """The gate a server configured with `threshold` runs: switched off at 0, where a
+        request's own threshold changes nothing either."""
+        return cls(threshold, enabled=threshold > 0)
+
     def apply(self, hits: Sequence[H], threshold: float | None = None) -> GateResult[H]:
         """Gate `hits` at the request's `threshold`, or the configured one when None."""
         if not self.enabled:

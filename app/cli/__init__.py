@@ -3,12 +3,15 @@
 rag keys create --tenant T --user U [--scopes chat,retrieve,ingest,admin] [--key VALUE]
 rag keys revoke KEY         (its queued jobs fail with ``key_revoked``; they are never run)
 rag serve [--host H] [--port P]
+rag ingest PATH --tenant T [--batch N] [--quiet]   (--quiet: nothing printed but errors)
+rag delete --tenant T ID...   (an id the tenant does not have is reported; exit status 1)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,10 +92,22 @@ def _index_store() -> IndexStore:
     return build_index_store(get_settings().retrieval, Embedder())
 
 
+def _quiet() -> None:
+    """``--quiet``: no warning-level logs (the development settings' notes) and no library
+    progress bars (the model's "Loading weights"); errors still reach stderr."""
+    logging.disable(logging.WARNING)
+    from huggingface_hub.utils.tqdm import disable_progress_bars
+
+    # transformers reads this setting when it is imported, which is when the model first loads.
+    disable_progress_bars()
+
+
 def _ingest(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise ValueError(f"{path} does not exist")
+    if args.quiet:
+        _quiet()
     store = _index_store()
     skipped = Skipped()
     documents = chunks = 0
@@ -108,11 +123,12 @@ def _ingest(args: argparse.Namespace) -> int:
             else:
                 documents += result.documents
                 chunks += result.chunks
-                print(
-                    f"version {result.version}: +{result.documents} documents "
-                    f"({result.total_documents} in all, {result.total_chunks} chunks)",
-                    file=sys.stderr,
-                )
+                if not args.quiet:
+                    print(
+                        f"version {result.version}: +{result.documents} documents "
+                        f"({result.total_documents} in all, {result.total_chunks} chunks)",
+                        file=sys.stderr,
+                    )
             batch.clear()
 
     for document in read_documents(path, skipped):
@@ -122,19 +138,33 @@ def _ingest(args: argparse.Namespace) -> int:
     flush()
     for problem in skipped.items:
         print(f"skipped {problem}", file=sys.stderr)
-    print(
-        f"ingested {documents} documents ({chunks} chunks) for tenant {args.tenant}; "
-        f"skipped {len(skipped.items)}; index version {store.version(args.tenant)}"
-    )
+    if not args.quiet:
+        print(
+            f"ingested {documents} documents ({chunks} chunks) for tenant {args.tenant}; "
+            f"skipped {len(skipped.items)}; index version {store.version(args.tenant)}"
+        )
     return 0 if documents or not skipped.items else 1
 
 
 def _delete(args: argparse.Namespace) -> int:
-    result = _index_store().delete(args.tenant, args.document_ids)
-    print(
-        f"deleted {result.documents} documents ({result.chunks} chunks); version {result.version}"
-    )
-    return 0
+    """Like ``DELETE /v1/documents/{id}``: an id the tenant does not have is an error (exit 1),
+    reported after the ids it does have are deleted."""
+    store = _index_store()
+    wanted = list(dict.fromkeys(args.document_ids))
+    index = store.current(args.tenant)
+    missing = [d for d in wanted if index is None or d not in index.rows_by_document]
+    if len(missing) < len(wanted):
+        result = store.delete(args.tenant, wanted)
+        print(
+            f"deleted {result.documents} documents ({result.chunks} chunks); "
+            f"version {result.version}"
+        )
+    for document_id in missing:
+        print(
+            f"rag delete: document {document_id!r} not found for tenant {args.tenant!r}",
+            file=sys.stderr,
+        )
+    return 1 if missing else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("path")
     ingest.add_argument("--tenant", required=True)
     ingest.add_argument("--batch", type=int, default=5000, help="documents per index version")
-    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.add_argument(
+        "--quiet", action="store_true", help="no progress bar and no output but errors"
+    )
     ingest.set_defaults(run=_ingest, sync=True)
 
     delete = commands.add_parser("delete", help="remove documents from a tenant's index")

@@ -8,6 +8,10 @@ Resumable: beside the output, ``RESULTS.jsonl.state`` records line -> job id as 
 submitted. A rerun skips the lines already in the output, polls the jobs already submitted,
 and submits the rest; each submit carries ``Idempotency-Key`` = SHA-256 of the line, so a
 submit whose answer was lost is not run twice.
+
+A line the service refused (``"status": "rejected"``: a 4xx such as 401, 403 or 400, or no
+answer after ``submit_attempts``) never became a job, so a rerun drops its record and submits
+it again: with a good key, or after the line was fixed. Lines that became jobs are not.
 """
 
 from __future__ import annotations
@@ -78,6 +82,18 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _without_rejected(path: Path) -> list[dict[str, Any]]:
+    """The records of ``path`` less the rejected ones, which are dropped from the file too
+    (replaced at once, so an interrupted rerun leaves the old file or the new one)."""
+    records = _records(path)
+    kept = [r for r in records if r.get("status") != "rejected"]
+    if len(kept) < len(records):
+        fresh = path.with_name(path.name + ".tmp")
+        fresh.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        fresh.replace(path)
+    return kept
+
+
 def _append(stream: TextIO, record: dict[str, Any]) -> None:
     stream.write(json.dumps(record, ensure_ascii=False) + "\n")
     stream.flush()
@@ -95,7 +111,7 @@ class Batch:
         ]
         self.out = out
         self.state_path = out.with_name(out.name + ".state")
-        done = {int(r["line"]) for r in _records(out) if "line" in r}
+        done = {int(r["line"]) for r in _without_rejected(out) if "line" in r}
         self.submitted = {int(r["line"]): str(r["id"]) for r in _records(self.state_path)}
         self.todo = [(n, text) for n, text in self.lines if n not in done]
 
@@ -166,7 +182,7 @@ class Batch:
             if response is not None and response.status_code == 202:
                 return str(response.json()["id"])
             if response is not None and response.status_code < 500 and response.status_code != 429:
-                raise LineRejected(response.json().get("error", {"message": response.text}))
+                raise LineRejected(_error_of(response))
             wait = response.headers.get("retry-after") if response is not None else None
             await asyncio.sleep(float(wait) if wait and wait.isdigit() else delay)
             delay = min(delay * 2, 30.0)
@@ -180,11 +196,26 @@ class Batch:
                 response = None
             if response is not None and response.status_code == 404:
                 return None
+            if response is not None and response.status_code in (401, 403):
+                # The key cannot read its jobs: waiting would never end. The job stays in the
+                # state file, so a rerun with a good key polls it again.
+                raise LineRejected(_error_of(response))
             if response is not None and response.status_code == 200:
                 job: dict[str, Any] = response.json()
                 if job["status"] in FINISHED:
                     return job
             await asyncio.sleep(self.options.poll_seconds)
+
+
+def _error_of(response: httpx.Response) -> dict[str, Any]:
+    """The service's error (OpenAI's shape), or the body's text when it is not one."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict):
+        return error
+    return {"message": f"HTTP {response.status_code}: {response.text[:500]}", "type": "api_error"}
 
 
 async def run_batch(source: Path, out: Path, options: BatchOptions) -> int:

@@ -26,9 +26,18 @@ _HTTP_TYPES = {
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
+SHOWN_PARAM_CHARS = 64  # of a field name a client wrote: echoed back, so bounded
+
+
+def shown_name(name: str) -> str:
+    """A field name as an error shows it: cut to ``SHOWN_PARAM_CHARS`` (a hostile body may
+    carry a megabyte-long key)."""
+    return name if len(name) <= SHOWN_PARAM_CHARS else name[: SHOWN_PARAM_CHARS - 1] + "…"
+
+
 def _param(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+    return shown_name(".".join(parts)) if parts else None
 
 
 def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
@@ -44,10 +53,13 @@ def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
             code="invalid_json",
         )
     param = _param(tuple(first.get("loc", ())))
+    kind = str(first.get("type"))
+    if kind == "extra_forbidden":  # as OpenAI words it
+        kind, first["msg"] = "unknown_parameter", "Unrecognized request argument supplied"
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return error_body(message, "invalid_request_error", param=param, code=str(first.get("type")))
+    return error_body(message, "invalid_request_error", param=param, code=kind)
 
 
 def install_error_handlers(app: FastAPI) -> None:

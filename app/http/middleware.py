@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.logs import RequestFacts, RequestLog, handed_context
 from app.metrics import HttpMetrics
 from pipeline.errors import PayloadTooLarge
+from pipeline.telemetry.metrics import NOT_ROUTED
 from pipeline.telemetry.spans import mark_failed
 
 # Trace context headers (W3C Trace Context and Baggage) that continue a caller's trace.
@@ -86,7 +87,7 @@ class RequestTracing:
             route = scope.get("route")
             facts.route = getattr(route, "path", None) or None
             facts.ctx = handed_context(scope)
-            self._finish(facts, span)
+            self._finish(facts, span, _route_label(scope, facts.route))
             if token is not None:
                 otel_context.detach(token)
 
@@ -111,11 +112,13 @@ class RequestTracing:
             },
         )
 
-    def _finish(self, facts: RequestFacts, span: trace.Span | None) -> None:
+    def _finish(
+        self, facts: RequestFacts, span: trace.Span | None, route_label: str | None
+    ) -> None:
         """Metrics, the log line (while the span is current), then the span's end."""
         duration = time.perf_counter() - facts.started
         if self.metrics is not None:
-            self.metrics.finished(facts.method, facts.route, facts.status, duration)
+            self.metrics.finished(facts.method, route_label, facts.status, duration)
         ids = span.get_span_context() if span is not None else None
         if self.request_log is not None:
             self.request_log.write(
@@ -126,6 +129,15 @@ class RequestTracing:
                 span.set_attribute(http_attributes.HTTP_ROUTE, facts.route)
                 span.update_name(f"{facts.method} {facts.route}")
             span.end()
+
+
+def _route_label(scope: Scope, route: str | None) -> str | None:
+    """The metrics' ``route``: the template of the route that ran; ``none`` when a middleware
+    answered before the router ran (the key check's 401, a declared body over the limit), so
+    no route did; None (``unmatched``) when the router found no route for the path."""
+    if route is not None:
+        return route
+    return None if "router" in scope else NOT_ROUTED
 
 
 class BodySizeLimit:

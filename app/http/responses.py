@@ -7,7 +7,7 @@ stream. Both shapes are made from the same answer stream (``pipeline.answer.stre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -18,6 +18,9 @@ from pipeline.answer.events import ContentDelta, StreamEvent, ToolCallDelta
 from pipeline.answer.stream import AnswerStream
 from pipeline.context import RequestContext
 from pipeline.errors import PipelineError
+
+# Every answer is served at one tier; OpenAI clients read the field.
+SERVICE_TIER = "default"
 
 
 class JSONResponse(Response):
@@ -79,6 +82,11 @@ def message(completion: Completion) -> dict[str, Any]:
     return body
 
 
+def logprobs(entries: Sequence[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """OpenAI's ``choices[].logprobs``: the content tokens' entries (None: not asked for)."""
+    return None if entries is None else {"content": list(entries), "refusal": None}
+
+
 def chat_completion(ctx: RequestContext, completion: Completion) -> dict[str, Any]:
     return {
         "id": ctx.request_id,
@@ -89,11 +97,13 @@ def chat_completion(ctx: RequestContext, completion: Completion) -> dict[str, An
             {
                 "index": 0,
                 "message": message(completion),
-                "logprobs": None,
+                "logprobs": logprobs(completion.logprobs),
                 "finish_reason": completion.finish_reason,
             }
         ],
         "usage": usage(completion),
+        "service_tier": SERVICE_TIER,
+        "system_fingerprint": None,
         "rag": rag_field(ctx, completion),
     }
 
@@ -114,17 +124,26 @@ class _Chunks:
             "created": self.ctx.created,
             "model": self.model,
             "choices": choices,
+            "service_tier": SERVICE_TIER,
+            "system_fingerprint": None,
             **extra,
         }
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    def delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return self.chunk([choice], **extra)
+    def delta(
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        entries: Sequence[dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs(entries)}
+        return self.chunk([{**choice, "finish_reason": finish}], **extra)
 
     def event(self, event: StreamEvent) -> bytes | None:
         if isinstance(event, ContentDelta):
-            return self.delta({"content": event.text})
+            entries = event.logprobs if self.ctx.params.sampling.get("logprobs") else None
+            return self.delta({"content": event.text}, entries=entries)
         if isinstance(event, ToolCallDelta):
             return self.delta({"tool_calls": [event.to_openai()]})
         return None  # the finish and the usage go out when the stream has ended

@@ -1,19 +1,41 @@
 """OpenAI chat-completions request schema, in OpenAI's field order, plus our one extra: ``rag``.
 
-Unknown OpenAI fields are accepted and ignored, so newer clients keep working. Fields we accept
-but cannot honour (``n`` > 1) are refused with a clear 400 rather than ignored. ``tools`` are
-checked for shape here (each a function with a valid name); their JSON Schemas are checked by
-the validate stage, after auth, within limits and off the event loop
-(``pipeline.tools.schema_check``). Bodies reach this model through ``app.http.bodies``, which has
-already refused what no part downstream can use (lone surrogates, integers past 64 bits,
-non-finite numbers, deep nesting), each with the field's name.
+Every field of OpenAI's request is honoured, refused or ignored, as ``docs/openai-compatibility.md``
+lists (a test reads that table against this module and the ``openai`` SDK's own request type):
+
+- honoured: passed to vLLM (and so part of the cache key, through ``sampling``) or implemented;
+- refused: fields that would change the answer and cannot be honoured here (``REFUSED``): a
+  non-null value is a 400 with code ``unsupported_parameter`` that names the field and says why;
+- ignored: fields that cannot change the answer (``IGNORED``), accepted and logged once per
+  process.
+
+A field OpenAI does not have is a 400 (``unknown_parameter``), as OpenAI answers it, so a typo
+or a parameter of another server never passes silently. Every value is checked as OpenAI
+documents it before anything is queued or sent (``stop``: a string or up to 4; ``logit_bias``:
+token ids to -100..100; ``top_logprobs``: 0..20 with ``logprobs``). ``tools`` are checked for
+shape here; their JSON Schemas, and ``response_format``'s, by the validate stage, after auth,
+within limits and off the event loop (``pipeline.tools.schema_check``). Bodies reach this model
+through ``app.http.bodies``, which has already refused what no part downstream can use (lone
+surrogates, integers past 64 bits, non-finite numbers, deep nesting), each with the field's name.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import logging
+import re
+from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from pipeline.context import ChatParams, RagOptions
 from pipeline.model.messages import TEXT_PARTS
@@ -76,9 +98,114 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(
+        None, description="Ignored: no obfuscation padding is added to the chunks."
+    )
+
+
+SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema the answer must follow."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: SchemaName
+    description: str | None = Field(None, max_length=10_000)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
+StopSequence = Annotated[str, Field(min_length=1, max_length=1000)]
+MAX_LOGIT_BIAS = 300
+_TOKEN_ID = re.compile(r"^(0|[1-9][0-9]{0,8})$")
+
+
+def _token_ids(bias: dict[str, float] | None) -> dict[str, float] | None:
+    for key, value in (bias or {}).items():
+        if not _TOKEN_ID.match(key):
+            raise PydanticCustomError(
+                "invalid_value",
+                "keys are token ids (whole numbers, as strings), not '{key}'",
+                {"key": key[:40]},
+            )
+        if not -100 <= value <= 100:
+            raise PydanticCustomError(
+                "invalid_value", "values are from -100 to 100, not {value}", {"value": value}
+            )
+    return bias
+
+
+LogitBias = Annotated[
+    dict[str, float] | None, Field(max_length=MAX_LOGIT_BIAS), AfterValidator(_token_ids)
+]
+
+
+# Fields of OpenAI's request that would change the answer and cannot be honoured here: a
+# non-null value is refused, with the reason.
+REFUSED: Final[dict[str, str]] = {
+    "audio": "audio output is not supported: the models here write text only",
+    "modalities": 'only ["text"] is supported: the models here write text only',
+    "prediction": "predicted outputs are not supported by the model server",
+    "web_search_options": "web search is not available; offer a server tool in rag.tools",
+    "functions": "the deprecated functions field is not supported; send tools",
+    "function_call": "the deprecated function_call field is not supported; send tool_choice",
+    "reasoning_effort": "the models here do not reason before answering",
+    "verbosity": "the models here have no verbosity setting",
+    "moderation": "moderation is this service's own guardrails, set per tenant by its operator",
+}
+# Fields that cannot change the answer: accepted, logged once per process, and otherwise unused.
+IGNORED: Final[dict[str, str]] = {
+    "store": "completions are not stored for later retrieval (jobs are the stored kind)",
+    "metadata": "only used with store",
+    "user": "the user is the API key's, for features and the cache; this one is not read",
+    "safety_identifier": "abuse monitoring is per API key here",
+    "prompt_cache_key": "vLLM's prefix cache needs no key; the response cache keys itself",
+    "prompt_cache_options": "vLLM's prefix cache has no options per request",
+    "prompt_cache_retention": "vLLM's prefix cache has no retention per request",
+    "service_tier": "every request is served at one tier, reported as `default`",
+}
+_logged_ignored: set[str] = set()
+log = logging.getLogger(__name__)
+
+
+def _refuse(field: str, value: Any) -> None:
+    if field == "modalities" and value == ["text"]:
+        return
+    if value is not None:
+        raise PydanticCustomError("unsupported_parameter", REFUSED[field])
+
+
+def _log_ignored(fields: set[str]) -> None:
+    for field in sorted(fields - _logged_ignored):
+        _logged_ignored.add(field)  # as vLLM does: once per process, not once per request
+        log.info("request field %r is accepted and ignored: %s", field, IGNORED[field])
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -171,29 +298,83 @@ class RagRequestOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     model: str = Field(min_length=1)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias = None
+    logprobs: StrictBool | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1, le=1, description="Only n=1 is supported.")
+    n: int | None = Field(None, ge=1)
+    parallel_tool_calls: StrictBool | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
+    response_format: ResponseFormat | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
+    stop: StopSequence | list[StopSequence] | None = Field(None, max_length=4)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    user: str | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_p: float | None = Field(None, gt=0, le=1)
+
+    # Refused when set (REFUSED says why); any JSON is read only to say so.
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    moderation: Any = None
+
+    # Ignored (IGNORED says why).
+    store: StrictBool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = Field(None, max_length=512)
+    safety_identifier: str | None = Field(None, max_length=512)
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = Field(None, max_length=64)
+    service_tier: str | None = Field(None, max_length=64)
 
     # --- server extension ---
     rag: RagRequestOptions = Field(default_factory=RagRequestOptions)
+
+    ignored: ClassVar[frozenset[str]] = frozenset(IGNORED)
+
+    @field_validator(*REFUSED, mode="before")
+    @classmethod
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        _refuse(info.field_name, value)
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n > 1:
+            raise PydanticCustomError(
+                "unsupported_parameter",
+                "only one choice per request is supported (n=1); send the request n times",
+            )
+        return n
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and not info.data.get("logprobs"):
+            raise PydanticCustomError("invalid_value", "top_logprobs needs logprobs: true")
+        return top
+
+    @model_validator(mode="after")
+    def _note_ignored(self) -> ChatCompletionRequest:
+        _log_ignored({name for name in self.ignored if getattr(self, name) is not None})
+        return self
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -214,14 +395,24 @@ class ChatCompletionRequest(BaseModel):
     def sampling(self, default_max_tokens: int | None = None) -> dict[str, Any]:
         """The parameters that decide the answer, exactly as vLLM will be given them."""
         max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        response_format = self.response_format
         values = {
             "frequency_penalty": self.frequency_penalty,
             "logit_bias": self.logit_bias,
+            "logprobs": self.logprobs or None,
             "max_tokens": max_tokens,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "presence_penalty": self.presence_penalty,
+            # "text" is the default: left out, so it shares the cache with requests without it.
+            "response_format": (
+                response_format.model_dump(by_alias=True, exclude_none=True)
+                if response_format is not None and response_format.type != "text"
+                else None
+            ),
             "seed": self.seed,
             "stop": self.stop,
             "temperature": self.temperature,
+            "top_logprobs": self.top_logprobs if self.logprobs else None,
             "top_p": self.top_p,
         }
         return {k: v for k, v in values.items() if v is not None}

@@ -3,8 +3,9 @@
 A job body is a chat-completions body (not streamed) plus ``webhook_url`` and ``metadata``;
 any other top-level field is refused (400 naming it), so nothing unknown is ever stored.
 Everything that can be checked at submit is checked then (schema, model, context size, webhook
-URL), so a job that is queued can only fail for reasons that arise when it runs. When Redis
-cannot be reached the answer is a 503 with ``Retry-After``: a job is never acknowledged unless
+URL: its form, and that its host resolves, within seconds, to addresses a webhook may reach),
+so a job that is queued can only fail for reasons that arise when it runs. When Redis cannot be
+reached the answer is a 503 with ``Retry-After``: a job is never acknowledged unless
 it is stored. A tenant that submits too fast, or has too many jobs queued, gets a 429 with
 ``Retry-After``; a full queue is a 503 with it.
 
@@ -26,6 +27,7 @@ from starlette.responses import Response
 
 from app.http.auth import PRINCIPAL, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.errors import shown_name
 from app.http.responses import JSONResponse
 from app.http.schemas import ChatCompletionRequest
 from app.jobs import job_queue
@@ -50,16 +52,16 @@ router = APIRouter(tags=["jobs"])
 MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
 ADMIN = "admin"
-SHOWN_NAME_CHARS = 64
 LIMITS = BodyLimits()
 
 
 class JobRequest(ChatCompletionRequest):
-    """A chat-completions body plus the job's own fields; ``stream`` must be false. Unlike a
-    chat request, which ignores fields it does not know (newer clients keep working), a job is
-    stored: a field it does not know is refused rather than kept."""
+    """A chat-completions body plus the job's own fields; ``stream`` must be false. A field
+    neither knows is refused, as in a chat request; ``metadata`` is the job's (returned as
+    given), not OpenAI's ignored one."""
 
     model_config = ConfigDict(extra="forbid")
+    ignored = ChatCompletionRequest.ignored - {"metadata"}  # the job's own, below
 
     webhook_url: str | None = Field(None, description="POSTed the job when it finishes.")
     metadata: dict[MetadataKey, MetadataValue] | None = Field(
@@ -110,12 +112,13 @@ def _refine(errors: list[Any]) -> Exception | None:
 
 
 def _unknown_field(name: str) -> InvalidRequest:
-    shown = name if len(name) <= SHOWN_NAME_CHARS else name[: SHOWN_NAME_CHARS - 1] + "…"
+    shown = shown_name(name)
     return InvalidRequest(
-        f"Unknown field {shown!r} in a job body: a job takes the chat-completions fields this "
-        "service supports, plus webhook_url and metadata. Nothing was stored.",
+        f"Unrecognized request argument supplied: {shown!r}. A job takes the chat-completions "
+        "fields (docs/openai-compatibility.md), plus webhook_url and metadata. Nothing was "
+        "stored.",
         param=shown,
-        code="unknown_field",
+        code="unknown_parameter",
     )
 
 
@@ -136,14 +139,12 @@ async def _check(
     if body.webhook_url is not None:
         policy = UrlPolicy(settings.jobs.webhook_allow)
         try:
-            target = policy.parse(body.webhook_url)
-            await policy.resolve(target)
+            # Checked again at every delivery attempt, on the addresses it then connects to.
+            await policy.check_at_submit(policy.parse(body.webhook_url))
         except WebhookUrlRefused as exc:
             raise InvalidRequest(
                 str(exc), param="webhook_url", code="invalid_webhook_url"
             ) from None
-        except OSError:
-            pass  # not resolvable now: checked again, and refused if need be, at delivery
     return ctx
 
 

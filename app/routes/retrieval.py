@@ -1,7 +1,8 @@
 """Documents in, passages out: POST /v1/documents, DELETE /v1/documents/{id}, POST /v1/retrieve.
 
 The tenant always comes from the API key. Ingest needs the ``ingest`` scope; search needs
-``retrieve``. Search runs through the same filter and retrieval code as chat.
+``retrieve``. Search runs through the same filter, retrieval and relevance gate code as chat,
+with chat's bounds (``top_k``, ``min_relevance``) and its default threshold.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.schemas import Filters
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
-from pipeline.sources.search import PassageSearch
-from retrieval import Document, DocumentError, IngestResult
+from pipeline.sources.search import PassageSearch, parse_request_filters
+from retrieval import Document, DocumentError, IngestResult, RelevanceGate
 
 router = APIRouter(tags=["retrieval"])
 
@@ -51,8 +52,9 @@ class RetrieveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=10_000)
-    top_k: int = Field(5, ge=1, le=100)
+    top_k: int = Field(5, ge=1, le=50)  # chat's rag.top_k bounds
     filters: Filters = None
+    min_relevance: float | None = Field(None, ge=0.0, le=1.0)  # None: the server's threshold
 
 
 def _ingest_body(result: IngestResult) -> dict[str, Any]:
@@ -120,26 +122,31 @@ async def retrieve(
     request: Request, services: ServicesDep, principal: RetrievePrincipal
 ) -> dict[str, Any]:
     body = await read_body(await request.body(), RetrieveRequest, LIMITS)
+    filters = parse_request_filters(body.filters, "filters")
     result = await _search(services).search(
-        principal.tenant, body.query, top_k=body.top_k, filters=body.filters
+        principal.tenant, body.query, top_k=body.top_k, filters=filters
     )
+    gate = RelevanceGate.configured(services.settings.retrieval.relevance_threshold)
+    kept, dropped = gate.apply(result.hits, body.min_relevance)
     return {
         "object": "list",
         "index_version": result.version,
         "candidates": result.candidates,
         "allowed": result.allowed,
+        "dropped": len(dropped),
         "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
         "data": [
             {
                 "document_id": hit.document_id,
                 "chunk_id": hit.chunk_id,
                 "score": hit.score,
+                "relevance": hit.relevance,
                 "bm25_score": hit.bm25_score,
                 "vector_score": hit.vector_score,
                 "title": hit.title,
                 "text": hit.text,
                 "metadata": hit.metadata,
             }
-            for hit in result.hits
+            for hit in kept
         ],
     }

@@ -15,7 +15,8 @@ class Completion:
     ``tool_calls`` are calls for the client to run; ``tools`` are the server's
     own tool runs (name, status, duration); ``route`` is the model route that answered.
     ``cache_ttl`` caps how long the answer may be cached (a tool whose result changes with time
-    was used); None means the cache's own TTL.
+    was used); None means the cache's own TTL. ``logprobs`` are the content tokens' entries
+    when the request asked for them (those of redacted text removed), None when it did not.
     """
 
     content: str
@@ -29,6 +30,7 @@ class Completion:
     route: dict[str, Any] | None = None
     finish_detail: str | None = None
     cache_ttl: int | None = None
+    logprobs: list[dict[str, Any]] | None = None  # None: not asked for
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,12 +44,14 @@ class Completion:
             "tools": self.tools,
             "route": self.route,
             "finish_detail": self.finish_detail,
+            "logprobs": self.logprobs,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Completion:
         route = data.get("route")
         detail = data.get("finish_detail")
+        logprobs = data.get("logprobs")
         return cls(
             content=str(data["content"]),
             finish_reason=str(data["finish_reason"]),
@@ -59,4 +63,5 @@ class Completion:
             tools=list(data.get("tools", [])),
             route=dict(route) if isinstance(route, dict) else None,
             finish_detail=str(detail) if detail is not None else None,
+            logprobs=list(logprobs) if isinstance(logprobs, list) else None,
         )

@@ -13,9 +13,12 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class ContentDelta:
-    """A piece of the answer's text."""
+    """A piece of the answer's text, with the log probabilities of its tokens when the request
+    asked for them (OpenAI's ``logprobs.content`` entries: token, logprob, bytes,
+    top_logprobs), as the model server gave them."""
 
     text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +107,21 @@ def _tool_call_deltas(calls: Any) -> list[StreamEvent]:
     return events
 
 
+def _logprob_entries(logprobs: Any) -> tuple[dict[str, Any], ...]:
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return ()
+    return tuple(entry for entry in content if isinstance(entry, dict))
+
+
 def events_from_chunk(chunk: dict[str, Any]) -> list[StreamEvent]:
     """The events in one OpenAI-style ``chat.completion.chunk`` (as vLLM streams them)."""
     events: list[StreamEvent] = []
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
-        if delta.get("content"):
-            events.append(ContentDelta(str(delta["content"])))
+        logprobs = _logprob_entries(choice.get("logprobs"))
+        if delta.get("content") or logprobs:
+            events.append(ContentDelta(str(delta.get("content") or ""), logprobs))
         if delta.get("tool_calls"):
             events.extend(_tool_call_deltas(delta["tool_calls"]))
         if choice.get("finish_reason"):

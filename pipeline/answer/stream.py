@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.answer.completion import Completion
 from pipeline.answer.events import (
@@ -45,6 +45,7 @@ class CompletionBuilder:
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
         self.calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         self.finish: Finish | None = None
         self.usage = Usage(0, 0)
@@ -52,6 +53,7 @@ class CompletionBuilder:
     def take(self, event: StreamEvent) -> None:
         if isinstance(event, ContentDelta):
             self.text.append(event.text)
+            self.logprobs.extend(event.logprobs)
         elif isinstance(event, ToolCallDelta):
             call = self.calls.setdefault(event.index, ["", "", ""])
             call[0] = event.id or call[0]
@@ -72,6 +74,8 @@ class CompletionBuilder:
             finish_detail=finish.detail,
             prompt_tokens=self.usage.prompt_tokens,
             completion_tokens=self.usage.completion_tokens,
+            # Asked for (the base says so with a list): what came out of the filters.
+            logprobs=list(self.logprobs) if base.logprobs is not None else None,
         )
 
 
@@ -102,8 +106,8 @@ class AnswerStream:
         """The events of a complete answer again (a cache hit), as one delta each."""
 
         async def events() -> AsyncIterator[StreamEvent]:
-            if completion.content:
-                yield ContentDelta(completion.content)
+            if completion.content or completion.logprobs:
+                yield ContentDelta(completion.content, tuple(completion.logprobs or ()))
             for index, call in enumerate(completion.tool_calls):
                 yield ToolCallDelta(index, call.id, call.name, call.arguments)
             yield Finish(completion.finish_reason, completion.finish_detail)

@@ -63,13 +63,17 @@ def derive_rows(
     skipped = 0
     for record in records:
         tenant, user = record.get("tenant"), record.get("user")
+        # Names only: a null or numeric tenant is malformed, not a tenant called "None".
+        if not (isinstance(tenant, str) and isinstance(user, str)):
+            skipped += 1
+            continue
         try:
-            validate_name("tenant", str(tenant))
-            validate_name("user", str(user))
+            validate_name("tenant", tenant)
+            validate_name("user", user)
         except ValueError:
             skipped += 1
             continue
-        grouped[(str(tenant), str(user))].append(record)
+        grouped[(tenant, user)].append(record)
     rows = []
     for (tenant, user), items in sorted(grouped.items()):
         items = sorted(items, key=lambda r: float(r.get("ts") or 0.0))

@@ -46,6 +46,8 @@ _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
 _KEY_CONTEXT = 32  # characters of a key kept as its value's context
 
 RedactorFactory = Callable[[str], StreamingRedactor]
+# The rule of a redaction outside the strings of an answer that must follow a JSON schema.
+OUTSIDE_STRING = "pii_outside_string"
 
 
 def encode(text: str) -> str:
@@ -68,8 +70,11 @@ class JsonArgumentsRedactor:
     """Redacts one call's arguments as they arrive; `violations` collects what the redactors
     of its strings and other stretches found."""
 
-    def __init__(self, make: RedactorFactory) -> None:
+    def __init__(self, make: RedactorFactory, *, quote_bare: bool = True) -> None:
         self.make = make
+        # False (an answer under a JSON schema): a redacted stretch outside strings is not
+        # quoted, which would change its type, but recorded as a `pii_outside_string` violation.
+        self.quote_bare = quote_bare
         self.violations: list[Violation] = []
         self._containers: list[str] = []  # "{" or "[" for each open container
         self._last = ""  # the last structural character
@@ -105,6 +110,12 @@ class JsonArgumentsRedactor:
                 self._bare.append(run.group())
                 i = run.end()
         return "".join(out)
+
+    @property
+    def held(self) -> int:
+        """Characters received but not yet passed on (about: a string's are counted decoded)."""
+        string = self._string.held if self._string is not None else 0
+        return string + sum(map(len, self._bare)) + len(self._escape) + len(self._high)
 
     def end(self) -> str:
         """The arguments are complete: the rest, redacted (an unclosed string stays open)."""
@@ -176,6 +187,8 @@ class JsonArgumentsRedactor:
         redacted = self._collect(redactor, redactor.feed(core) + redactor.end())
         if redacted == core:
             return text
+        if not self.quote_bare:
+            self.violations.append(Violation(OUTSIDE_STRING, "a value outside a string", 0))
         start = text.index(core[0])
         return f'{text[:start]}"{encode(redacted)}"{text[start + len(core) :]}'
 

@@ -78,6 +78,9 @@ class StreamingRedactor:
         self._pending = ""  # original text not yet emitted
         self._emitted = 0  # original offset where `_pending` starts
         self._start = 0  # canonical offset where the text (after the context) starts
+        self._context = len(context)
+        # Original spans (offsets in the text after the context) replaced so far, in order.
+        self.redacted: list[tuple[int, int]] = []
         if context:
             self._canon.extend(context)
             self._start = len(self._canon.text)
@@ -89,6 +92,11 @@ class StreamingRedactor:
     def held(self) -> int:
         """Canonical characters received but not yet emitted."""
         return len(self._canon.text) - self._pos
+
+    @property
+    def emitted(self) -> int:
+        """Characters of the text (after the context) emitted so far, redacted or not."""
+        return self._emitted - self._context
 
     def feed(self, text: str) -> str:
         """Take the next chunk of the answer; return the text that is safe to emit now."""
@@ -168,6 +176,7 @@ class StreamingRedactor:
     def _redact_pending(self, end: int, spans: list[pii.Candidate]) -> str:
         base = self._emitted
         local = [pii.Candidate(s.kind, s.start - base, s.end - base, s.score) for s in spans]
+        self.redacted += [(s.start - self._context, s.end - self._context) for s in spans]
         out = pii.redact(self._pending[: end - base], local)
         self._pending = self._pending[end - base :]
         self._emitted = end

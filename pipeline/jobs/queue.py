@@ -153,6 +153,7 @@ class JobQueue:
                 "START",
                 "FINISH",
                 "SETTLE_WEBHOOK",
+                "RECORD_DELIVERIES",
                 "REQUEUE",
                 "CANCEL",
                 "SETTLE_KEY",
@@ -401,16 +402,29 @@ class JobQueue:
         )
         return bool(done)
 
-    async def settle_webhook(self, delivery: Delivery, lease: str, state: str) -> bool:
+    async def settle_webhook(
+        self, delivery: Delivery, lease: str, state: str, deliveries: list[dict[str, Any]]
+    ) -> bool:
+        """The delivery's final state, written with its attempts; False if the lease is lost."""
+        record = orjson.dumps(deliveries).decode()
         done = await self._persist(
-            "SETTLE_WEBHOOK", delivery, [GROUP, delivery.entry, lease, state, self.result_ttl]
+            "SETTLE_WEBHOOK",
+            delivery,
+            [GROUP, delivery.entry, lease, state, self.result_ttl, record],
         )
         return bool(done)
 
-    async def record_deliveries(self, job_id: str, deliveries: list[dict[str, Any]]) -> None:
-        await self.kv.hset(
-            self.job_prefix + job_id, {"deliveries": orjson.dumps(deliveries).decode()}
+    async def record_deliveries(
+        self, delivery: Delivery, lease: str, deliveries: list[dict[str, Any]]
+    ) -> bool:
+        """The attempts so far (not retried: ``settle_webhook`` writes them all again); False
+        if the lease is lost."""
+        done = await self._run(
+            "RECORD_DELIVERIES",
+            [self.job_prefix + delivery.job_id],
+            [lease, orjson.dumps(deliveries).decode()],
         )
+        return bool(done)
 
     async def backlog(self) -> int:
         """Entries in the stream (queued plus running)."""

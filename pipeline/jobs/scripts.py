@@ -170,17 +170,26 @@ return 1
 """
 )
 
-# KEYS: job, stream.  ARGV: group, entry, lease, webhook state, ttl
+# KEYS: job, stream.  ARGV: group, entry, lease, webhook state, ttl, deliveries (JSON)
+# The state and the attempts that led to it are written together, so they always agree.
 SETTLE_WEBHOOK: Final = (
     _ACK
     + """
 if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[3] then return 0 end
-redis.call('HSET', KEYS[1], 'webhook_state', ARGV[4])
+redis.call('HSET', KEYS[1], 'webhook_state', ARGV[4], 'deliveries', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 ack()
 return 1
 """
 )
+
+# KEYS: job.  ARGV: lease, deliveries (JSON).  Returns 0 when the lease is lost: another worker
+# took the delivery over, and only its record counts.
+RECORD_DELIVERIES: Final = """
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'deliveries', ARGV[2])
+return 1
+"""
 
 # KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 last error (JSON or ''),
 #                           5 "1" to refund the attempt, 6 base, 7 expires (s), 8 stream cap

@@ -7,8 +7,16 @@ forms that embed one of those (IPv4-mapped, 6to4, Teredo, NAT64). The check runs
 again at delivery, on the addresses the connection then uses (see ``webhooks.py``), so a name
 that resolves elsewhere later (DNS rebinding) is caught where it matters.
 
+At submit the host must also resolve, within ``SUBMIT_RESOLVE_SECONDS`` (``check_at_submit``):
+a name that does not resolve, or not in time, is refused then rather than failing every
+delivery attempt later. At delivery a name that does not resolve is retried (DNS may be back).
+Resolution runs on the event loop's ``getaddrinfo`` (a thread of the default executor), never
+blocking the loop.
+
 An allow-list (``RAG_JOBS__WEBHOOK_ALLOW``: host names and CIDRs) exempts chosen hosts, for
-receivers inside the network and for tests on loopback; only allow-listed hosts may use http.
+receivers inside the network and for local development on loopback; only allow-listed hosts may
+use http. A host allow-listed by name need not resolve at submit (a name of the workers' network
+may not resolve where the API runs); it is resolved at delivery.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[Address]]]
 
 MAX_URL_LENGTH: Final = 2048
+# Long enough for a cold lookup through a recursive resolver, short enough for a submit to wait.
+SUBMIT_RESOLVE_SECONDS: Final = 2.0
 # Metadata services; most are link-local or private already, listed so that they stay refused
 # even if an allow-list names a network around them.
 METADATA_ADDRESSES: Final = frozenset(
@@ -103,7 +113,10 @@ async def system_resolver(host: str, port: int) -> list[Address]:
 class UrlPolicy:
     """The webhook rules above, with an allow-list of hosts and networks."""
 
-    def __init__(self, allow: Iterable[str] = ()) -> None:
+    def __init__(
+        self, allow: Iterable[str] = (), *, resolve_seconds: float = SUBMIT_RESOLVE_SECONDS
+    ) -> None:
+        self.resolve_seconds = resolve_seconds
         hosts: set[str] = set()
         networks: list[Network] = []
         for entry in (e.strip() for e in allow):
@@ -186,3 +199,21 @@ class UrlPolicy:
         for address in addresses:
             self.check_address(target, address)
         return addresses
+
+    async def check_at_submit(
+        self, target: WebhookTarget, resolver: Resolver = system_resolver
+    ) -> None:
+        """``resolve``, within ``resolve_seconds``: a host that does not resolve, or not in
+        time, is refused (``WebhookUrlRefused``) unless it is allow-listed by name."""
+        timeout = self.resolve_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                await self.resolve(target, resolver)
+        except TimeoutError:  # before OSError: TimeoutError is one
+            reason = f"did not resolve within {timeout:g} s"
+        except OSError as exc:
+            reason = f"does not resolve ({exc.strerror or 'no address'})"
+        else:
+            return
+        if target.host not in self.hosts:
+            raise WebhookUrlRefused(f"webhook_url: the host {target.host} {reason}")

@@ -13,12 +13,19 @@ otherwise hold the attempt (and a delivery slot) for as long as it likes.
 
 Network errors, a missed deadline, 5xx, 408 and 429 are retried with exponential backoff and
 jitter; other answers (2xx: delivered; 3xx and 4xx: the receiver refused) end the delivery.
-Every attempt is recorded on the job.
+
+Every attempt is recorded on the job with its outcome, and the record agrees with the delivery's
+final state (``webhook_state``): every attempt but the last is ``retry``; the last is
+``delivered`` (state ``delivered``), ``rejected`` (3xx, 4xx), ``refused`` (the URL policy) or
+``failed`` (a retryable failure with no attempt left), all three state ``failed``. A delivery
+resumed by another worker continues the record, and sends nothing when its last attempt had
+already ended it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -54,7 +61,30 @@ from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import mark_failed
 
 RETRY_STATUSES: Final = frozenset({408, 429})
+# An attempt's outcome; only RETRY is followed by another attempt.
+DELIVERED: Final = "delivered"
+RETRY: Final = "retry"
+REJECTED: Final = "rejected"
+REFUSED: Final = "refused"
+FAILED: Final = "failed"
+# A response's stream is closed after its status is known, outside the attempt's deadline.
+CLOSE_SECONDS: Final = 1.0
 Record = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+def webhook_state(deliveries: list[dict[str, Any]]) -> str:
+    """The final state of a delivery whose attempts are ``deliveries``: what its last says."""
+    return "delivered" if deliveries and deliveries[-1].get("outcome") == DELIVERED else "failed"
+
+
+def ended(deliveries: list[dict[str, Any]]) -> bool:
+    """Whether the last attempt of ``deliveries`` ended the delivery (no retry follows it)."""
+    return bool(deliveries) and deliveries[-1].get("outcome") != RETRY
+
+
+def unsent(number: int, error: str) -> dict[str, Any]:
+    """The record of an attempt that could not be made at all; it ends the delivery."""
+    return {"attempt": number, "at": int(time.time()), "outcome": FAILED, "error": error}
 
 
 class WebhookSender:
@@ -92,21 +122,31 @@ class WebhookSender:
 
     async def deliver(self, job: Job, record: Record) -> bool:
         """Deliver ``job`` (continuing the attempts already recorded on it); True if a 2xx came
-        back. ``record`` is given the list of attempts after each one."""
+        back. ``record`` is given the list of attempts after each one, and whenever this call
+        changes it; its last entry then says how the delivery ended."""
         deliveries = list(job.deliveries)
+        if ended(deliveries):
+            # Ended before, by a worker that stopped before settling it: nothing to send again.
+            return webhook_state(deliveries) == "delivered"
+        if len(deliveries) >= self.max_attempts:
+            # Its last attempt said retry, but none is left (fewer are allowed now): it was last.
+            deliveries[-1] = {**deliveries[-1], "outcome": FAILED}
+            await record(deliveries)
+            return False
         body = orjson.dumps(job.public())
-        while len(deliveries) < self.max_attempts:
+        while True:
             number = len(deliveries) + 1
-            entry = await self._attempt(job, body, number)
+            entry = await self._attempt(job, body, number, last=number >= self.max_attempts)
             deliveries.append(entry)
             await record(deliveries)
-            if entry["outcome"] != "retry" or number >= self.max_attempts:
-                return bool(entry["outcome"] == "delivered")
+            if entry["outcome"] != RETRY:
+                return bool(entry["outcome"] == DELIVERED)
             delay = min(self.max_backoff, self.backoff * 2 ** (number - 1))
             await asyncio.sleep(delay / 2 + random.uniform(0, delay / 2))
-        return False
 
-    async def _attempt(self, job: Job, body: bytes, number: int) -> dict[str, Any]:
+    async def _attempt(self, job: Job, body: bytes, number: int, *, last: bool) -> dict[str, Any]:
+        """One attempt; a failure worth retrying is ``retry``, or ``failed`` when ``last``."""
+        retry = FAILED if last else RETRY
         entry: dict[str, Any] = {"attempt": number, "at": int(time.time())}
         started = time.perf_counter()
         with self.tracer.start_as_current_span(
@@ -119,34 +159,37 @@ class WebhookSender:
             },
         ) as span:
             deadline = asyncio.timeout(self.deadline)
+            response: httpx.Response | None = None
             try:
                 async with deadline:
                     target = self.policy.parse(job.webhook_url or "")
                     span.set_attribute(server_attributes.SERVER_ADDRESS, target.host)
                     addresses = await self.policy.resolve(target, self.resolver)
-                    status, address = await self._post(job, target, addresses, body, number)
+                    response, address = await self._post(job, target, addresses, body, number)
             except WebhookUrlRefused as exc:
-                entry.update(outcome="refused", error=str(exc))
+                entry.update(outcome=REFUSED, error=str(exc))
             except TimeoutError as exc:
                 error = (
                     f"DeadlineExceeded: no answer within {self.deadline:g} s"
                     if deadline.expired()
                     else _describe(exc)
                 )
-                entry.update(outcome="retry", error=error)
+                entry.update(outcome=retry, error=error)
             except (OSError, httpx.HTTPError, StoreUnavailable, SecretUnreadable) as exc:
-                entry.update(outcome="retry", error=_describe(exc))
+                entry.update(outcome=retry, error=_describe(exc))
             else:
+                assert response is not None
+                status = response.status_code
                 span.set_attribute(http_attributes.HTTP_RESPONSE_STATUS_CODE, status)
                 span.set_attribute(network_attributes.NETWORK_PEER_ADDRESS, str(address))
-                entry.update(status_code=status, address=str(address))
-                if 200 <= status < 300:
-                    entry["outcome"] = "delivered"
-                elif status >= 500 or status in RETRY_STATUSES:
-                    entry["outcome"] = "retry"
-                else:
-                    entry["outcome"] = "rejected"
-            if entry["outcome"] != "delivered":
+                entry.update(
+                    status_code=status, address=str(address), outcome=_answered(status, retry)
+                )
+            finally:
+                if response is not None:
+                    # The answer is in: closing the stream must not turn it into a timeout.
+                    await _close(response)
+            if entry["outcome"] != DELIVERED:
                 mark_failed(span, kind=entry["outcome"])
         entry["duration_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return entry
@@ -158,8 +201,9 @@ class WebhookSender:
         addresses: list[Address],
         body: bytes,
         number: int,
-    ) -> tuple[int, Address]:
-        """POST to the first checked address that accepts a connection."""
+    ) -> tuple[httpx.Response, Address]:
+        """POST to the first checked address that accepts a connection; the response's stream
+        is left open (its status is all we read; ``_close`` closes it)."""
         secrets = await self.secrets.signing(job.tenant)
         original = httpx.URL(target.url)
         headers = {
@@ -191,13 +235,29 @@ class WebhookSender:
             except httpx.ConnectError as exc:
                 last_error = exc
                 continue
-            await response.aclose()  # the status is all we need; never read a large body
-            return response.status_code, address
+            return response, address
         assert last_error is not None
         raise last_error
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _answered(status: int, retry: str) -> str:
+    """The outcome of an answer: 2xx delivered; 5xx, 408 and 429 ``retry``; others rejected."""
+    if 200 <= status < 300:
+        return DELIVERED
+    if status >= 500 or status in RETRY_STATUSES:
+        return retry
+    return REJECTED
+
+
+async def _close(response: httpx.Response) -> None:
+    """Close without reading the body (never read a large one); bounded, and quiet: the
+    connection is not kept alive, so a close that fails loses nothing."""
+    with contextlib.suppress(httpx.HTTPError, OSError):  # OSError covers TimeoutError
+        async with asyncio.timeout(CLOSE_SECONDS):
+            await response.aclose()
 
 
 def _describe(exc: BaseException) -> str:

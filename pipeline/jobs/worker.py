@@ -42,7 +42,7 @@ from opentelemetry.trace import Link, SpanKind
 from pipeline.errors import PipelineError, StoreUnavailable
 from pipeline.jobs.model import FAILED, SUCCEEDED, Job
 from pipeline.jobs.queue import Delivery, JobQueue
-from pipeline.jobs.webhooks import WebhookSender
+from pipeline.jobs.webhooks import WebhookSender, ended, unsent, webhook_state
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import mark_failed
 
@@ -323,22 +323,41 @@ class JobWorker:
         return await self.queue.finish(delivery, lease, FAILED, error)
 
     async def _deliver(self, delivery: Delivery, lease: str) -> None:
+        """Deliver, recording each attempt, then settle: the final state and the attempts are
+        written together (``settle_webhook``), so a record lost on the way (Redis briefly
+        away) cannot leave them disagreeing."""
         job = await self.queue.get(delivery.job_id)
         if job is None:
             return
+        attempts = list(job.deliveries)
         if self.webhooks is None:
             log.error("job %s has a webhook but this worker cannot deliver it", job.id)
-            await self.queue.settle_webhook(delivery, lease, "failed")
+            if not ended(attempts):
+                attempts.append(unsent(len(attempts) + 1, "this worker has no webhook sender"))
+            await self.queue.settle_webhook(delivery, lease, webhook_state(attempts), attempts)
             return
 
         async def record(deliveries: list[dict[str, Any]]) -> None:
+            nonlocal attempts
+            attempts = list(deliveries)
             try:
-                await self.queue.record_deliveries(job.id, deliveries)
+                ours = await self.queue.record_deliveries(delivery, lease, deliveries)
             except StoreUnavailable as exc:
                 log.warning("job %s: delivery attempt not recorded: %s", job.id, exc)
+                return
+            if not ours:
+                raise _TakenOver
 
-        delivered = await self.webhooks.deliver(job, record)
-        await self.queue.settle_webhook(delivery, lease, "delivered" if delivered else "failed")
+        try:
+            await self.webhooks.deliver(job, record)
+        except _TakenOver:
+            log.warning("job %s: its delivery was taken over by another worker", job.id)
+            return
+        await self.queue.settle_webhook(delivery, lease, webhook_state(attempts), attempts)
+
+
+class _TakenOver(Exception):
+    """This worker's lease on a delivery is gone: another worker delivers it now."""
 
 
 def _links(traceparent: str | None) -> list[Link]:

@@ -24,6 +24,16 @@ from pipeline.errors import (
 )
 
 
+def _upstream_param(body: bytes) -> str | None:
+    """The request field the model server named in its refusal, if any (a short name)."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    param = error.get("param") if isinstance(error, dict) else None
+    return param if isinstance(param, str) and 0 < len(param) <= 64 else None
+
+
 def _upstream_message(body: bytes) -> str:
     try:
         data = orjson.loads(body)
@@ -38,16 +48,40 @@ def _upstream_message(body: bytes) -> str:
 
 
 def upstream_error(status: int, body: bytes) -> PipelineError:
+    """Our error for the model server's refusal: our shape and a code, its words only as the
+    reason (what reaches it was validated here first, so this is rare)."""
     message = _upstream_message(body)
     if status == 404:
-        return NotFound(message, param="model", code="model_not_found")
+        return NotFound(
+            f"The model server does not serve this model: {message}",
+            param="model",
+            code="model_not_found",
+        )
     if status in (400, 422):
         if "context length" in message.lower() or "maximum context" in message.lower():
-            return ContextTooLong(message)
-        return InvalidRequest(message)
+            return ContextTooLong(f"The request does not fit the model's context: {message}")
+        return InvalidRequest(
+            f"The model server refused the request: {message}",
+            param=_upstream_param(body),
+            code="upstream_rejected",
+        )
     if 400 <= status < 500:
-        return InvalidRequest(f"upstream refused the request ({status}): {message}")
-    return UpstreamError(f"the model server failed ({status}): {message}")
+        return InvalidRequest(
+            f"The model server refused the request ({status}): {message}",
+            code="upstream_rejected",
+        )
+    return UpstreamError(f"the model server failed ({status}): {message}", code="upstream_failed")
+
+
+def _stream_error(error: Any, body: bytes, started: bool) -> PipelineError:
+    """An error event in the stream. Before any chunk, a refusal (vLLM streams some request
+    checks, such as logit_bias against the vocabulary, as a first event with a 4xx code) is
+    the same 400 as one in the status line; anything else, or after the answer began, is the
+    model server failing (502)."""
+    code = error.get("code") if isinstance(error, dict) else None
+    if not started and isinstance(code, int) and 400 <= code < 500:
+        return upstream_error(code, body)
+    return UpstreamError(f"the model server failed mid-stream: {error}", code="upstream_failed")
 
 
 def convert_transport_error(exc: httpx.HTTPError, base_url: str) -> PipelineError:
@@ -96,6 +130,7 @@ class LLMClient:
             async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code >= 400:
                     raise upstream_error(response.status_code, await response.aread())
+                started = False
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -104,7 +139,8 @@ class LLMClient:
                         return
                     chunk = orjson.loads(data)
                     if "error" in chunk:
-                        raise UpstreamError(f"the model server failed mid-stream: {chunk['error']}")
+                        raise _stream_error(chunk["error"], data.encode(), started)
+                    started = True
                     yield chunk
         except httpx.HTTPError as exc:
             raise convert_transport_error(exc, self.base_url) from exc

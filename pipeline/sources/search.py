@@ -30,14 +30,15 @@ from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray
 
 
-def parse_request_filters(spec: Any) -> Filter | None:
-    """The request's filter, or a 400 naming what is wrong with it."""
+def parse_request_filters(spec: Any, param: str = "rag.filters") -> Filter | None:
+    """The request's filter, or a 400 naming what is wrong with it and the request's field
+    that holds it (``rag.filters`` on chat, ``filters`` on /v1/retrieve)."""
     if spec is None:
         return None
     try:
         return parse_filters(spec)
     except FilterError as exc:
-        raise InvalidRequest(f"Invalid rag.filters: {exc}", param="filters") from exc
+        raise InvalidRequest(f"Invalid {param}: {exc}", param=param) from exc
 
 
 class PassageSearch:
@@ -82,12 +83,13 @@ class PassageSearch:
         query: str,
         *,
         top_k: int,
-        filters: Any = None,
+        filters: Filter | None = None,
+        defaults: Filter | None = None,
         vector: FloatArray | None = None,
     ) -> SearchResult:
-        """The tenant's best passages for ``query``; ``filters`` is the request's raw spec.
-        ``vector`` is the query's, when the caller has embedded it already."""
-        parsed = parse_request_filters(filters)
+        """The tenant's best passages for ``query``, within the request's ``filters`` and the
+        ``defaults`` it did not write (each parsed by ``parse_request_filters``, which names the
+        caller's field). ``vector`` is the query's, when the caller has embedded it already."""
         with self.tracer.start_as_current_span(
             f"retrieval {tenant}", attributes={attr.TENANT: tenant}
         ) as span:
@@ -96,7 +98,13 @@ class PassageSearch:
                 vector = await self.embed(query)
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await asyncio.to_thread(
-                self.retriever.search, tenant, query, vector, top_k=top_k, filters=parsed
+                self.retriever.search,
+                tenant,
+                query,
+                vector,
+                top_k=top_k,
+                filters=filters,
+                defaults=defaults,
             )
             timings = {"embed": embed_ms, **result.timings_ms}
             span.set_attributes(

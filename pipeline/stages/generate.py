@@ -131,4 +131,5 @@ def base_completion(ctx: RequestContext, model: str, runs: list[ToolRun]) -> Com
         tools=[run.report() for run in runs],
         route=ctx.route.report() if ctx.route is not None else None,
         cache_ttl=min(ttls) if ttls else None,
+        logprobs=[] if ctx.params.sampling.get("logprobs") else None,
     )

@@ -16,43 +16,178 @@ supports; the results go on a ``guard_out grounding`` span and into ``rag.explai
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta
 from pipeline.context import Passage, RequestContext, StageRecord, current_record
-from pipeline.guards.arguments import JsonArgumentsRedactor, RedactorFactory, redactor_factory
+from pipeline.guards.arguments import (
+    OUTSIDE_STRING,
+    JsonArgumentsRedactor,
+    RedactorFactory,
+    redactor_factory,
+)
 from pipeline.guards.grounding import GroundingReport, check_grounding
 from pipeline.guards.output import StreamingRedactor
 from pipeline.guards.policy import PolicyBook
 from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 
+# Rules that end the answer whatever the tenant's policy.
+ALWAYS_BLOCKED = frozenset({"blocked_term", OUTSIDE_STRING})
+
+
+class LogprobAligner:
+    """Gives the text the output filter emits the logprob entries of the tokens it covers, and
+    drops the entries of tokens that were redacted (any overlap with a replaced span).
+
+    Each entry gets its token's span in the text fed so far; a delta's last entry reaches its
+    delta's end, so tokens the server wrote oddly (partial UTF-8) still cover the text."""
+
+    def __init__(self) -> None:
+        self.fed = 0
+        self.pending: deque[tuple[int, int, dict[str, Any]]] = deque()
+        self.original: list[str] = []  # kept only for `align` (answers under a JSON schema)
+
+    def take(self, delta: ContentDelta, *, keep_text: bool = False) -> None:
+        start, end = self.fed, self.fed + len(delta.text)
+        position = start
+        for number, entry in enumerate(delta.logprobs):
+            token = entry.get("token")
+            stop = min(end, position + (len(token) if isinstance(token, str) else 0))
+            if number == len(delta.logprobs) - 1:
+                stop = end
+            self.pending.append((position, stop, entry))
+            position = stop
+        self.fed = end
+        if keep_text:
+            self.original.append(delta.text)
+
+    def release(self, emitted: int, redacted: Sequence[tuple[int, int]]) -> tuple[Any, ...]:
+        """The entries whose tokens lie wholly in the first `emitted` characters, less those
+        that overlap a redacted span."""
+        out = []
+        while self.pending and self.pending[0][1] <= emitted:
+            start, end, entry = self.pending.popleft()
+            if not any(_overlaps(start, end, a, b) for a, b in redacted):
+                out.append(entry)
+        return tuple(out)
+
+    def align(self, output: str) -> tuple[Any, ...]:
+        """All the entries at once, for text redacted by a reader whose offsets are its own
+        (JSON): a token is kept when it lies wholly in a stretch the output kept unchanged."""
+        same = kept_stretches("".join(self.original), output)
+        out = []
+        for start, end, entry in self.pending:
+            if any(a <= start and end <= b for a, b in same):
+                out.append(entry)
+        self.pending.clear()
+        return tuple(out)
+
+
+ANCHOR = 8  # characters of the original that must reappear for the output to be back in step
+LOOK_AHEAD = 512  # how far, in both texts, a changed stretch is looked past
+
+
+def kept_stretches(original: str, output: str) -> list[tuple[int, int]]:
+    """The stretches of `original` that `output` holds unchanged, in order, in linear time:
+    `output` is `original` with some short stretches rewritten (redacted, re-escaped). Walk
+    both while they agree; where they part, find the first `ANCHOR` characters of the original,
+    within `LOOK_AHEAD`, that reappear in the output's next `LOOK_AHEAD`, and go on from there.
+    Every stretch returned was compared character by character; past a change that cannot be
+    looked past, nothing more is kept (fewer entries, never one of rewritten text)."""
+    if original == output:
+        return [(0, len(original))] if original else []
+    # The common end is kept too (the walk cannot anchor on fewer than ANCHOR characters).
+    tail = 0
+    limit = min(len(original), len(output))
+    while tail < limit and original[-1 - tail] == output[-1 - tail]:
+        tail += 1
+    kept = _walk(original[: len(original) - tail], output[: len(output) - tail])
+    return [*kept, (len(original) - tail, len(original))] if tail else kept
+
+
+def _walk(original: str, output: str) -> list[tuple[int, int]]:
+    kept: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(original) and j < len(output):
+        start = i
+        while i < len(original) and j < len(output) and original[i] == output[j]:
+            i, j = i + 1, j + 1
+        if i > start:
+            kept.append((start, i))
+            continue
+        for skip in range(min(LOOK_AHEAD, len(original) - i)):
+            anchor = original[i + skip : i + skip + ANCHOR]
+            if len(anchor) < ANCHOR:
+                return kept
+            found = output.find(anchor, j + 1, j + 1 + LOOK_AHEAD + ANCHOR)
+            if found >= 0:
+                i, j = i + skip, found
+                break
+        else:
+            return kept
+    return kept
+
+
+def _overlaps(start: int, end: int, a: int, b: int) -> bool:
+    if start == end:  # a token of no text: inside a span or not
+        return a <= start < b
+    return start < b and a < end
+
 
 class OutputGuard:
     """The stream filter: redaction and blocking as the text and the tool calls' arguments
-    pass, grounding at the end."""
+    pass, grounding at the end.
+
+    An answer that must be JSON (``response_format`` json_object or json_schema) is read as
+    JSON, as tool-call arguments are: PII is redacted inside its strings, so it stays valid
+    JSON, and PII outside a string (a number) ends the answer with ``content_filter``
+    (``pii_outside_string``) rather than turning a number into a string against its schema."""
 
     name = "guard_out"
 
     def __init__(
-        self, redactor: StreamingRedactor, check: GroundingCheck, arguments: RedactorFactory
+        self,
+        redactor: StreamingRedactor,
+        check: GroundingCheck,
+        arguments: RedactorFactory,
+        *,
+        structured: bool = False,
+        logprobs: bool = False,
     ) -> None:
         self.redactor = redactor
+        self.json = JsonArgumentsRedactor(arguments, quote_bare=False) if structured else None
         self.check = check
         self.arguments = arguments
         self.calls: dict[int, JsonArgumentsRedactor] = {}
         self.text: list[str] = []
         self.seen: dict[object, int] = {}
         self.held_max = 0
+        self.logprobs = LogprobAligner() if logprobs else None
 
-    def _text(self, text: str) -> list[StreamEvent]:
-        self.held_max = max(self.held_max, self.redactor.held)
+    def _content(self, delta: ContentDelta) -> list[StreamEvent]:
+        if self.logprobs is not None:
+            self.logprobs.take(delta, keep_text=self.json is not None)
+        if self.json is not None:
+            return self._text(self.json.feed(delta.text), self.json.held)
+        text = self.redactor.feed(delta.text)
+        return self._text(text, self.redactor.held, self._released())
+
+    def _released(self) -> tuple[Any, ...]:
+        if self.logprobs is None:
+            return ()
+        return self.logprobs.release(self.redactor.emitted, self.redactor.redacted)
+
+    def _text(self, text: str, held: int, entries: tuple[Any, ...] = ()) -> list[StreamEvent]:
+        self.held_max = max(self.held_max, held)
         if text:
             self.text.append(text)
-        return [ContentDelta(text)] if text else []
+        return [ContentDelta(text, entries)] if text or entries else []
 
     def _call(self, delta: ToolCallDelta) -> list[StreamEvent]:
         redactor = self.calls.get(delta.index)
@@ -65,7 +200,14 @@ class OutputGuard:
 
     def _flush(self) -> list[StreamEvent]:
         """Everything still held: the text, then each call's arguments."""
-        events = self._text(self.redactor.end())
+        if self.json is not None:
+            rest = self.json.end()
+            entries = ()
+            if self.logprobs is not None:
+                entries = self.logprobs.align("".join(self.text) + rest)
+            events = self._text(rest, self.json.held, entries)
+        else:
+            events = self._text(self.redactor.end(), self.redactor.held, self._released())
         for index, redactor in sorted(self.calls.items()):
             rest = redactor.end()
             if rest:
@@ -74,14 +216,13 @@ class OutputGuard:
 
     def _blocked(self, events: list[StreamEvent]) -> list[StreamEvent]:
         """`events`, ended with ``content_filter`` if a violation the policy blocks came up."""
-        sources: list[StreamingRedactor | JsonArgumentsRedactor] = [self.redactor]
+        sources: list[StreamingRedactor | JsonArgumentsRedactor] = [self.json or self.redactor]
         sources += self.calls.values()
         for source in sources:
             new = source.violations[self.seen.get(source, 0) :]
             self.seen[source] = len(source.violations)
-            blocked = [
-                v.rule for v in new if v.rule == "blocked_term" or v.rule in self.check.blocks
-            ]
+            blocks = ALWAYS_BLOCKED | self.check.blocks
+            blocked = [v.rule for v in new if v.rule in blocks]
             if blocked:
                 rule = blocked[0]
                 finish = Finish("content_filter", rule)
@@ -91,7 +232,7 @@ class OutputGuard:
 
     def feed(self, event: StreamEvent) -> Sequence[StreamEvent]:
         if isinstance(event, ContentDelta):
-            return self._blocked(self._text(self.redactor.feed(event.text)))
+            return self._blocked(self._content(event))
         if isinstance(event, ToolCallDelta):
             return self._blocked(self._call(event))
         if isinstance(event, Finish):
@@ -132,7 +273,7 @@ class GroundingCheck:
         with self.tracer.start_as_current_span("guard_out grounding", context=self.parent) as span:
             span.set_attributes(facts)
         if self.record is not None:
-            self.record.info.update({k.removeprefix("rag."): v for k, v in facts.items()})
+            self.record.info.update({attr.info_key(k): v for k, v in facts.items()})
 
 
 def _facts(report: GroundingReport, held_max: int) -> dict[str, str | int | float | list[str]]:
@@ -147,8 +288,16 @@ def _facts(report: GroundingReport, held_max: int) -> dict[str, str | int | floa
     return facts
 
 
+def structured_output(response_format: Any) -> bool:
+    """Whether the answer must be JSON (``response_format`` json_object or json_schema)."""
+    return isinstance(response_format, dict) and response_format.get("type") in (
+        "json_object",
+        "json_schema",
+    )
+
+
 class GuardOutput:
-    spec = StageSpec.of("guard_out", reads={"principal", "answer"}, optional={"passages"})
+    spec = StageSpec.of("guard_out", reads={"params", "principal", "answer"}, optional={"passages"})
 
     def __init__(self, policies: PolicyBook, tracer: trace.Tracer) -> None:
         self.policies = policies
@@ -168,5 +317,14 @@ class GuardOutput:
         check = GroundingCheck(
             ctx.passages, frozenset(f"pii.{k}" for k in blocks), self.tracer, record
         )
-        ctx.answer.add_filter(OutputGuard(redactor, check, redactor_factory(policy)))
+        sampling = ctx.params.sampling
+        ctx.answer.add_filter(
+            OutputGuard(
+                redactor,
+                check,
+                redactor_factory(policy),
+                structured=structured_output(sampling.get("response_format")),
+                logprobs=bool(sampling.get("logprobs")),
+            )
+        )
         return ctx

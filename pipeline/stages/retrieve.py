@@ -2,9 +2,14 @@
 
 The tenant comes from the principal, never from the request: each tenant has its own index,
 so a search can only touch the caller's documents. The request's ``rag.filters`` narrow it
-further (before BM25, and so for the vector side too). Then the relevance gate keeps only the
-passages whose calibrated relevance (retrieval.relevance) reaches the threshold: an off-topic
-question runs without sources rather than with the least irrelevant ones.
+further (before BM25, and so for the vector side too), and so does a filter derived from the
+user's features, on the keys the request's filter leaves open. Then the relevance gate keeps
+only the passages whose calibrated relevance (retrieval.relevance) reaches the threshold: an
+off-topic question runs without sources rather than with the least irrelevant ones.
+
+The explain record counts what each of these kept out: chunks excluded by the request's
+filter, chunks the feature filter excluded of the rest, and passages of the top ``top_k``
+dropped by the gate.
 """
 
 from __future__ import annotations
@@ -17,18 +22,17 @@ from pipeline.model.messages import last_user_text
 from pipeline.runner import StageSpec, available
 from pipeline.sources.search import PassageSearch, parse_request_filters
 from pipeline.telemetry import attributes as attr
-from retrieval import RelevanceGate
+from retrieval import Filter, RelevanceGate, parse_filters
 
-# Kept for callers of the old name.
+# Chunks kept out by the request's filter, and by the feature filter of those it allowed.
 
 
-def merge_filters(
-    requested: dict[str, Any] | None, defaults: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    """The request's filter plus the feature-derived ones for keys it does not set itself."""
-    if not defaults:
-        return requested
-    return {**defaults, **(requested or {})}
+def feature_defaults(
+    requested: Mapping[str, Any] | None, found: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The feature-derived filter on the keys the request's own filter does not set: on a
+    key both set, the request's wins."""
+    return {key: value for key, value in found.items() if key not in (requested or {})}
 
 
 class Retrieve:
@@ -56,6 +60,8 @@ class Retrieve:
         options = ctx.params.rag
         tenant = ctx.caller.tenant
         query = last_user_text(ctx.params.messages)
+        # A bad filter is a 400, whether or not the search runs.
+        requested = parse_request_filters(options.filters, "rag.filters")
         skipped = None
         if not options.enabled:
             skipped = "disabled"
@@ -64,13 +70,17 @@ class Retrieve:
         elif not self.search.has_index(tenant):
             skipped = "no index"
         if skipped is not None:
-            parse_request_filters(options.filters)  # a bad filter is a 400 all the same
             ctx.annotate(**{attr.RETRIEVAL_SKIPPED: skipped})
             return ctx
         ctx.query_vector = await self.search.embed(query)
-        filters = merge_filters(options.filters, await self._feature_filters(ctx))
+        defaults = await self._feature_filter(ctx, options.filters)
         result = await self.search.search(
-            tenant, query, top_k=options.top_k, filters=filters, vector=ctx.query_vector
+            tenant,
+            query,
+            top_k=options.top_k,
+            filters=requested,
+            defaults=defaults,
+            vector=ctx.query_vector,
         )
         kept, dropped = self.gate.apply(result.hits, options.min_relevance)
         ctx.passages = [
@@ -80,11 +90,15 @@ class Retrieve:
                 title=hit.title,
                 text=hit.text,
                 score=hit.score,
+                relevance=hit.relevance,
             )
             for hit in kept
         ]
         ctx.annotate(
             **{
+                attr.RETRIEVAL_ALLOWED: result.allowed,
+                attr.RETRIEVAL_EXCLUDED_BY_FILTERS: result.excluded_by_filters,
+                attr.RETRIEVAL_EXCLUDED_BY_FEATURES: result.excluded_by_defaults,
                 attr.RETRIEVAL_CANDIDATES: result.candidates,
                 attr.RETRIEVAL_RESULTS: len(kept),
                 attr.RETRIEVAL_DROPPED: len(dropped),
@@ -94,15 +108,20 @@ class Retrieve:
         )
         return ctx
 
-    async def _feature_filters(self, ctx: RequestContext) -> dict[str, Any]:
+    async def _feature_filter(
+        self, ctx: RequestContext, requested: Mapping[str, Any] | None
+    ) -> Filter | None:
         if not self.feature_filters:
-            return {}
+            return None
         await available("features")
         found = {
             key: ctx.features.get(name)
             for name, key in self.feature_filters.items()
             if name not in ctx.features.defaulted and ctx.features.get(name) not in (None, "")
         }
-        if found:
-            ctx.annotate(**{attr.RETRIEVAL_FEATURE_FILTER: sorted(found)})
-        return found
+        applied = feature_defaults(requested, found)
+        if not applied:
+            return None
+        ctx.annotate(**{attr.RETRIEVAL_FEATURE_FILTER: sorted(applied)})
+        # Feature values are checked scalars (pipeline.features.spec), which always parse.
+        return parse_filters(applied)

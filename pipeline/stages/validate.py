@@ -1,19 +1,23 @@
 """The validate stage: what the schema cannot know (served models and routes, the context size,
-the tools a request offers, and whether the JSON Schemas of the caller's functions are valid:
-checked here, after auth, within limits and off the event loop)."""
+the tools a request offers, and whether the JSON Schemas of the caller's functions and of its
+``response_format`` are valid: checked here, after auth, within limits and off the event loop).
+
+Structured output and function calling are not offered together: vLLM's structured output
+constrains the whole answer to the schema, so the model could never write a call; a request
+that asks for both is refused rather than given an answer that silently drops one."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from pipeline.context import RequestContext
-from pipeline.errors import ContextTooLong
+from pipeline.errors import ContextTooLong, InvalidRequest
 from pipeline.model.routes import RouteTable
 from pipeline.runner import StageSpec
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool
 from pipeline.tools.offer import offered_tools
-from pipeline.tools.schema_check import SchemaLimits, check_tool_schemas
+from pipeline.tools.schema_check import SchemaLimits, check_schemas, check_tool_schemas
 
 
 class ValidateRequest:
@@ -47,4 +51,25 @@ class ValidateRequest:
         offered_tools(params, self.server_tools, tenant=ctx.caller.tenant, access=self.tool_access)
         if params.tools:
             await check_tool_schemas(params.tools, self.schema_limits)
+        response_format = params.sampling.get("response_format")
+        if response_format is not None:
+            self._not_with_tools(ctx)
+            schema = response_format.get("json_schema", {}).get("schema")
+            if schema is not None:
+                param = "response_format.json_schema.schema"
+                await check_schemas(
+                    [(param, schema)], self.schema_limits, kind="response", param=param
+                )
         return ctx
+
+    @staticmethod
+    def _not_with_tools(ctx: RequestContext) -> None:
+        params = ctx.params
+        if (params.tools or params.rag.tools) and params.tool_choice != "none":
+            raise InvalidRequest(
+                "response_format (json_object or json_schema) cannot be combined with tools "
+                "the model may call: structured output constrains the whole answer, so no call "
+                'could be written. Drop one, or send tool_choice: "none".',
+                param="response_format",
+                code="unsupported_combination",
+            )

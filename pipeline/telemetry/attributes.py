@@ -52,8 +52,17 @@ GROUNDING_UNKNOWN: Final = "rag.grounding.unknown_citations"
 GROUNDING_SENTENCES: Final = "rag.grounding.sentences"
 RETRIEVAL_DROPPED: Final = "rag.retrieval.dropped"
 RETRIEVAL_NO_SOURCES: Final = "rag.retrieval.no_sources"
+# Chunks the request's metadata filter, and the user's feature-derived filter, excluded.
+RETRIEVAL_EXCLUDED_BY_FILTERS: Final = "rag.retrieval.excluded.filters"
+RETRIEVAL_EXCLUDED_BY_FEATURES: Final = "rag.retrieval.excluded.feature_filter"
 COMPRESS_TOKENS_BEFORE: Final = "rag.compress.tokens_before"
 COMPRESS_TOKENS_AFTER: Final = "rag.compress.tokens_after"
 COMPRESS_BUDGET: Final = "rag.compress.budget"
 COMPRESS_SENTENCES: Final = "rag.compress.sentences"
 COMPRESS_SKIPPED: Final = "rag.compress.skipped"
+
+
+def info_key(attribute: str) -> str:
+    """The key under which ``annotate`` keeps a span attribute in the stage's explain record
+    (``rag.retrieval.candidates`` -> ``retrieval.candidates``)."""
+    return attribute.removeprefix("rag.")

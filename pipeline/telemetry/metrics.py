@@ -17,12 +17,14 @@ are recorded, so with a ratio sampler metrics fed from spans would be sampled to
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from pipeline.context import RequestContext, StageRecord, info_key
 from pipeline.telemetry import attributes as attr
+
+if TYPE_CHECKING:  # the runner tells this observer of records; it reads no stage
+    from pipeline.context import RequestContext, StageRecord
 
 # Seconds. The hit path's stages take tens of microseconds to a millisecond, generation seconds.
 LATENCY_BUCKETS: Final = (
@@ -34,10 +36,14 @@ COUNT_BUCKETS: Final = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 HTTP_DURATION: Final = Histogram(
     "rag_http_request_duration_seconds",
-    "HTTP requests by route template and status: latency until the last byte (_count: requests).",
+    "HTTP requests by route template (none: answered before routing; unmatched: no route) and "
+    "status: latency until the last byte (_count: requests).",
     ["method", "route", "status"],
     buckets=LATENCY_BUCKETS,
 )
+# The route label of a request answered before the router ran (a middleware's 401 or 413): no
+# route ran, whether or not the path has one.
+NOT_ROUTED: Final = "none"
 HTTP_IN_FLIGHT: Final = Gauge("rag_http_requests_in_flight", "HTTP requests being served.")
 EVENT_LOOP_LAG: Final = Histogram(  # fed by app.lag.LagProbe
     "rag_event_loop_lag_seconds",
@@ -128,9 +134,9 @@ def redis_failed(command: str, kind: str) -> None:
     REDIS_ERRORS.labels(command, kind).inc()
 
 
-CACHE_STATUS_KEY: Final = info_key(attr.CACHE_STATUS)
-CANDIDATES_KEY: Final = info_key(attr.RETRIEVAL_CANDIDATES)
-RESULTS_KEY: Final = info_key(attr.RETRIEVAL_RESULTS)
+CACHE_STATUS_KEY: Final = attr.info_key(attr.CACHE_STATUS)
+CANDIDATES_KEY: Final = attr.info_key(attr.RETRIEVAL_CANDIDATES)
+RESULTS_KEY: Final = attr.info_key(attr.RETRIEVAL_RESULTS)
 
 
 class StageMetrics:

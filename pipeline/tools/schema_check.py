@@ -52,7 +52,7 @@ class SchemaRefused(InvalidRequest):
     """A tool schema over the limits or not a valid JSON Schema (400 naming the tool)."""
 
 
-def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
+def measure(schema: Any, limits: SchemaLimits, param: str, kind: str = "tool") -> None:
     """Raise ``SchemaRefused`` if ``schema`` is over the limits or refers outside itself."""
     try:
         size = len(orjson.dumps(schema))
@@ -60,13 +60,13 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
         raise SchemaRefused(
             f"{param}: the schema cannot be encoded as JSON ({exc}).",
             param=param,
-            code="invalid_tool_schema",
+            code=f"invalid_{kind}_schema",
         ) from None
     if size > limits.max_bytes:
         raise SchemaRefused(
             f"{param}: the schema is {size} bytes; at most {limits.max_bytes} are accepted.",
             param=param,
-            code="tool_schema_too_large",
+            code=f"{kind}_schema_too_large",
         )
     branches = 0
     patterns: list[str] = []
@@ -77,7 +77,7 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
             raise SchemaRefused(
                 f"{param}: the schema is nested more than {limits.max_depth} levels deep.",
                 param=param,
-                code="tool_schema_too_deep",
+                code=f"{kind}_schema_too_deep",
             )
         if isinstance(node, dict):
             for key, value in node.items():
@@ -91,7 +91,7 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
                     raise SchemaRefused(
                         f"{param}: only references inside the schema ('#...') are accepted.",
                         param=param,
-                        code="tool_schema_remote_ref",
+                        code=f"{kind}_schema_remote_ref",
                     )
                 stack.append((depth + 1, value))
         elif isinstance(node, list):
@@ -101,13 +101,15 @@ def measure(schema: Any, limits: SchemaLimits, param: str) -> None:
                 f"{param}: the schema has more than {limits.max_branches} branches "
                 "(subschemas of anyOf, oneOf, allOf, not, if/then/else).",
                 param=param,
-                code="tool_schema_too_complex",
+                code=f"{kind}_schema_too_complex",
             )
 
-    check_patterns(patterns, limits, param)
+    check_patterns(patterns, limits, param, kind)
 
 
-def check_patterns(patterns: list[str], limits: SchemaLimits, param: str) -> None:
+def check_patterns(
+    patterns: list[str], limits: SchemaLimits, param: str, kind: str = "tool"
+) -> None:
     """Each regular expression of a schema short enough and one RE2 compiles, or
     ``SchemaRefused`` (guided decoding has no lookaround or backreferences either)."""
     if sum(map(len, patterns)) > limits.max_patterns_chars:
@@ -115,14 +117,14 @@ def check_patterns(patterns: list[str], limits: SchemaLimits, param: str) -> Non
             f"{param}: the schema's regular expressions hold more than "
             f"{limits.max_patterns_chars} characters.",
             param=param,
-            code="tool_schema_too_complex",
+            code=f"{kind}_schema_too_complex",
         )
     for pattern in patterns:
         if len(pattern) > limits.max_pattern_chars:
             raise SchemaRefused(
                 f"{param}: a pattern is longer than {limits.max_pattern_chars} characters.",
                 param=param,
-                code="tool_schema_too_complex",
+                code=f"{kind}_schema_too_complex",
             )
         try:
             compile_linear(pattern)
@@ -133,7 +135,7 @@ def check_patterns(patterns: list[str], limits: SchemaLimits, param: str) -> Non
                 f"{param}: the pattern {pattern[:60]!r} is not a regular expression this "
                 f"service accepts ({reason}); lookaround and backreferences are not supported.",
                 param=param,
-                code="invalid_tool_schema",
+                code=f"invalid_{kind}_schema",
             ) from None
 
 
@@ -141,7 +143,7 @@ def _local(ref: Any) -> bool:
     return isinstance(ref, str) and ref.startswith("#")
 
 
-def _meta_check(schemas: Sequence[tuple[str, dict[str, Any]]]) -> None:
+def _meta_check(schemas: Sequence[tuple[str, dict[str, Any]]], kind: str) -> None:
     for param, schema in schemas:
         try:
             error = best_match(_META.iter_errors(schema))
@@ -149,13 +151,13 @@ def _meta_check(schemas: Sequence[tuple[str, dict[str, Any]]]) -> None:
             raise SchemaRefused(
                 f"{param}: not a valid JSON Schema: nested too deeply",
                 param=param,
-                code="tool_schema_too_deep",
+                code=f"{kind}_schema_too_deep",
             ) from None
         if error is not None:
             raise SchemaRefused(
                 f"{param}: not a valid JSON Schema: {error.message}",
                 param=param,
-                code="invalid_tool_schema",
+                code=f"invalid_{kind}_schema",
             )
 
 
@@ -163,24 +165,35 @@ async def check_tool_schemas(
     tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None
 ) -> None:
     """Every function's parameters schema within the limits and valid, or ``SchemaRefused``."""
-    limits = limits or SchemaLimits()
     schemas = []
     for index, tool in enumerate(tools):
         schema = (tool.get("function") or {}).get("parameters")
-        if schema is None:
-            continue
-        param = f"tools.{index}.function.parameters"
-        measure(schema, limits, param)
-        schemas.append((param, schema))
+        if schema is not None:
+            schemas.append((f"tools.{index}.function.parameters", schema))
+    await check_schemas(schemas, limits, kind="tool", param="tools")
+
+
+async def check_schemas(
+    schemas: Sequence[tuple[str, Any]],
+    limits: SchemaLimits | None = None,
+    *,
+    kind: str,
+    param: str,
+) -> None:
+    """Each ``(param, schema)`` within the limits and a valid JSON Schema, or ``SchemaRefused``
+    naming its param; codes say `kind` (``tool_schema_too_large``, ``invalid_response_schema``)."""
+    limits = limits or SchemaLimits()
+    for name, schema in schemas:
+        measure(schema, limits, name, kind)
     if not schemas:
         return
     try:
         async with asyncio.timeout(limits.budget_s):
-            await asyncio.get_running_loop().run_in_executor(_POOL, _meta_check, schemas)
+            await asyncio.get_running_loop().run_in_executor(_POOL, _meta_check, schemas, kind)
     except TimeoutError:
         raise SchemaRefused(
-            f"The tool schemas could not be checked within {limits.budget_s:g} s; "
+            f"The {kind} schemas could not be checked within {limits.budget_s:g} s; "
             "send smaller schemas.",
-            param="tools",
-            code="tool_schema_too_complex",
+            param=param,
+            code=f"{kind}_schema_too_complex",
         ) from None

@@ -10,7 +10,7 @@ from opentelemetry import trace
 
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
-from retrieval import HybridRetriever, IndexStore
+from retrieval import Document, HybridRetriever, IndexStore
 from tests.support.cli import rag
 
 
@@ -98,16 +98,18 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
     index_dir = tmp_path / "index"
     env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
 
-    folder = rag("ingest", str(docs), "--tenant", "files", "--quiet", env=env)
+    folder = rag("ingest", str(docs), "--tenant", "files", env=env)
     assert folder.returncode == 0, folder.stderr
     assert "ingested 2 documents" in folder.stdout
     assert "latin1.txt: not UTF-8" in folder.stderr
 
     beir = rag("ingest", str(corpus), "--tenant", "files", "--quiet", env=env)
     assert beir.returncode == 0, beir.stderr
-    assert "ingested 2 documents" in beir.stdout
-    assert "corpus.jsonl:2: not JSON" in beir.stderr
-    assert "corpus.jsonl:3:" in beir.stderr
+    assert beir.stdout == ""  # quiet: no summary, but the problems are still reported
+    problems = beir.stderr.splitlines()
+    assert len(problems) == 2 and all(line.startswith("skipped ") for line in problems)
+    assert "corpus.jsonl:2: not JSON" in problems[0]
+    assert "corpus.jsonl:3:" in problems[1]
 
     store = IndexStore(index_dir, shared_embedder)
     retriever = HybridRetriever(store)
@@ -126,3 +128,55 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
     store = IndexStore(index_dir, shared_embedder)
     remaining = HybridRetriever(store).search("files", "aspirin", None, top_k=10).hits
     assert "b1" not in {h.document_id for h in remaining}
+
+
+def test_ingest_quiet_prints_nothing_when_it_succeeds(tmp_path: Path, shared_embedder) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tides.txt").write_text("Tides are caused by the gravity of the Moon.\n")
+    index_dir = tmp_path / "index"
+    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
+    done = rag("ingest", str(docs), "--tenant", "calm", "--quiet", env=env)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("", "")
+    hits = HybridRetriever(IndexStore(index_dir, shared_embedder)).search(
+        "calm", "tides moon", None, top_k=1
+    )
+    assert [h.document_id for h in hits.hits] == ["tides.txt"]
+
+
+def test_delete_of_a_document_the_tenant_does_not_have_is_not_found_with_exit_code_1(
+    tmp_path: Path, shared_embedder
+) -> None:
+    index_dir = tmp_path / "index"
+    store = IndexStore(index_dir, shared_embedder)
+    store.upsert("ours", [Document(id=i, text=f"Document {i} about tides.") for i in ("a", "b")])
+    store.upsert("theirs", [Document(id="c", text="Document c about volcanoes.")])
+    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
+
+    other = rag("delete", "--tenant", "ours", "c", env=env)
+    assert other.returncode == 1
+    assert "document 'c' not found for tenant 'ours'" in other.stderr
+    assert "deleted" not in other.stdout
+    theirs = HybridRetriever(IndexStore(index_dir, shared_embedder)).search(
+        "theirs", "volcanoes", None, top_k=10
+    )
+    assert [h.document_id for h in theirs.hits] == ["c"]
+
+    mixed = rag("delete", "--tenant", "ours", "a", "nope", env=env)
+    assert mixed.returncode == 1
+    assert "deleted 1 documents" in mixed.stdout  # the ids the tenant has are still deleted
+    assert "document 'nope' not found for tenant 'ours'" in mixed.stderr
+    assert "'a' not found" not in mixed.stderr
+
+    no_index = rag("delete", "--tenant", "nobody", "a", env=env)
+    assert no_index.returncode == 1
+    assert "document 'a' not found for tenant 'nobody'" in no_index.stderr
+
+    found = rag("delete", "--tenant", "ours", "b", env=env)
+    assert found.returncode == 0, found.stderr
+    assert "deleted 1 documents" in found.stdout and "not found" not in found.stderr
+    left = HybridRetriever(IndexStore(index_dir, shared_embedder)).search(
+        "ours", "document tides", None, top_k=10
+    )
+    assert left.hits == []

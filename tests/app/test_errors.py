@@ -259,17 +259,20 @@ async def test_upstream_dropping_mid_stream_ends_the_stream_with_an_error_and_ca
         assert_openai_error(plain, 502, "api_error")
 
 
-async def test_unknown_and_unsupported_openai_fields_are_accepted(harness) -> None:
+async def test_openai_fields_are_taken_and_unknown_ones_are_refused_by_name(harness) -> None:
     key = await harness.key()
-    newer_client = {
+    openai_fields = {
         **BODY,
         "logprobs": False,
         "response_format": {"type": "text"},
         "parallel_tool_calls": False,
         "metadata": {"trace": "abc"},
         "service_tier": "auto",
-        "a_field_from_the_future": {"x": 1},
     }
-    response = await harness.chat(key, newer_client)
+    response = await harness.chat(key, openai_fields)
     # Past validation, auth and the cache: it fails only because no model server runs here.
     assert_openai_error(response, 503, "service_unavailable")
+    # A field OpenAI does not have is refused as OpenAI refuses it (see test_openai_compat).
+    unknown = await harness.chat(key, {**openai_fields, "a_field_from_the_future": {"x": 1}})
+    error = assert_openai_error(unknown, 400, "invalid_request_error")
+    assert (error["param"], error["code"]) == ("a_field_from_the_future", "unknown_parameter")

@@ -128,3 +128,26 @@ def test_compute_reads_the_request_log_in_redis_and_writes_a_loadable_file(
     assert rag("features", "load", str(out), "--quiet", env=env).returncode == 0
     eva = lookup(redis_server.url, prefix, "acme", "eva").features.values
     assert (eva["language"], eva["request_count"]) == ("de", 3)
+
+
+def test_compute_counts_records_without_a_tenant_as_malformed_and_derives_nothing_for_them(
+    redis_server, tmp_path: Path
+) -> None:
+    env, _ = settings_env(redis_server)
+    log = tmp_path / "requests.jsonl"
+    records: list[dict[str, Any]] = [
+        {"tenant": "acme", "user": "ann", "ts": 1.0, "lang": "fr", "filters": []},
+        {"user": "ann", "ts": 2.0, "lang": "fr", "filters": []},  # no tenant
+        {"tenant": None, "user": "ann", "ts": 3.0, "lang": "fr", "filters": []},
+        {"tenant": "", "user": "ann", "ts": 4.0, "lang": "fr", "filters": []},
+        {"tenant": 42, "user": "ann", "ts": 5.0, "lang": "fr", "filters": []},
+        {"tenant": "acme", "user": None, "ts": 6.0, "lang": "fr", "filters": []},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "derived.jsonl"
+    done = rag("features", "compute", "--log", str(log), "--out", str(out), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "derived features of 1 users from 6 records (5 malformed)" in done.stdout
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"tenant": "acme", "user": "ann", "request_count": 1, "language": "fr"}
+    ]

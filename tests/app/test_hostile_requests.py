@@ -146,12 +146,22 @@ def test_a_hostile_body_without_a_key_costs_under_50_ms_of_server_cpu(
 
 
 def lag_while(service: ServiceProcess, path: str, body: bytes, key: str) -> tuple[int, bytes]:
-    """(samples of loop lag over 50 ms while the request ran, the response)."""
-    _, late_before = service.lag_samples()
-    response = raw_request(service.port, post_head(path, len(body), key), body, timeout=300)
-    time.sleep(0.05)  # the probe's sample that spans the request's end
-    _, late_after = service.lag_samples()
-    return late_after - late_before, response
+    """(samples of loop lag over 50 ms while the request ran, the response), the fewest of up
+    to three tries: a request that holds the loop does so every time, while a machine shared
+    with other work may leave the server unscheduled for 50 ms once (seen in CI beside other
+    test runs)."""
+    fewest: tuple[int, bytes] | None = None
+    for _ in range(3):
+        _, late_before = service.lag_samples()
+        response = raw_request(service.port, post_head(path, len(body), key), body, timeout=300)
+        time.sleep(0.05)  # the probe's sample that spans the request's end
+        _, late_after = service.lag_samples()
+        if fewest is None or late_after - late_before < fewest[0]:
+            fewest = (late_after - late_before, response)
+        if fewest[0] == 0:
+            break
+    assert fewest is not None
+    return fewest
 
 
 @pytest.mark.parametrize("kind", sorted(BODIES))

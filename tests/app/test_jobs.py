@@ -184,6 +184,7 @@ BAD_BODIES: list[tuple[str, Any, int]] = [
     ("webhook ipv6 loopback", chat_body(webhook_url="https://[::1]:8443/x"), 400),
     ("webhook localhost", chat_body(webhook_url="https://localhost/x"), 400),
     ("webhook a number", chat_body(webhook_url=12), 400),
+    ("webhook host unresolvable", chat_body(webhook_url="https://hooks.example.invalid/x"), 400),
     ("metadata too many", chat_body(metadata={str(i): "v" for i in range(17)}), 400),
     ("metadata not strings", chat_body(metadata={"a": {"b": 1}}), 400),
     ("unknown model", chat_body(model="gpt-9"), 404),
@@ -205,6 +206,33 @@ async def test_bad_input_is_a_4xx_in_openai_shape_and_queues_nothing(
     if name.startswith("webhook"):
         assert error["param"] == "webhook_url"
     assert await backlog(queued) == 0
+
+
+async def test_a_webhook_host_that_does_not_resolve_is_refused_at_submit(queued) -> None:
+    key = await queued.key()
+    response = await submit(queued, key, chat_body(webhook_url="https://hooks.example.invalid/x"))
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert (error["param"], error["code"]) == ("webhook_url", "invalid_webhook_url")
+    assert error["message"].startswith(
+        "webhook_url: the host hooks.example.invalid does not resolve"
+    ), error["message"]
+    assert await backlog(queued) == 0
+
+
+async def test_a_webhook_host_allow_listed_by_name_need_not_resolve_at_submit(
+    make_app, redis_server
+) -> None:
+    # A name of the workers' network, say, that the API's resolver does not know.
+    settings = make_settings(
+        redis_server.url,
+        unreachable_llm(),
+        jobs={"workers": 0, "webhook_allow": ["hooks.internal.invalid"]},
+    )
+    async with make_app(settings) as h:
+        key = await h.key()
+        body = chat_body(webhook_url="http://hooks.internal.invalid/x")
+        assert (await submit(h, key, body)).status_code == 202
+        assert await backlog(h) == 1
 
 
 async def test_malformed_json_and_oversized_bodies_are_refused(queued) -> None:

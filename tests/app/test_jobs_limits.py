@@ -28,7 +28,7 @@ async def stored_jobs(h: AppHarness) -> int:
 
 UNKNOWN = [
     ("a typo of metadata", "metadta"),
-    ("an OpenAI field this service does not take", "response_format"),
+    ("a field of vLLM's that OpenAI does not have", "top_k"),
     ("something else", "callback"),
     ("a long name", "x" * 200),
 ]
@@ -42,7 +42,7 @@ async def test_an_unknown_top_level_field_is_refused_naming_it_and_never_stored(
         key = await h.key()
         response = await submit(h, key, {**chat_body(), field: {"url": "https://x.example"}})
         error = assert_openai_error(response, 400, "invalid_request_error")
-        assert error["code"] == "unknown_field"
+        assert error["code"] == "unknown_parameter"
         assert error["param"] == field[:63] + ("…" if len(field) > 64 else "")
         assert field[:40] in error["message"]
         assert await backlog(h) == 0 and await stored_jobs(h) == 0

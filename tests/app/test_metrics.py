@@ -185,3 +185,37 @@ async def test_with_a_token_metrics_answer_that_token_only(make_app, redis_serve
             }
         }
         assert "rag_" not in response.text
+
+
+async def test_requests_answered_before_routing_are_labelled_route_none(
+    make_app, redis_server
+) -> None:
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9", retrieval={"enabled": False})
+    async with make_app(settings) as harness:
+        key = await harness.key()
+        auth = {"Authorization": f"Bearer {key}"}
+        _, before = await scrape(harness)
+        no_key = await harness.chat(None, chat("hello"))
+        no_key_unknown_path = await harness.client.get("/v1/nope")
+        too_large = await harness.client.post(
+            "/v1/chat/completions", content=b"x" * 2_000_000, headers=auth
+        )
+        invalid = await harness.chat(key, {"model": "smollm2"})  # refused by the route itself
+        unknown_path = await harness.client.get("/v1/nope", headers=auth)
+        _, after = await scrape(harness)
+    answers = (no_key, no_key_unknown_path, too_large, invalid, unknown_path)
+    assert [r.status_code for r in answers] == [401, 401, 413, 400, 404]
+
+    def count(method: str, route: str, status: int) -> float:
+        labels = {"method": method, "route": route, "status": str(status)}
+        return delta(before, after, "rag_http_request_duration_seconds_count", **labels)
+
+    # The key check and the size check answer before the router runs: no route ran.
+    assert count("POST", "none", 401) == 1 and count("GET", "none", 401) == 1
+    assert count("POST", "none", 413) == 1
+    assert count("POST", "/v1/chat/completions", 401) == 0
+    assert count("POST", "/v1/chat/completions", 413) == 0
+    assert count("GET", "unmatched", 401) == 0, "a path is unmatched only if the router says so"
+    # The route ran and refused the body; the router found no route for the path.
+    assert count("POST", "/v1/chat/completions", 400) == 1
+    assert count("GET", "unmatched", 404) == 1

@@ -175,7 +175,8 @@ async def test_bad_documents_are_refused_with_4xx(make_app, redis_server) -> Non
             headers=auth(key),
         )
         assert_openai_error(bad_metadata, 400, "invalid_request_error")
-        still = await search(harness, key, "word5", top_k=1)
+        # The filler words are no topic: the relevance gate is set aside to find them.
+        still = await search(harness, key, "word5", top_k=1, min_relevance=0)
         assert still["data"][0]["document_id"] == "long", "nothing stored was lost"
 
 

@@ -90,3 +90,15 @@ def test_the_approximate_counter_charges_every_character_class() -> None:
         text = unit * 40_000
         assert counter.count(text) >= 10_000, repr(unit)
     assert counter.count("Hello world") == counter.count("Hello") + counter.count("world")
+
+
+def test_the_bound_catches_a_quadratic_parser() -> None:
+    """The check itself can fail: a parser that rescans its prefix at every step (quadratic,
+    about 8 times the cost per KB at 32 KB as at 4 KB) is over the bound and not excused as a
+    slow constant."""
+
+    def rescanning(text: str) -> object:
+        return [text.count(".", 0, i) for i in range(0, len(text), 2)]
+
+    with pytest.raises(AssertionError, match=r"over 2\.0 ms of CPU per KB"):
+        assert_linear(rescanning, [("dots", "." * SIZE)], what="rescanning")

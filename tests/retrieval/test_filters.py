@@ -128,3 +128,22 @@ def test_column_masks_agree_with_matching_one_document_at_a_time() -> None:
         expected = np.array([f.matches(m) for m in metadata])
         assert (mask == expected).all(), spec
         assert 0 < expected.sum() < len(metadata) or spec == {"n": {"$gt": "a"}}
+
+
+def test_what_the_filters_and_the_defaults_exclude_is_counted_apart(
+    loaded: IndexStore, embedder: Embedder
+) -> None:
+    index = loaded.current("acme")
+    assert index is not None and len(index) == len(CORPUS)  # one chunk per document
+    retriever = HybridRetriever(loaded)
+    vector = embedder.embed(["heart"])[0]
+    english, medicine = parse_filters({"lang": "en"}), parse_filters({"tags": "medicine"})
+    both = retriever.search("acme", "heart", vector, top_k=50, filters=english, defaults=medicine)
+    # 10 of the 12 are in English; of those, 3 are tagged medicine.
+    assert (both.allowed, both.excluded_by_filters, both.excluded_by_defaults) == (3, 2, 7)
+    assert {h.document_id for h in both.hits} == {"aspirin", "statins", "insulin"}
+    alone = retriever.search("acme", "heart", vector, top_k=50, defaults=medicine)
+    assert (alone.allowed, alone.excluded_by_filters, alone.excluded_by_defaults) == (3, 0, 9)
+    unfiltered = retriever.search("acme", "heart", vector, top_k=50)
+    assert (unfiltered.allowed, unfiltered.excluded_by_filters) == (12, 0)
+    assert unfiltered.excluded_by_defaults == 0

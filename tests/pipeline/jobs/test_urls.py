@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import socket
+import time
 
 import pytest
 
@@ -97,3 +100,48 @@ def test_the_allow_list_takes_hosts_and_networks_but_never_metadata() -> None:
         policy.parse("http://169.254.169.254/latest/")
     with pytest.raises(WebhookUrlRefused, match="private"):
         policy.parse("https://10.0.0.1/")
+
+
+async def test_a_host_that_does_not_resolve_is_refused_at_submit() -> None:
+    policy = UrlPolicy()
+    with pytest.raises(WebhookUrlRefused, match=r"hooks\.example\.invalid does not resolve"):
+        await policy.check_at_submit(policy.parse("https://hooks.example.invalid/hook"))
+    await policy.check_at_submit(policy.parse("https://93.184.216.34/hook"))  # no name, no lookup
+
+
+async def test_a_slow_lookup_is_refused_in_time_and_never_blocks_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def slow_getaddrinfo(*args: object, **kwargs: object) -> list[object]:
+        time.sleep(0.6)  # a resolver that hangs; the loop's getaddrinfo runs it in a thread
+        return []
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_getaddrinfo)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    policy = UrlPolicy(resolve_seconds=0.2)
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        with pytest.raises(WebhookUrlRefused, match=r"did not resolve within 0\.2 s"):
+            await policy.check_at_submit(policy.parse("https://slow.example.invalid/hook"))
+    finally:
+        ticker.cancel()
+    assert time.monotonic() - started < 0.5, "bounded by resolve_seconds, not by the resolver"
+    assert ticks >= 5, "the event loop kept running during the lookup"
+
+
+async def test_an_unresolvable_host_allow_listed_by_name_passes_at_submit() -> None:
+    async def nowhere(host: str, port: int) -> list[ipaddress.IPv4Address]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    policy = UrlPolicy(["hooks.internal.invalid"])
+    await policy.check_at_submit(policy.parse("http://hooks.internal.invalid/hook"), nowhere)
+    with pytest.raises(WebhookUrlRefused, match="does not resolve"):
+        await policy.check_at_submit(policy.parse("https://other.invalid/hook"), nowhere)

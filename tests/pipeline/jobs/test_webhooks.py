@@ -17,7 +17,7 @@ from opentelemetry import trace
 from pipeline.jobs.model import SUCCEEDED, Job
 from pipeline.jobs.signing import WebhookSecrets, verify
 from pipeline.jobs.urls import Address, UrlPolicy
-from pipeline.jobs.webhooks import WebhookSender
+from pipeline.jobs.webhooks import WebhookSender, webhook_state
 from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import make_job
 from tests.pipeline.jobs.receiver import DripReceiver, Receiver
@@ -146,14 +146,16 @@ async def test_a_receiver_that_drips_a_byte_a_second_is_cut_off_at_the_deadline(
     finally:
         await delivery.aclose()
     attempts = record.calls[-1]
-    assert [a["outcome"] for a in attempts] == ["retry", "retry"], attempts
+    assert [a["outcome"] for a in attempts] == ["retry", "failed"], attempts
     assert all(a["error"] == "DeadlineExceeded: no answer within 2 s" for a in attempts)
     assert all(2000 <= a["duration_ms"] < 20_000 for a in attempts)
     assert drip.connections == 2
     assert elapsed < 40, "two attempts of 2 s each, with a wide margin"
 
 
-async def test_retries_stop_after_the_configured_attempts(secrets: WebhookSecrets) -> None:
+async def test_retries_stop_after_the_configured_attempts_and_the_last_says_failed(
+    secrets: WebhookSecrets,
+) -> None:
     delivery = sender(secrets, ["127.0.0.1/32"], max_attempts=3)
     try:
         with Receiver(statuses=[500] * 10) as failing:
@@ -161,8 +163,57 @@ async def test_retries_stop_after_the_configured_attempts(secrets: WebhookSecret
             assert not await delivery.deliver(finished(failing.url), record)
     finally:
         await delivery.aclose()
-    assert record.outcomes == ["retry"] * 3
+    # No retry follows the third attempt: its record says the delivery failed, as its state will.
+    assert record.outcomes == ["retry", "retry", "failed"]
+    assert [d["status_code"] for d in record.calls[-1]] == [500] * 3
+    assert webhook_state(record.calls[-1]) == "failed"
     assert len(failing.received) == 3
+
+
+def attempt(number: int, outcome: str, **fields: Any) -> dict[str, Any]:
+    return {"attempt": number, "at": int(time.time()), "outcome": outcome, **fields}
+
+
+async def test_a_resumed_delivery_that_had_ended_sends_nothing_again(
+    secrets: WebhookSecrets,
+) -> None:
+    # A worker recorded its last attempt, then died before settling the state; the worker that
+    # takes over must settle what the record says, not send again (nor call a success failed).
+    delivery = sender(secrets, ["127.0.0.1/32"], max_attempts=3)
+    try:
+        with Receiver() as receiver:
+            results = []
+            for ended in (
+                [attempt(1, "retry"), attempt(2, "delivered", status_code=200)],
+                [attempt(1, "rejected", status_code=410)],
+                [attempt(1, "retry"), attempt(2, "retry"), attempt(3, "failed")],
+            ):
+                job = finished(receiver.url)
+                job.deliveries = ended
+                record = Recorder()
+                results.append((await delivery.deliver(job, record), record.calls))
+    finally:
+        await delivery.aclose()
+    assert results == [(True, []), (False, []), (False, [])]
+    assert receiver.received == []
+
+
+async def test_a_retry_recorded_with_no_attempt_left_is_recorded_as_the_failure_it_was(
+    secrets: WebhookSecrets,
+) -> None:
+    # Three attempts recorded as retries (an older release, or more attempts allowed then).
+    delivery = sender(secrets, ["127.0.0.1/32"], max_attempts=3)
+    try:
+        with Receiver() as receiver:
+            job = finished(receiver.url)
+            job.deliveries = [attempt(n, "retry", status_code=503) for n in (1, 2, 3)]
+            record = Recorder()
+            assert not await delivery.deliver(job, record)
+    finally:
+        await delivery.aclose()
+    assert record.outcomes == ["retry", "retry", "failed"]
+    assert record.calls[-1][-1]["status_code"] == 503, "the attempt itself is kept"
+    assert receiver.received == []
 
 
 async def test_a_name_resolving_to_loopback_is_refused_at_delivery(

@@ -13,9 +13,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from pipeline.errors import InvalidRequest, ServiceUnavailable, StoreUnavailable
@@ -27,6 +24,7 @@ from pipeline.telemetry import attributes as attr
 from tests.pipeline.jobs.conftest import make_job, wait_until
 from tests.pipeline.jobs.worker_process import counting_execute
 from tests.support.servers import ROOT
+from tests.support.tracing import memory_tracing
 
 
 @asynccontextmanager
@@ -239,9 +237,7 @@ async def test_a_result_write_is_retried_while_redis_is_paused(
 async def test_the_job_span_carries_the_job_id_and_links_to_the_submitter(
     queue: JobQueue,
 ) -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     tracer = provider.get_tracer("test")
     with tracer.start_as_current_span("POST /v1/jobs") as submit:
         submitter = submit.get_span_context()
