@@ -76,7 +76,11 @@ class JobRequest(ChatCompletionRequest):
         return stream
 
     def chat_body(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_unset=True, exclude={"webhook_url", "metadata"})
+        """The chat request the job runs, as stored: without the job's own fields, and without
+        the ignored OpenAI ones (`user`, `prompt_cache_options`, ...), which change nothing
+        and are not redacted, so they are not kept."""
+        exclude = {"webhook_url", "metadata", *self.ignored}
+        return self.model_dump(mode="json", exclude_unset=True, exclude=exclude)
 
 
 async def _principal(request: Request, services: Services, *scopes: str) -> Principal:

@@ -396,6 +396,19 @@ async def test_a_job_passes_the_input_guardrails_at_submit(queued) -> None:
     assert "ann@example.com" not in text and "[EMAIL]" in text
 
 
+async def test_a_job_does_not_store_the_openai_fields_it_ignores(queued) -> None:
+    key = await queued.key()
+    ignored = {"user": "carol@example.com", "prompt_cache_key": "carol", "store": True}
+    accepted = await submit(queued, key, {**chat_body("Summarise the notes."), **ignored})
+    assert accepted.status_code == 202, accepted.text
+    stored = await job_queue(queued.services.settings, queued.services.kv).get_for(
+        "acme", accepted.json()["id"]
+    )
+    assert stored is not None
+    assert not set(ignored) & set(stored.request), stored.request
+    assert "carol" not in orjson.dumps(stored.request).decode()
+
+
 async def test_a_job_stores_its_offered_functions_redacted(queued) -> None:
     key = await queued.key()
     tool = {
