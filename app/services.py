@@ -233,7 +233,7 @@ def build_http_tools(settings: Settings) -> list[HttpTool]:
     for config in settings.tools.http:
         try:
             tools.append(HttpTool(**config.tool_options()))
-        except (ToolError, ValueError) as exc:  # ValueError: the tool's own URL is refused
+        except ToolError as exc:
             raise SettingsError(f"RAG_TOOLS__HTTP: tool {config.name}: {exc}") from None
     return tools
 

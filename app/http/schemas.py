@@ -106,7 +106,8 @@ class StreamOptions(BaseModel):
     )
 
 
-SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+# A function's or a response schema's name, as OpenAI allows it.
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class JsonSchemaFormat(BaseModel):
@@ -114,7 +115,7 @@ class JsonSchemaFormat(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: SchemaName
+    name: FunctionName
     description: str | None = Field(None, max_length=10_000)
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
@@ -206,9 +207,6 @@ def _log_ignored(fields: set[str]) -> None:
     for field in sorted(fields - _logged_ignored):
         _logged_ignored.add(field)  # as vLLM does: once per process, not once per request
         log.info("request field %r is accepted and ignored: %s", field, IGNORED[field])
-
-
-FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class FunctionDefinition(BaseModel):

@@ -24,33 +24,34 @@ from pipeline.errors import (
 )
 
 
-def _upstream_param(body: bytes) -> str | None:
-    """The request field the model server named in its refusal, if any (a short name)."""
+def _parse(body: bytes) -> Any:
     try:
-        error = orjson.loads(body).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    param = error.get("param") if isinstance(error, dict) else None
-    return param if isinstance(param, str) and 0 < len(param) <= 64 else None
-
-
-def _upstream_message(body: bytes) -> str:
-    try:
-        data = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
         return body.decode("utf-8", "replace")[:500]
-    if isinstance(data, dict):
-        error = data.get("error", data)
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)[:2000]
-        return str(data.get("message") or data.get("detail") or error)[:2000]
-    return str(data)[:2000]
+
+
+def _details(data: Any) -> tuple[str, str | None]:
+    """The message of a model server's error body (parsed), and the request field it names,
+    if any (a short name)."""
+    if not isinstance(data, dict):
+        return str(data)[:2000], None
+    error = data.get("error", data)
+    if not isinstance(error, dict):
+        return str(data.get("message") or data.get("detail") or error)[:2000], None
+    param = error.get("param")
+    message = str(error.get("message") or error.get("detail") or error)[:2000]
+    return message, param if isinstance(param, str) and 0 < len(param) <= 64 else None
 
 
 def upstream_error(status: int, body: bytes) -> PipelineError:
+    return refusal(status, _parse(body))
+
+
+def refusal(status: int, data: Any) -> PipelineError:
     """Our error for the model server's refusal: our shape and a code, its words only as the
     reason (what reaches it was validated here first, so this is rare)."""
-    message = _upstream_message(body)
+    message, param = _details(data)
     if status == 404:
         return NotFound(
             f"The model server does not serve this model: {message}",
@@ -62,7 +63,7 @@ def upstream_error(status: int, body: bytes) -> PipelineError:
             return ContextTooLong(f"The request does not fit the model's context: {message}")
         return InvalidRequest(
             f"The model server refused the request: {message}",
-            param=_upstream_param(body),
+            param=param,
             code="upstream_rejected",
         )
     if 400 <= status < 500:
@@ -73,14 +74,15 @@ def upstream_error(status: int, body: bytes) -> PipelineError:
     return UpstreamError(f"the model server failed ({status}): {message}", code="upstream_failed")
 
 
-def _stream_error(error: Any, body: bytes, started: bool) -> PipelineError:
+def _stream_error(chunk: dict[str, Any], started: bool) -> PipelineError:
     """An error event in the stream. Before any chunk, a refusal (vLLM streams some request
     checks, such as logit_bias against the vocabulary, as a first event with a 4xx code) is
     the same 400 as one in the status line; anything else, or after the answer began, is the
     model server failing (502)."""
+    error = chunk["error"]
     code = error.get("code") if isinstance(error, dict) else None
     if not started and isinstance(code, int) and 400 <= code < 500:
-        return upstream_error(code, body)
+        return refusal(code, chunk)
     return UpstreamError(f"the model server failed mid-stream: {error}", code="upstream_failed")
 
 
@@ -139,7 +141,7 @@ class LLMClient:
                         return
                     chunk = orjson.loads(data)
                     if "error" in chunk:
-                        raise _stream_error(chunk["error"], data.encode(), started)
+                        raise _stream_error(chunk, started)
                     started = True
                     yield chunk
         except httpx.HTTPError as exc:

@@ -52,6 +52,7 @@ class LogprobAligner:
         self.fed = 0
         self.pending: deque[tuple[int, int, dict[str, Any]]] = deque()
         self.original: list[str] = []  # kept only for `align` (answers under a JSON schema)
+        self.past = 0  # redacted spans that end before the next pending token
 
     def take(self, delta: ContentDelta, *, keep_text: bool = False) -> None:
         start, end = self.fed, self.fed + len(delta.text)
@@ -73,17 +74,23 @@ class LogprobAligner:
         out = []
         while self.pending and self.pending[0][1] <= emitted:
             start, end, entry = self.pending.popleft()
-            if not any(_overlaps(start, end, a, b) for a, b in redacted):
+            # Spans come in order: those ending before this token end before every later one.
+            while self.past < len(redacted) and redacted[self.past][1] <= start:
+                self.past += 1
+            if not any(_overlaps(start, end, a, b) for a, b in redacted[self.past :]):
                 out.append(entry)
         return tuple(out)
 
     def align(self, output: str) -> tuple[Any, ...]:
         """All the entries at once, for text redacted by a reader whose offsets are its own
         (JSON): a token is kept when it lies wholly in a stretch the output kept unchanged."""
-        same = kept_stretches("".join(self.original), output)
+        stretches = iter(kept_stretches("".join(self.original), output))
+        stretch = next(stretches, None)
         out = []
-        for start, end, entry in self.pending:
-            if any(a <= start and end <= b for a, b in same):
+        for start, end, entry in self.pending:  # both in order: one pass over each
+            while stretch is not None and stretch[1] < end:
+                stretch = next(stretches, None)
+            if stretch is not None and stretch[0] <= start:
                 out.append(entry)
         self.pending.clear()
         return tuple(out)
@@ -153,15 +160,16 @@ class OutputGuard:
 
     def __init__(
         self,
-        redactor: StreamingRedactor,
         check: GroundingCheck,
         arguments: RedactorFactory,
         *,
         structured: bool = False,
         logprobs: bool = False,
     ) -> None:
-        self.redactor = redactor
-        self.json = JsonArgumentsRedactor(arguments, quote_bare=False) if structured else None
+        # The answer's redactor: as text, or as JSON read string by string.
+        self.answer: StreamingRedactor | JsonArgumentsRedactor = (
+            JsonArgumentsRedactor(arguments, quote_bare=False) if structured else arguments("")
+        )
         self.check = check
         self.arguments = arguments
         self.calls: dict[int, JsonArgumentsRedactor] = {}
@@ -172,16 +180,15 @@ class OutputGuard:
 
     def _content(self, delta: ContentDelta) -> list[StreamEvent]:
         if self.logprobs is not None:
-            self.logprobs.take(delta, keep_text=self.json is not None)
-        if self.json is not None:
-            return self._text(self.json.feed(delta.text), self.json.held)
-        text = self.redactor.feed(delta.text)
-        return self._text(text, self.redactor.held, self._released())
+            self.logprobs.take(delta, keep_text=isinstance(self.answer, JsonArgumentsRedactor))
+        text = self.answer.feed(delta.text)
+        return self._text(text, self.answer.held, self._released())
 
     def _released(self) -> tuple[Any, ...]:
-        if self.logprobs is None:
+        """The logprobs entries of text emitted so far (a JSON answer's: at its end only)."""
+        if self.logprobs is None or not isinstance(self.answer, StreamingRedactor):
             return ()
-        return self.logprobs.release(self.redactor.emitted, self.redactor.redacted)
+        return self.logprobs.release(self.answer.emitted, self.answer.redacted)
 
     def _text(self, text: str, held: int, entries: tuple[Any, ...] = ()) -> list[StreamEvent]:
         self.held_max = max(self.held_max, held)
@@ -200,14 +207,11 @@ class OutputGuard:
 
     def _flush(self) -> list[StreamEvent]:
         """Everything still held: the text, then each call's arguments."""
-        if self.json is not None:
-            rest = self.json.end()
-            entries = ()
-            if self.logprobs is not None:
-                entries = self.logprobs.align("".join(self.text) + rest)
-            events = self._text(rest, self.json.held, entries)
-        else:
-            events = self._text(self.redactor.end(), self.redactor.held, self._released())
+        rest = self.answer.end()
+        entries = self._released()
+        if self.logprobs is not None and isinstance(self.answer, JsonArgumentsRedactor):
+            entries = self.logprobs.align("".join(self.text) + rest)
+        events = self._text(rest, self.answer.held, entries)
         for index, redactor in sorted(self.calls.items()):
             rest = redactor.end()
             if rest:
@@ -216,7 +220,7 @@ class OutputGuard:
 
     def _blocked(self, events: list[StreamEvent]) -> list[StreamEvent]:
         """`events`, ended with ``content_filter`` if a violation the policy blocks came up."""
-        sources: list[StreamingRedactor | JsonArgumentsRedactor] = [self.json or self.redactor]
+        sources: list[StreamingRedactor | JsonArgumentsRedactor] = [self.answer]
         sources += self.calls.values()
         for source in sources:
             new = source.violations[self.seen.get(source, 0) :]
@@ -308,11 +312,6 @@ class GuardOutput:
             return ctx
         policy = self.policies.for_tenant(ctx.caller.tenant)
         blocks = policy.kinds_with("block")
-        redactor = StreamingRedactor(
-            redact_kinds=policy.kinds_with("redact"),
-            block_kinds=blocks,
-            blocked_terms=policy.blocked_output_terms,
-        )
         record = current_record()
         check = GroundingCheck(
             ctx.passages, frozenset(f"pii.{k}" for k in blocks), self.tracer, record
@@ -320,7 +319,6 @@ class GuardOutput:
         sampling = ctx.params.sampling
         ctx.answer.add_filter(
             OutputGuard(
-                redactor,
                 check,
                 redactor_factory(policy),
                 structured=structured_output(sampling.get("response_format")),

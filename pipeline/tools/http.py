@@ -176,7 +176,7 @@ class HttpTool:
         self.prefixes = [parse_url(prefix) for prefix in (allow or [default_prefix(url)])]
         own = parse_url(_fill(url, {p: "x" for p in _PLACEHOLDER.findall(url)}))
         if not self.allows(own):
-            raise ValueError(f"HTTP tool {name!r}: its own URL {url} is off its allow-list")
+            raise UrlRefused(f"HTTP tool {name!r}: its own URL {url} is off its allow-list")
         self.parameters = parameters or template_schema(url)
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s

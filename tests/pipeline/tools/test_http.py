@@ -95,7 +95,7 @@ def test_urls_on_the_allow_list_pass_normalised() -> None:
 
 
 def test_a_tool_whose_own_url_is_off_its_allow_list_is_refused_at_start() -> None:
-    with pytest.raises(ValueError, match="off its allow-list"):
+    with pytest.raises(UrlRefused, match="off its allow-list"):
         HttpTool("x", "x", "https://a.example/{q}", allow=["https://b.example/"])
     default = HttpTool("x", "x", "https://a.example/api/search?q={q}")
     assert [str(p) for p in default.prefixes] == ["https://a.example/api/search"]
