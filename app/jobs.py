@@ -28,16 +28,20 @@ from pipeline.jobs.webhooks import WebhookSender
 from pipeline.jobs.worker import JobWorker
 from pipeline.runner import Runner
 from pipeline.store.kv import KeyValueStore
+from pipeline.store.limits import RateLimiter
 
 log = logging.getLogger("rag.jobs")
 
 
-async def run_job(settings: Settings, runner: Runner, job: Job) -> dict[str, Any]:
+async def run_job(
+    settings: Settings, runner: Runner, job: Job, limits: RateLimiter | None = None
+) -> dict[str, Any]:
     """Run ``job`` through the request path; the chat completion it answers with.
 
     The context arrives with the job's stored principal and no credential: the auth stage then
     checks that the key is still active (a revoked key fails the job with a 401 error) and that
-    it still carries the ``chat`` scope. Errors are the path's own ``PipelineError``s.
+    it still carries the ``chat`` scope. Errors are the path's own ``PipelineError``s. The
+    tokens of a generated answer count against the key's and the tenant's ``limits``.
     """
     body = ChatCompletionRequest.model_validate(job.request)
     ctx = RequestContext(
@@ -50,6 +54,8 @@ async def run_job(settings: Settings, runner: Runner, job: Job) -> dict[str, Any
     await runner.run(ctx)
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
+    if limits is not None and ctx.cache_status != "hit" and ctx.principal is not None:
+        await limits.settle(ctx.principal, ctx.completion.total_tokens)
     return chat_completion(ctx, ctx.completion)
 
 
@@ -140,7 +146,7 @@ async def start_job_workers(
     sender = webhook_sender(settings, services.kv, services.tracer)
 
     async def execute(job: Job) -> dict[str, Any]:
-        return await run_job(settings, runner, job)
+        return await run_job(settings, runner, job, services.limits)
 
     workers = [
         JobWorker(

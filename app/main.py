@@ -12,15 +12,18 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from app import metrics
 from app.http.auth import AuthenticateFirst
-from app.http.bodies import document_models
 from app.http.errors import install_error_handlers
+from app.http.fastpath import MAX_BODY_BYTES, CacheFastPath
+from app.http.limits import RateLimits
 from app.http.middleware import BodySizeLimit, RequestTracing
+from app.http.openapi import document_models
 from app.http.schemas import ChatCompletionRequest
+from app.http.shutdown import DrainOnShutdown, Shutdown
 from app.jobs import start_job_workers
 from app.lag import LagProbe
 from app.logs import RequestLog, configure_logging
 from app.path import build_paths
-from app.routes import chat, health, jobs, models, retrieval
+from app.routes import chat, files, health, jobs, models, retrieval
 from app.routes import metrics as metrics_route
 from app.routes.jobs import JobRequest
 from app.routes.retrieval import IngestRequest, RetrieveRequest
@@ -35,9 +38,11 @@ def create_app(
     *,
     span_processors: list[SpanProcessor] | None = None,
     embedder: Embedder | None = None,
+    shutdown: Shutdown | None = None,
 ) -> FastAPI:
     """The app. ``embedder``, when given, is shared by queries and ingestion (tests share one
-    loaded model across apps); by default each gets its own."""
+    loaded model across apps); by default each gets its own. ``shutdown`` is what the server
+    (`rag serve`'s ``DrainingServer``) drives when it is told to stop."""
     settings = settings or get_settings()
     configure_logging(settings.log, settings.environment)
     provider = build_tracer_provider(settings, span_processors)
@@ -59,9 +64,12 @@ def create_app(
         gc.freeze()
         probe = LagProbe(record=settings.telemetry.metrics).start()
         app.state.lag_probe = probe
+        # Key revocations and limit changes from any replica reach this one's key cache.
+        key_changes = asyncio.get_running_loop().create_task(services.keys.listen())
         try:
             yield
         finally:
+            await services.keys.stop_listening(key_changes)
             await probe.stop()
             await job_workers.stop()
             await services.aclose()
@@ -77,13 +85,27 @@ def create_app(
     install_error_handlers(app)
     for router in (chat.router, models.router, retrieval.router, health.router, jobs.router):
         app.include_router(router)
+    app.include_router(files.router)
     if settings.telemetry.metrics:
         app.include_router(metrics_route.router)
     document_models(app, [ChatCompletionRequest, JobRequest, IngestRequest, RetrieveRequest])
     # Added last = outermost: the root span covers everything, including the key and size
-    # checks; the key is checked before anything reads the body.
+    # checks; the key is checked, then the rate limits, before anything reads the body.
+    app.add_middleware(RateLimits)
     app.add_middleware(AuthenticateFirst)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.server.max_body_bytes,
+        paths={files.PATH: settings.files.max_upload_bytes},
+    )
+    if settings.cache.enabled and settings.cache.fast_path:
+        # Plain cache hits are answered here, before the body limit, key check and rate
+        # limits (which it applies itself), inside the shutdown handling and the root span.
+        app.add_middleware(
+            CacheFastPath, max_body_bytes=min(MAX_BODY_BYTES, settings.server.max_body_bytes)
+        )
+    # While the process shuts down, new requests get a 503 before any other work.
+    app.add_middleware(DrainOnShutdown, shutdown=shutdown or Shutdown())
     app.add_middleware(
         RequestTracing,
         tracer=tracer,

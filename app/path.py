@@ -2,7 +2,7 @@
 called from the app's lifespan and by ``rag worker``: the API and the job workers run the same
 ``chat`` runner, so a job runs exactly what a chat request runs.
 
-    auth -> validate -> guard_in -> cache_lookup
+    auth -> validate -> guard_in -> cache_lookup -> adapt
          -> [features || retrieve || tools || guard_similarity] -> compress -> route -> generate
          -> guard_out -> cache_store
 
@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from pipeline.routing.load import LoadPolicy
 from pipeline.runner import INPUTS, Concurrent, Runner, Stage, Step
+from pipeline.stages.adapt import AdaptToLoad
 from pipeline.stages.auth import Authenticate
 from pipeline.stages.cache import CacheLookup, CacheStore, ResponseCache, no_index
 from pipeline.stages.compress import CompressSources
@@ -33,6 +35,7 @@ from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.route import ChooseRoute
 from pipeline.stages.tools import PlannedTools
 from pipeline.stages.validate import ValidateRequest
+from pipeline.store.singleflight import SingleFlight
 from pipeline.tools.planner import ToolPlanner
 from retrieval import RelevanceGate
 
@@ -76,6 +79,7 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
         validate_stage(settings, services),
         *optional(guard_in_stage(services)),
         *optional(cache_lookup_stage(settings, services, personalised=features is not None)),
+        *optional(adapt_stage(settings, services)),
     ]
     gathered = optional(
         features,
@@ -95,6 +99,9 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             max_rounds=settings.tools.max_rounds,
             access=services.tool_access,
             policies=services.guards.policies if services.guards is not None else None,
+            counter=services.tokens,
+            context_length=settings.llm.context_length,
+            flights=single_flight(settings, services),
         )
     )
     steps.extend(optional(guard_out_stage(services)))
@@ -122,17 +129,59 @@ def response_cache(settings: Settings, services: Services) -> ResponseCache:
     return ResponseCache(services.kv, ttl=settings.cache.ttl_seconds, prefix=prefix)
 
 
+def single_flight(settings: Settings, services: Services) -> SingleFlight | None:
+    """Request coalescing, when the cache and coalescing are on: it shares exactly the
+    answers the cache would keep, and a new leader looks in the cache once more."""
+    if not (settings.cache.enabled and settings.cache.coalesce):
+        return None
+    return SingleFlight(
+        services.kv,
+        prefix=f"{settings.redis.key_prefix}flight:",
+        cached=response_cache(settings, services).get,
+        # XREAD BLOCK well within the Redis client's socket timeout.
+        poll_ms=max(10, int(settings.redis.timeout_seconds * 250)),
+    )
+
+
 def cache_lookup_stage(
     settings: Settings, services: Services, *, personalised: bool
 ) -> Stage | None:
     if not settings.cache.enabled:
         return None
-    version = services.retrieval.version if services.retrieval is not None else no_index
+    search = services.retrieval
     return CacheLookup(
         response_cache(settings, services),
-        version,
+        search.version if search is not None else no_index,
         personalised=personalised,
         versions=services.versions(),
+        access_scope=search.access_scope if search is not None else None,
+    )
+
+
+def load_policy(settings: Settings) -> LoadPolicy | None:
+    """How requests adapt to a loaded route, when switched on."""
+    config = settings.adapt
+    if not config.enabled:
+        return None
+    return LoadPolicy(
+        top_k_at=config.top_k_at,
+        compress_at=config.compress_at,
+        small_route_at=config.small_route_at,
+        top_k=config.top_k,
+        budget_tokens=config.budget_tokens,
+    )
+
+
+def adapt_stage(settings: Settings, services: Services) -> Stage | None:
+    """Fewer, shorter sources under load, when adaptation is on and there can be sources."""
+    policy = load_policy(settings)
+    if policy is None or services.retrieval is None:
+        return None
+    return AdaptToLoad(
+        services.routes,
+        policy,
+        budget_tokens=settings.compress.budget_tokens,
+        compress=settings.compress.enabled,
     )
 
 
@@ -212,4 +261,5 @@ def route_stage(settings: Settings, services: Services, *, with_features: bool) 
         with_features=with_features,
         with_query_vector=search is not None,
         timeout_s=settings.routing.timeout_seconds,
+        load=load_policy(settings),
     )

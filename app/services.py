@@ -7,7 +7,6 @@ them; job workers build the same ``Services`` and paths, so they run the same pa
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -15,6 +14,7 @@ from fastapi import Depends, Request
 from opentelemetry import trace
 
 from app.settings import RetrievalSettings, Settings, SettingsError
+from pipeline.answer import citations
 from pipeline.features import FEATURE_SET_VERSION, FeatureStore
 from pipeline.features.spec import filter_keys
 from pipeline.guards.injection import ExemplarIndex, InjectionDetector
@@ -22,13 +22,16 @@ from pipeline.guards.policy import PolicyBook, PolicyError
 from pipeline.model.chat import TracedChat
 from pipeline.model.client import LLMClient
 from pipeline.model.routes import Route, RouteTable
+from pipeline.model.slots import SlotPool
 from pipeline.model.tokens import ApproximateTokenCounter, TokenCounter, load_token_counter
 from pipeline.routing.router import Centroids, Router, RouterPolicy, load_examples
 from pipeline.routing.rules import Thresholds
 from pipeline.runner import StageObserver
+from pipeline.sources import conversation
 from pipeline.sources.search import PassageSearch
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
+from pipeline.store.limits import LimitConfig, RateLimiter
 from pipeline.telemetry.metrics import StageMetrics
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool, ToolError
@@ -37,7 +40,8 @@ from pipeline.tools.http import HttpTool
 from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.loop import Invoker
 from pipeline.tools.registry import ToolRegistry
-from retrieval import Embedder, HybridRetriever, IndexStore, QueryBatcher
+from retrieval import Embedder, HybridRetriever, IndexStore, QueryBatcher, make_embedder
+from retrieval.files import ConverterPool, ZipLimits
 
 
 @dataclass
@@ -47,7 +51,9 @@ class Services:
     kv: KeyValueStore
     keys: ApiKeyStore
     routes: RouteTable
+    limits: RateLimiter | None = None
     retrieval: PassageSearch | None = None
+    converter: ConverterPool | None = None  # document files in (POST /v1/files)
     features: FeatureStore | None = None
     router: Router | None = None
     server_tools: dict[str, Tool] = field(default_factory=dict)
@@ -71,6 +77,8 @@ class Services:
         versions = {
             "relevance": str(config.retrieval.relevance_threshold),
             "compress": f"{config.compress.enabled}:{config.compress.budget_tokens}",
+            "conversation": conversation.VERSION,
+            "citations": citations.VERSION,
         }
         if self.features is not None:
             versions["features"] = FEATURE_SET_VERSION
@@ -95,6 +103,8 @@ class Services:
             tracer,
             timeout=settings.redis.timeout_seconds,
             retry_after=settings.redis.retry_after_seconds,
+            max_connections=settings.redis.max_connections,
+            pool_wait=settings.redis.pool_wait_seconds,
         )
         keys = build_key_store(settings, kv)
         retrieval = None
@@ -103,17 +113,27 @@ class Services:
             # One embedding model for queries and, unless one was given to share, another for
             # ingestion (loaded on first use): a model runs one batch at a time, and a query
             # must not wait seconds behind an ingest's batch of passages.
-            queries = embedder or Embedder()
-            retrieval = build_search(settings, tracer, queries, embedder or Embedder())
+            # No ONNX memory arena in a replica: it would hold an ingest batch's activations
+            # (about 100 MB) for good; bulk ingestion (`rag ingest`) keeps it, for speed.
+            config = settings.retrieval
+            queries = embedder or make_embedder(
+                config.embeddings, config.query_torch_threads, arena=False
+            )
+            ingest = embedder or make_embedder(
+                config.embeddings, config.ingest_torch_threads, arena=False
+            )
+            retrieval = build_search(settings, tracer, queries, ingest)
         routes = build_routes(settings)
         return cls(
             settings=settings,
             tracer=tracer,
             kv=kv,
             keys=keys,
+            limits=build_limiter(settings, kv),
             routes=routes,
             router=build_router(settings, routes, queries),
             retrieval=retrieval,
+            converter=build_converter(settings) if retrieval is not None else None,
             features=build_feature_store(settings, kv) if settings.features.enabled else None,
             observers=build_observers(settings),
             tokens=load_token_counter(settings.llm.tokenizer_path),
@@ -124,7 +144,12 @@ class Services:
     async def aclose(self) -> None:
         if self.retrieval is not None:
             await self.retrieval.aclose()
+        if self.converter is not None:
+            self.converter.close()
         await self.routes.aclose()
+        await self.keys.aclose()
+        if self.limits is not None:
+            await self.limits.aclose()
         await self.kv.aclose()
 
 
@@ -169,7 +194,8 @@ def build_observers(settings: Settings) -> list[StageObserver]:
 
 
 def build_routes(settings: Settings) -> RouteTable:
-    """One client (its own connection pool) and one concurrency bound per route."""
+    """One client (its own connection pool) and one concurrency bound per route, in all and
+    per tenant (a bound of this process: each replica bounds its own upstream calls)."""
     llm = settings.llm
     routes = {
         name: Route(
@@ -182,7 +208,7 @@ def build_routes(settings: Settings) -> RouteTable:
                 read_timeout=llm.read_timeout_seconds,
                 max_connections=llm.max_connections,
             ),
-            limit=asyncio.Semaphore(config.max_concurrency),
+            slots=SlotPool(config.max_concurrency, config.tenant_concurrency, name=name),
         )
         for name, config in settings.routing.resolved(llm).items()
     }
@@ -276,6 +302,29 @@ def build_key_store(settings: Settings, kv: KeyValueStore) -> ApiKeyStore:
     )
 
 
+def build_limiter(settings: Settings, kv: KeyValueStore) -> RateLimiter | None:
+    config = settings.limits
+    if not config.enabled:
+        return None
+    tenants = {
+        tenant: {name: value for name, value in limits.model_dump().items() if value is not None}
+        for tenant, limits in config.tenants.items()
+    }
+    return RateLimiter(
+        kv,
+        LimitConfig(
+            key_rpm=config.key_rpm,
+            key_tpm=config.key_tpm,
+            tenant_rpm=config.tenant_rpm,
+            tenant_tpm=config.tenant_tpm,
+            tenants=tenants,
+            window_seconds=config.window_seconds,
+            fail_open=config.fail_open,
+        ),
+        prefix=settings.redis.key_prefix,
+    )
+
+
 def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexStore:
     return IndexStore(
         config.index_dir,
@@ -284,6 +333,21 @@ def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexSto
         overlap_words=config.overlap_words,
         max_document_chars=config.max_document_chars,
         approximate_above=config.approximate_above,
+    )
+
+
+def build_converter(settings: Settings) -> ConverterPool:
+    config = settings.files
+    return ConverterPool(
+        workers=config.convert_workers,
+        timeout_seconds=config.convert_timeout_seconds,
+        memory_bytes=config.convert_memory_bytes,
+        max_chars=settings.retrieval.max_document_chars,
+        max_uploads=config.max_pending_uploads,
+        per_tenant=config.convert_tenant_workers,
+        zip_limits=ZipLimits(
+            max_total_bytes=config.max_unzipped_bytes, max_ratio=config.max_zip_ratio
+        ),
     )
 
 
@@ -297,10 +361,24 @@ def build_search(
         if config.candidates
         else HybridRetriever(store)
     )
+    # An ONNX embedder sets its own threads (make_embedder); pinning torch's would import it.
     queries = QueryBatcher(
-        query_embedder, max_batch=config.query_batch_max, window_s=config.query_batch_window_seconds
+        query_embedder,
+        max_batch=config.query_batch_max,
+        window_s=config.query_batch_window_seconds,
+        torch_threads=config.query_torch_threads if query_embedder.backend == "torch" else 0,
     )
-    return PassageSearch(store, retriever, queries, tracer)
+    return PassageSearch(
+        store,
+        retriever,
+        queries,
+        tracer,
+        search_threads=config.search_threads,
+        ingest_threads=config.ingest_threads,
+        ingest_torch_threads=(
+            config.ingest_torch_threads if ingest_embedder.backend == "torch" else 0
+        ),
+    )
 
 
 async def get_services(request: Request) -> Services:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     SecretStr,
     field_validator,
@@ -24,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.production import unsafe_for_production
 from pipeline.jobs.secret_box import parse_keys
+from retrieval.embeddings import Backend
 from retrieval.relevance import DEFAULT_THRESHOLD
 
 logger = logging.getLogger(__name__)
@@ -88,6 +90,13 @@ class RedisSettings(BaseModel):
     retry_after_seconds: float = Field(
         1.0, ge=0, description="After a failure, skip Redis this long before trying again."
     )
+    max_connections: int = Field(256, gt=0, description="Connections in the client's pool.")
+    pool_wait_seconds: float = Field(
+        0.25,
+        gt=0,
+        description="With every connection busy, a command waits this long for one, then "
+        "fails alone (the circuit breaker stays closed: a full pool is not Redis down).",
+    )
     key_prefix: str = "rag:"
 
 
@@ -122,6 +131,14 @@ class LLMSettings(BaseModel):
 class CacheSettings(BaseModel):
     enabled: bool = True
     ttl_seconds: int = Field(3600, gt=0)
+    fast_path: bool = Field(
+        True, description="Answer plain cache hits before routing (app.http.fastpath)."
+    )
+    coalesce: bool = Field(
+        True,
+        description="Identical concurrent misses share one generation, across replicas "
+        "(pipeline.store.singleflight); off for benchmarks.",
+    )
 
 
 class AuthSettings(BaseModel):
@@ -131,11 +148,52 @@ class AuthSettings(BaseModel):
     )
 
 
+class TenantLimitSettings(BaseModel):
+    """One tenant's limits per minute (0: none); unset ones fall back to ``limits``'s."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(None, ge=0, description="Requests per minute of the whole tenant.")
+    tpm: int | None = Field(None, ge=0, description="Tokens per minute of the whole tenant.")
+    key_rpm: int | None = Field(None, ge=0, description="Requests per minute of each key.")
+    key_tpm: int | None = Field(None, ge=0, description="Tokens per minute of each key.")
+
+
+class LimitSettings(BaseModel):
+    """Rate limits shared by every replica (``pipeline.store.limits``): requests and tokens per
+    minute, per key and per tenant. 0: no limit. A key record's own limits (``rag keys limits``)
+    and a tenant record's (``rag keys tenant-limits``) come first; these are the defaults."""
+
+    enabled: bool = Field(True, description="Check limits on every /v1 request (off: never).")
+    key_rpm: int = Field(0, ge=0, description="Requests per minute of each key.")
+    key_tpm: int = Field(0, ge=0, description="Tokens per minute of each key.")
+    tenant_rpm: int = Field(0, ge=0, description="Requests per minute of each tenant.")
+    tenant_tpm: int = Field(0, ge=0, description="Tokens per minute of each tenant.")
+    tenants: dict[str, TenantLimitSettings] = Field(
+        default_factory=dict, description="Per-tenant defaults (JSON: tenant -> limits)."
+    )
+    window_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="The sliding window; a limit admits rpm * window / 60 requests per window.",
+    )
+    fail_open: bool = Field(
+        True, description="While Redis is down: admit (true) or answer 429 (false)."
+    )
+
+
 class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     request_timeout_seconds: float = Field(
-        60.0, gt=0, description="Deadline of a request (for a stream: until its first token)."
+        60.0, gt=0, description="Deadline of a request, a streamed answer's last chunk included."
+    )
+    stream_write_stall_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A streamed answer whose client takes longer than this to accept one more "
+        "chunk is ended (its upstream call closed, its route slot freed).",
     )
     max_body_bytes: int = Field(1_000_000, gt=0)
 
@@ -188,12 +246,80 @@ class RetrievalSettings(Durations):
         0.002, ge=0, description="Concurrent query embeddings wait this long to share a batch."
     )
     query_batch_max: int = Field(32, ge=1)
+    search_threads: int = Field(
+        4, ge=1, description="Threads that run searches; ingestion has its own (ingest_threads)."
+    )
+    ingest_threads: int = Field(
+        1, ge=1, description="Threads that run ingests and deletes; more wait for one to free."
+    )
+    embeddings: Backend = Field(
+        "onnx-int8",
+        description="Embedding runtime: onnx-int8 (ONNX Runtime, int8 weights), onnx (ONNX "
+        "Runtime, fp32) or torch (sentence-transformers, fp32). The onnx ones never import "
+        "torch; their model is built once under $RAG_HOME/embedder (make embedder). int8: "
+        "SciFact nDCG@10 -0.003, queries 3.9x faster, replica RSS 0.44x (BENCHMARKS.md).",
+    )
+    query_torch_threads: int = Field(
+        1,
+        ge=0,
+        description="Threads embedding one batch of queries, torch's or ONNX Runtime's "
+        "(0: one per core).",
+    )
+    ingest_torch_threads: int = Field(
+        1,
+        ge=0,
+        description="Threads embedding one batch of ingested passages, torch's or ONNX "
+        "Runtime's (0: one per core).",
+    )
     warm_up: bool = Field(True, description="Load the embedding model at start-up.")
     relevance_threshold: float = Field(
         DEFAULT_THRESHOLD,
         ge=0.0,
         le=1.0,
         description="Passages less relevant than this stay out of the prompt (0: no gate).",
+    )
+
+
+class FileSettings(BaseModel):
+    """Document files in (``POST /v1/files``, ``rag ingest``): limits and the converter pool."""
+
+    model_config = {"extra": "forbid"}
+
+    max_file_bytes: int = Field(10_000_000, gt=0, description="A larger file is refused (413).")
+    max_upload_bytes: int = Field(
+        25_000_000,
+        gt=0,
+        description="Body limit of POST /v1/files (server.max_body_bytes elsewhere).",
+    )
+    max_files: int = Field(20, ge=1, le=1000, description="Files in one upload.")
+    convert_workers: int = Field(
+        2, ge=1, description="Worker processes converting files, one file at a time each."
+    )
+    convert_timeout_seconds: float = Field(60.0, gt=0, description="A slower file is refused.")
+    convert_memory_bytes: int = Field(
+        2_000_000_000, ge=0, description="Address space of one worker process (0: no limit)."
+    )
+    max_unzipped_bytes: int = Field(
+        100_000_000, gt=0, description="A DOCX/PPTX declaring more once inflated is refused."
+    )
+    max_zip_ratio: float = Field(100.0, gt=1, description="Inflation ratio of a zip member.")
+    upload_timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="Time budget of one upload's conversions; files not converted by then are "
+        "refused (503 upload_timeout), the others go in.",
+    )
+    max_pending_uploads: int = Field(
+        8,
+        ge=1,
+        description="Uploads in progress at once per process, each holding its files' bytes; "
+        "one more gets 503 converter_busy with Retry-After.",
+    )
+    convert_tenant_workers: int | None = Field(
+        None,
+        ge=1,
+        description="Files of one tenant converting at once; the tenant's others wait while "
+        "other tenants' files go ahead (None: every worker).",
     )
 
 
@@ -204,6 +330,28 @@ class RouteSettings(BaseModel):
     model: str
     api_key: str | None = None
     max_concurrency: int = Field(64, gt=0, description="Requests in flight on this route.")
+    max_tenant_concurrency: int | None = Field(
+        None,
+        gt=0,
+        description="Requests in flight on this route for one tenant; more wait their turn "
+        "(None: a quarter of max_concurrency, at least 4 or the route's whole bound).",
+    )
+
+    @model_validator(mode="after")
+    def _tenant_within_route(self) -> RouteSettings:
+        if self.max_tenant_concurrency is not None and (
+            self.max_tenant_concurrency > self.max_concurrency
+        ):
+            raise ValueError("max_tenant_concurrency cannot exceed max_concurrency")
+        return self
+
+    @property
+    def tenant_concurrency(self) -> int:
+        """One tenant's share. A quarter by default: one tenant's burst leaves three quarters
+        of the route to the others, and a lone tenant still gets 16 of the default 64; a route
+        of 4 slots or fewer is not split."""
+        share = max(min(4, self.max_concurrency), self.max_concurrency // 4)
+        return self.max_tenant_concurrency or share
 
 
 class RoutingSettings(Durations):
@@ -433,6 +581,27 @@ class CompressSettings(BaseModel):
     budget_tokens: int = Field(384, ge=16, le=8192, description="Tokens the sources may take.")
 
 
+class AdaptSettings(BaseModel):
+    """Graceful under load (``pipeline.routing.load``): as a route's slots fill, a request asks
+    for fewer sources, then a tighter compression budget, then the small route, before any
+    request is refused. Pressure is the calls holding or awaiting a slot over the slots."""
+
+    enabled: bool = Field(True, description="Adapt requests to a loaded route (off: never).")
+    top_k_at: float = Field(0.75, gt=0, description="Pressure from which top_k is reduced.")
+    compress_at: float = Field(1.0, gt=0, description="Pressure from which sources compress.")
+    small_route_at: float = Field(1.5, gt=0, description="Pressure from which: small route.")
+    top_k: int = Field(2, ge=1, description="The top_k of a reduced request (at most).")
+    budget_tokens: int = Field(
+        192, ge=16, le=8192, description="The compression budget of a reduced request (at most)."
+    )
+
+    @model_validator(mode="after")
+    def _in_order(self) -> AdaptSettings:
+        if not self.top_k_at <= self.compress_at <= self.small_route_at:
+            raise ValueError("top_k_at <= compress_at <= small_route_at")
+        return self
+
+
 class GuardSettings(BaseModel):
     """Input and output guardrails (``RAG_GUARD__POLICY``: JSON, tenant -> overrides, "*" for
     every tenant; keys: pii {kind: block|redact|allow}, injection block|allow,
@@ -463,16 +632,19 @@ class Settings(BaseSettings):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     log: LogSettings = Field(default_factory=LogSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    files: FileSettings = Field(default_factory=FileSettings)
     jobs: JobSettings = Field(default_factory=JobSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     features: FeatureSettings = Field(default_factory=FeatureSettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
     guard: GuardSettings = Field(default_factory=GuardSettings)
     compress: CompressSettings = Field(default_factory=CompressSettings)
+    adapt: AdaptSettings = Field(default_factory=AdaptSettings)
 
     @field_validator("dev_api_key", mode="after")
     @classmethod

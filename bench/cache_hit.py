@@ -3,22 +3,26 @@
     python -m bench.cache_hit [--requests 2000] [--concurrency 1 32] [--variants ...]
 
 Every server runs as its own uvicorn process on loopback, against a private redis-server: the
-floor (a bare FastAPI route doing one Redis GET) and the service (auth, validate, cache lookup;
-the answer is a cache hit) in up to four variants of its observability, so that its cost is
-measured before and after in one run:
+floor (a bare FastAPI route doing one Redis GET, ``bench/floor_app.py``) and the service
+answering from the cache, in variants (``--variants``; see ``SERVICE_VARIANTS``) so that before
+and after are measured in one run:
 
+- the fast path (``app.http.fastpath``, the default) and the full path
+  (``RAG_CACHE__FAST_PATH=false``: routing, the body's validation, auth, validate, guard_in and
+  the cache lookup), each with observability
 - all off: no metrics, no request log, no exporter, ``OTEL_TRACES_SAMPLER=always_off``;
-- before: no metrics, no request log, no exporter, spans recorded by the SDK's default
-  sampler (the service as it was before it had metrics and logs);
 - on, not sampled: metrics, the JSON request log (to a file), an OTLP/gRPC exporter configured
   and ``OTEL_TRACES_SAMPLER=always_off`` (the cost for requests that are not sampled);
-- on, sampled + exported: the same with every trace sampled and exported in batches over gRPC
-  to a receiver process (``tests/support/otlp.py``) that counts what it gets.
+- and, by name, on, sampled + exported (every trace exported in batches over gRPC to a receiver
+  process, ``tests/support/otlp.py``, that counts what it gets) and the full path with spans
+  recorded and no exporter (the service as it was before it had metrics and logs).
 
-The same client measures each, interleaved by round, and prints p50/p99 latency and requests/s,
-the ratio to the floor, and the difference of each variant to "before". The client is
-`bench.rawclient` (pre-encoded requests over keep-alive sockets), so it costs less than the
-servers; ``--client httpx`` measures with httpx instead, to see what a heavier client hides.
+The same client measures each, interleaved by round, and prints p50/p99 latency, requests/s and
+the CPU time each server process spent per request (from ``/proc``: on shared, loaded cores the
+steadiest of the figures), their ratios to the floor, and the difference of each variant to
+the full path with everything off. The client is `bench.rawclient` (pre-encoded requests over
+keep-alive sockets), so it costs less than the servers; ``--client httpx`` measures with httpx
+instead, to see what a heavier client hides.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pipeline.stages.cache import CacheLookup
 from tests.support.servers import RedisServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+JSON = {"content-type": "application/json"}
 BODY = {
     "model": "smollm2",
     "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -168,28 +173,42 @@ async def measure(
     return summarise(latencies, wall)
 
 
-# "before": the service as it was before metrics and logs (spans recorded by the SDK's default
-# sampler, no exporter); "all off" also samples nothing, which isolates what recording the hit
-# path's spans costs; "on" has metrics, the JSON request log and an OTLP/gRPC exporter, with
-# no trace sampled or every trace sampled and exported.
-BEFORE = "service, before (spans recorded, no export)"
+# The fast path (``app.http.fastpath``) and the full path (``RAG_CACHE__FAST_PATH=false``: auth,
+# limits, routing, validation, the stages up to the cache lookup) side by side, each with
+# observability all off (no metrics, no request log, nothing sampled) and on but not sampled
+# (metrics, the JSON request log, an OTLP/gRPC exporter, ``OTEL_TRACES_SAMPLER=always_off``).
+# More variants by name: the full path with spans recorded and no exporter (the service as it
+# was before metrics and logs), and each path with every trace sampled and exported.
+ALL_OFF = {
+    "OTEL_TRACES_SAMPLER": "always_off",
+    "RAG_TELEMETRY__METRICS": "false",
+    "RAG_LOG__REQUESTS": "false",
+}
+NOT_SAMPLED = {"OTEL_TRACES_SAMPLER": "always_off", "RAG_LOG__FORMAT": "json"}
+FULL_PATH = {"RAG_CACHE__FAST_PATH": "false"}
+BEFORE = "service, full path, all off"
 SERVICE_VARIANTS: dict[str, dict[str, str]] = {
-    "service, all off": {
-        "OTEL_TRACES_SAMPLER": "always_off",
+    "service, fast path, all off": ALL_OFF,
+    BEFORE: {**ALL_OFF, **FULL_PATH},
+    "service, fast path, on, not sampled": NOT_SAMPLED,
+    "service, full path, on, not sampled": {**NOT_SAMPLED, **FULL_PATH},
+    "service, full path, spans recorded, no export": {
         "RAG_TELEMETRY__METRICS": "false",
         "RAG_LOG__REQUESTS": "false",
+        **FULL_PATH,
     },
-    BEFORE: {"RAG_TELEMETRY__METRICS": "false", "RAG_LOG__REQUESTS": "false"},
-    "service, on, not sampled": {"OTEL_TRACES_SAMPLER": "always_off", "RAG_LOG__FORMAT": "json"},
-    "service, on, sampled + exported": {"RAG_LOG__FORMAT": "json"},
+    "service, fast path, on, sampled + exported": {"RAG_LOG__FORMAT": "json"},
+    "service, full path, on, sampled + exported": {"RAG_LOG__FORMAT": "json", **FULL_PATH},
 }
-EXPORTING = ("service, on, not sampled", "service, on, sampled + exported")
+DEFAULT_VARIANTS = list(SERVICE_VARIANTS)[:4]
+EXPORTING = tuple(name for name in SERVICE_VARIANTS if ", on, " in name)
 
 
 def start_servers(
     settings: Settings, variants: list[str], logs: Path
 ) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
-    """Each variant of the service, the floor and the OTLP receiver: name -> base URL."""
+    """Each variant of the service, the floor and the OTLP receiver: name -> base URL (and,
+    in ``PIDS``, name -> the server's process id)."""
     receiver_port = free_port()
     procs = [serve_module(["tests.support.otlp", str(receiver_port)], {}, logs / "receiver.log")]
     common = {
@@ -205,11 +224,24 @@ def start_servers(
         port = free_port()
         procs.append(serve("app.main:create_app", port, env, logs / f"service-{number}.log"))
         urls[name] = f"http://127.0.0.1:{port}"
+        PIDS[name] = procs[-1].pid
     port = free_port()
     floor_env = {"BENCH_REDIS_URL": settings.redis.url}
     procs.append(serve("bench.floor_app:app", port, floor_env, logs / "floor.log"))
     urls["floor"] = f"http://127.0.0.1:{port}"
+    PIDS["floor"] = procs[-1].pid
     return urls, procs
+
+
+PIDS: dict[str, int] = {}
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far. On loaded cores it is what a server
+    spends per request, whoever else runs: a steadier figure than latency."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
 def lag_buckets(url: str) -> dict[str, float]:
@@ -237,18 +269,31 @@ def print_lag(concurrency: int, name: str, before: dict[str, float], after: dict
 def print_rows(concurrency: int, summary: dict[str, dict[str, float]]) -> None:
     floor = summary["floor"]
     for name, s in summary.items():
-        cells = [f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['rps']:.0f}"]
-        ratio = "" if name == "floor" else f"{s['p50_ms'] / floor['p50_ms']:.2f}x"
-        print(f"| {concurrency} | {name} | " + " | ".join(cells) + f" | {ratio} |")
+        cells = [
+            f"{s['p50_ms']:.2f}",
+            f"{s['p99_ms']:.2f}",
+            f"{s['rps']:.0f}",
+            f"{s['cpu_us']:.0f}",
+        ]
+        ratios = (
+            ["", "", ""]
+            if name == "floor"
+            else [
+                f"{s['p50_ms'] / floor['p50_ms']:.2f}x",
+                f"{s['rps'] / floor['rps']:.2f}x",
+                f"{s['cpu_us'] / floor['cpu_us']:.2f}x",
+            ]
+        )
+        print(f"| {concurrency} | {name} | " + " | ".join(cells + ratios) + " |")
     base = summary.get(BEFORE)
     if base is not None:
         for name, s in summary.items():
             if name not in ("floor", BEFORE):
                 extra = s["p50_ms"] - base["p50_ms"]
                 print(
-                    f"| {concurrency} | {name} vs before | {extra:+.3f} ms p50 "
+                    f"| {concurrency} | {name} vs {BEFORE} | {extra:+.3f} ms p50 "
                     f"({s['p50_ms'] / base['p50_ms'] - 1:+.1%}) | | "
-                    f"{s['rps'] / base['rps'] - 1:+.1%} req/s | |"
+                    f"{s['rps'] / base['rps'] - 1:+.1%} req/s | | | | |"
                 )
 
 
@@ -256,7 +301,7 @@ async def ready_targets(urls: dict[str, str], key: str) -> dict[str, tuple[str, 
     """Wait for every server; check that each service variant answers from the cache."""
     for name, url in urls.items():
         health = f"{url}/docs" if name == "floor" else f"{url}/healthz"
-        wait_for(partial(up, health), 60, name)
+        wait_for(partial(up, health), 240, name)  # slow to start on loaded cores
     targets = {
         name: (f"{url}/v1/chat/completions", {"Authorization": f"Bearer {key}"})
         for name, url in urls.items()
@@ -264,7 +309,8 @@ async def ready_targets(urls: dict[str, str], key: str) -> dict[str, tuple[str, 
     }
     async with httpx.AsyncClient() as client:
         for url, headers in targets.values():
-            check = await client.post(url, json=BODY, headers=headers)
+            # The bytes the benchmark sends: the full path's hit leaves the fast path's alias.
+            check = await client.post(url, content=orjson.dumps(BODY), headers={**headers, **JSON})
             assert check.headers.get("x-cache") == "hit", f"{check.status_code} {check.text}"
     return {"floor": (f"{urls['floor']}/floor", {}), **targets}
 
@@ -279,7 +325,7 @@ async def main() -> None:
         "--variants",
         nargs="+",
         choices=list(SERVICE_VARIANTS),
-        default=list(SERVICE_VARIANTS),
+        default=DEFAULT_VARIANTS,
         help="service variants to run beside the floor",
     )
     args = parser.parse_args()
@@ -297,8 +343,11 @@ async def main() -> None:
             f"{args.requests} requests x {args.rounds} rounds, "
             f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; server logs in {logs}"
         )
-        print("| concurrency | target | p50 ms | p99 ms | req/s | p50 / floor |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "| concurrency | target | p50 ms | p99 ms | req/s | server CPU µs/req "
+            "| p50 / floor | req/s / floor | CPU / floor |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         body = orjson.dumps(BODY)
         for concurrency in args.concurrency:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
@@ -306,10 +355,13 @@ async def main() -> None:
             lags = {name: lag_buckets(urls[name]) for name in probed}
             for _ in range(args.rounds):
                 for name, (url, headers) in targets.items():
+                    cpu = cpu_seconds(PIDS[name])
                     if args.client == "raw":
                         result = await measure_raw(url, body, headers, args.requests, concurrency)
                     else:
                         result = await measure(url, headers, args.requests, concurrency)
+                    sent = args.requests + min(50, args.requests)  # with the warm-up
+                    result["cpu_us"] = (cpu_seconds(PIDS[name]) - cpu) / sent * 1e6
                     runs[name].append(result)
             summary = {
                 name: {k: statistics.median(r[k] for r in results) for k in results[0]}

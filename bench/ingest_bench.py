@@ -1,9 +1,15 @@
 """Ingestion throughput and index build time on SciFact documents.
 
-    .venv/bin/python -m bench.ingest_bench [--docs 1000]
+    .venv/bin/python -m bench.ingest_bench [--docs 1000] [--backend torch onnx onnx-int8]
+        [--rounds 1] [--queries 200]
 
 1. A real ingest (IndexStore.upsert with the real, uncached embedder, default 180-word passages):
-   chunks/s end to end, which embedding dominates.
+   chunks/s end to end, which embedding dominates. With several ``--backend``s (embedding
+   runtimes: retrieval.embeddings.Backend), each ingests the same documents into a fresh store,
+   in turn, ``--rounds`` times (the order rotating each round); then the query-embedding latency
+   of one short query (SciFact claims, one at a time, one thread as the service's query embedder
+   runs: RAG_RETRIEVAL__QUERY_TORCH_THREADS=1), the backends alternating query by query.
+   Medians, and ratios to the first backend.
 2. The index build alone from ready vectors: tokenising, BM25 (term counts + CSC weights),
    metadata columns, FAISS exact and HNSW builds, snapshot write and load.
 """
@@ -11,28 +17,109 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.retrieval_data import load_corpus
-from retrieval.documents import chunk_document
-from retrieval.embeddings import Embedder
+from bench.retrieval_data import load_corpus, load_queries
+from retrieval.documents import Chunk, Document, chunk_document
+from retrieval.embeddings import BACKENDS, Backend, Embedder, embedding_executor, make_embedder
 from retrieval.filters import MetadataColumns
-from retrieval.index import derive
+from retrieval.index import TenantIndex, derive
 from retrieval.snapshots import read_snapshot, write_snapshot
 from retrieval.store import IndexStore
 from retrieval.tokenize import tokenize
 from retrieval.vectors import DenseIndex, build_approximate
 
 
+def compare_backends(
+    backends: list[Backend], docs: list[Document], rounds: int, queries: int
+) -> TenantIndex:
+    """Ingest with each backend in turn, then time single-query embeddings; print the table.
+    Returns the first backend's index (for the index-build part)."""
+    ingest: dict[Backend, Embedder] = {b: make_embedder(b) for b in backends}
+    rates: dict[Backend, list[float]] = {b: [] for b in backends}
+    first_index: TenantIndex | None = None
+    for embedder in ingest.values():
+        embedder.warm_up()
+        embedder.embed(["warm up"])
+    for r in range(rounds):
+        order = backends[r % len(backends) :] + backends[: r % len(backends)]
+        for backend in order:
+            with tempfile.TemporaryDirectory() as tmp:
+                store = IndexStore(Path(tmp), ingest[backend])
+                result = store.upsert("bench", docs)
+                rates[backend].append(result.chunks / result.seconds)
+                print(
+                    f"round {r + 1} {backend}: {result.documents} docs -> {result.chunks} "
+                    f"chunks in {result.seconds:.1f} s = {rates[backend][-1]:.1f} chunks/s",
+                    flush=True,
+                )
+                if first_index is None and backend == backends[0]:
+                    first_index = store.current("bench")
+                    again = store.upsert("bench", docs[:100])
+                    print(f"re-ingest 100 unchanged docs: {again.seconds:.2f} s", flush=True)
+    latency = query_latency(backends, queries)
+    base_rate = statistics.median(rates[backends[0]])
+    base_p50 = statistics.median(latency[backends[0]])
+    print(
+        "| backend | ingest chunks/s (median of rounds) | x first | query p50 ms | p99 ms "
+        "| first / this |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for backend in backends:
+        rate = statistics.median(rates[backend])
+        times = sorted(latency[backend])
+        p50 = statistics.median(times)
+        p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
+        print(
+            f"| {backend} | {rate:.1f} | {rate / base_rate:.2f}x | {p50:.2f} | {p99:.2f} "
+            f"| {base_p50 / p50:.2f}x |"
+        )
+    assert first_index is not None
+    return first_index
+
+
+def query_latency(backends: list[Backend], count: int) -> dict[Backend, list[float]]:
+    """ms per single-query embed, each backend on one thread, alternating query by query."""
+    texts = list(load_queries().values())[:count]
+    pools = {b: embedding_executor(1, 1 if b == "torch" else 0, f"query-{b}") for b in backends}
+    embedders = {b: make_embedder(b, threads=1) for b in backends}
+    times: dict[Backend, list[float]] = {b: [] for b in backends}
+
+    def timed(embedder: Embedder, text: str) -> float:
+        started = time.perf_counter()
+        embedder.embed([text])
+        return (time.perf_counter() - started) * 1000
+
+    for backend in backends:
+        pools[backend].submit(embedders[backend].warm_up).result()
+        for text in texts[:5]:
+            pools[backend].submit(timed, embedders[backend], text).result()
+    for text in texts:
+        for backend in backends:
+            times[backend].append(pools[backend].submit(timed, embedders[backend], text).result())
+    for pool in pools.values():
+        pool.shutdown()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, default=1000)
+    parser.add_argument("--backend", nargs="+", choices=BACKENDS, default=None)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--queries", type=int, default=200)
     args = parser.parse_args()
     docs = load_corpus()[: args.docs]
+    if args.backend:
+        index = compare_backends(args.backend, docs, args.rounds, args.queries)
+        chunks = [c for d in docs for c in chunk_document(d)]
+        index_part(chunks, index)
+        return
     embedder = Embedder()
     embedder.warm_up()
     embedder.embed(["warm up"])
@@ -51,8 +138,13 @@ def main() -> None:
             f"| re-ingest 100 unchanged docs (vectors reused, nothing embedded) "
             f"| {again.seconds:.2f} s | |"
         )
-
         chunks = [c for d in docs for c in chunk_document(d)]
+        index_part(chunks, index)
+
+
+def index_part(chunks: list[Chunk], index: TenantIndex) -> None:
+    """The index build alone, from the vectors `index` holds for `chunks`."""
+    with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         tokens = [tokenize(c.indexed_text) for c in chunks]
         t_tok = time.perf_counter() - started

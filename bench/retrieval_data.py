@@ -123,8 +123,8 @@ class Split:
     index: TenantIndex
 
 
-def load_split(split: str) -> Split:
-    embedder = CachedEmbedder()
+def load_split(split: str, embedder: CachedEmbedder | None = None) -> Split:
+    embedder = CachedEmbedder() if embedder is None else embedder
     qrels = load_qrels(split)
     queries = load_queries()
     ids = sorted(qrels, key=int)

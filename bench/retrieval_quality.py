@@ -1,25 +1,40 @@
 """Retrieval quality on SciFact TEST: BM25 alone, dense alone (full corpus, FAISS), the cascade.
 
-    .venv/bin/python -m bench.retrieval_quality
+    .venv/bin/python -m bench.retrieval_quality [--backend torch onnx onnx-int8]
 
 Each SciFact document is indexed as one chunk (title + abstract, no splitting), through a real
 IndexStore, so the numbers are those of the code the service runs. The cascade uses
 HybridRetriever's defaults (tuned on train by bench.retrieval_tune). Reference rows: full-corpus
 reciprocal-rank fusion (k=60) and BM25's top 100 re-ranked by the vector score alone.
+
+``--backend`` names the embedding runtimes to compare (retrieval.embeddings.Backend): one table
+each, then the change of every row's nDCG@10 from the first backend's. Each backend's vectors
+are cached on disk (bench.retrieval_data.CachedEmbedder), so only a first run embeds.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from bench.retrieval_data import load_split, ndcg_at_k, recall_at_k
+from bench.retrieval_data import (
+    CachedEmbedder,
+    Split,
+    load_corpus,
+    load_split,
+    ndcg_at_k,
+    recall_at_k,
+)
+from retrieval.documents import chunk_document
+from retrieval.embeddings import BACKENDS, Backend
 from retrieval.fusion import ranks
 from retrieval.hybrid import HybridRetriever, dense_search
 from retrieval.index import TenantIndex
+from retrieval.onnx_embeddings import OnnxEmbedder
 from retrieval.store import IndexStore
 from retrieval.vectors import FloatArray
 
@@ -43,8 +58,52 @@ def evaluate(
     return name, ndcg / len(ids), recall / len(ids), ms
 
 
+class CachedOnnxEmbedder(CachedEmbedder, OnnxEmbedder):
+    """CachedEmbedder whose misses the ONNX embedder embeds (CachedEmbedder's ``super()``
+    calls resolve to OnnxEmbedder in this order), in a cache file of its own."""
+
+    def __init__(self, quantized: bool) -> None:
+        super().__init__("minilm-onnx-int8" if quantized else "minilm-onnx", batch_size=32)
+        self.quantized = quantized
+
+
+def cached_embedder(backend: Backend) -> CachedEmbedder:
+    return CachedEmbedder() if backend == "torch" else CachedOnnxEmbedder(backend == "onnx-int8")
+
+
+def load_backend_split(split: str, backend: Backend) -> Split:
+    """`bench.retrieval_data.load_split` with `backend`'s vectors: the corpus is embedded in
+    calls of 512 first (so a first run sorts by length over many passages), then indexed."""
+    embedder = cached_embedder(backend)
+    texts = [
+        chunk_document(d, max_words=100_000, overlap_words=0)[0].indexed_text for d in load_corpus()
+    ]
+    for start in range(0, len(texts), 512):
+        embedder.embed(texts[start : start + 512])
+    return load_split(split, embedder)
+
+
+Row = tuple[str, float, float, float]
+
+
 def main() -> None:
-    split = load_split("test")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", nargs="+", choices=BACKENDS, default=["torch"])
+    args = parser.parse_args()
+    tables = {backend: quality(backend) for backend in args.backend}
+    first, *others = args.backend
+    if not others:
+        return
+    print(f"\nnDCG@10 change from {first}:")
+    print("| ranking | " + " | ".join(f"{b} - {first}" for b in others) + " |")
+    print("| --- |" + " --- |" * len(others))
+    for i, (name, *_) in enumerate(tables[first]):
+        deltas = [tables[b][i][1] - tables[first][i][1] for b in others]
+        print(f"| {name} | " + " | ".join(f"{d:+.4f}" for d in deltas) + " |")
+
+
+def quality(backend: Backend) -> list[Row]:
+    split = load_backend_split("test", backend)
     embedder, qrels, queries, ids, vectors, index = (
         split.embedder,
         split.qrels,
@@ -98,11 +157,15 @@ def main() -> None:
             "reference: BM25 top-100 by vector alone", rerank_only, ids, queries, vectors, qrels
         ),
     ]
-    print(f"SciFact test: {len(ids)} queries, {len(index)} documents (one chunk each)")
+    print(
+        f"SciFact test, embeddings {backend}: {len(ids)} queries, {len(index)} documents "
+        "(one chunk each)"
+    )
     print("| ranking | nDCG@10 | recall@100 | ms/query |")
     print("| --- | --- | --- | --- |")
     for name, ndcg, recall, ms in rows:
-        print(f"| {name} | {ndcg:.3f} | {recall:.3f} | {ms:.2f} |")
+        print(f"| {name} | {ndcg:.4f} | {recall:.3f} | {ms:.2f} |", flush=True)
+    return rows
 
 
 def _tokens(query: str) -> list[str]:

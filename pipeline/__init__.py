@@ -10,7 +10,7 @@ model/      calling a model: the vLLM client, the traced chat call, routes, prom
             reading message text, counting tokens
 routing/    which route answers a request: the router and its word rules
 sources/    what the prompt is grounded on: retrieval as the path uses it, compression
-store/      Redis: the traced key-value store with its breaker, API keys
+store/      Redis: the traced key-value store with its breaker, API keys, rate limits
 telemetry/  span attribute keys, marking spans failed, the Prometheus metrics
 guards/     input and output guardrails: PII, injection, policies, grounding
 tools/      server-side tools, the planner and the function-calling loop

@@ -23,6 +23,12 @@ class Principal:
     user: str
     scopes: frozenset[str]
     key_id: str
+    # The key record's own limits per minute (None: the tenant's default; 0: none).
+    rpm: int | None = None
+    tpm: int | None = None
+    # The groups the key belongs to (its record's, ``rag keys groups``): which documents with
+    # an access list it may retrieve (retrieval.access). Empty: only the tenant-wide ones.
+    groups: frozenset[str] = frozenset()
 
     def can(self, scope: str) -> bool:
         return scope in self.scopes
@@ -62,7 +68,8 @@ class ChatParams:
 class Passage:
     """A retrieved passage as the prompt and the response's sources see it: ``score`` ranks
     it (the fused score), ``relevance`` is what the relevance gate compared with the request's
-    ``min_relevance`` (None where the search could not compute it)."""
+    ``min_relevance`` (None where the search could not compute it). ``source_text`` is the
+    chunk's own text where ``text`` is an extract of it (compressed): citations index it."""
 
     document_id: str
     chunk_id: str
@@ -70,6 +77,7 @@ class Passage:
     text: str
     score: float
     relevance: float | None = None
+    source_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,9 @@ class RequestContext:
     completion: Completion | None = None
     finished: bool = False
     records: list[StageRecord] = field(default_factory=list)
+    # The tenant index versions this request's tool searches used (``search_documents``, in
+    # the tools stage or the generation loop); the cache store compares them with its key's.
+    index_versions: set[str] = field(default_factory=set)
 
     def respond(self, completion: Completion) -> None:
         """Hand back a final answer now; the runner skips the remaining stages."""

@@ -9,7 +9,9 @@
     ├── PayloadTooLarge       413 invalid_request_error
     ├── UpstreamError         502 api_error            (the LLM answered with an error)
     ├── ServiceUnavailable    503 service_unavailable  (the LLM cannot be reached)
-    │   └── StoreUnavailable  503 service_unavailable, code store_unavailable (Redis)
+    │   ├── StoreUnavailable  503 service_unavailable, code store_unavailable (Redis)
+    │   ├── UpstreamBusy      503 service_unavailable, code upstream_busy (no route slot in time)
+    │   └── ConverterBusy     503 service_unavailable, code converter_busy (too many uploads)
     └── DeadlineExceeded      504 timeout              (the request ran past its deadline)
 
 Lower-layer exceptions are converted where they occur, each in one table, with ``raise ... from
@@ -106,13 +108,53 @@ class StoreUnavailable(ServiceUnavailable):
     """Redis did not answer (down, refused, timed out) or refused a command; converted in
     ``pipeline.store.kv``, with the wait before its circuit breaker tries again."""
 
+    what: ClassVar[str] = "The data store cannot be reached right now"
+    reason: ClassVar[str] = "store_unavailable"
+
     def __init__(self, detail: str, *, retry_after_s: float = 1.0) -> None:
         super().__init__(
-            f"The data store cannot be reached right now ({detail}); retry later.",
-            code="store_unavailable",
+            f"{self.what} ({detail}); retry later.",
+            code=self.reason,
             headers=retry_after(retry_after_s),
         )
         self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class StoreBusy(StoreUnavailable):
+    """Every connection of this process's Redis pool stayed busy past the pool's wait: this
+    process is overloaded, Redis is not down (the circuit stays closed). A stage that would
+    otherwise fail open into much more work (a cache lookup into a whole generation) sheds the
+    request with this 503 instead."""
+
+    what = "The service is overloaded right now"
+    reason = "overloaded"
+
+
+class UpstreamBusy(ServiceUnavailable):
+    """No concurrency slot of the route came free for this tenant before the request's
+    deadline (``pipeline.model.slots``), with the mean time a slot is held as the wait."""
+
+    def __init__(self, route: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(
+            f"The model route '{route}' is busy: no slot came free before the request's deadline; "
+            "retry later.",
+            code="upstream_busy",
+            headers=retry_after(retry_after_s),
+        )
+        self.route = route
+
+
+class ConverterBusy(ServiceUnavailable):
+    """As many uploads as the file converter admits are in progress (``POST /v1/files``), with
+    the mean time an upload takes as the wait."""
+
+    def __init__(self, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(
+            "The file converter is busy with other uploads; retry later.",
+            code="converter_busy",
+            headers=retry_after(retry_after_s),
+        )
 
 
 class DeadlineExceeded(PipelineError):

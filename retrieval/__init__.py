@@ -5,7 +5,7 @@ Knows nothing of HTTP or of the request pipeline.
 """
 
 from retrieval.documents import Chunk, Document, DocumentError, chunk_document
-from retrieval.embeddings import Embedder, QueryBatcher
+from retrieval.embeddings import Embedder, QueryBatcher, make_embedder
 from retrieval.filters import Filter, FilterError, parse_filters
 from retrieval.hybrid import Hit, HybridRetriever, SearchResult
 from retrieval.index import TenantIndex
@@ -31,5 +31,6 @@ __all__ = [
     "TenantIndex",
     "chunk_document",
     "gate",
+    "make_embedder",
     "parse_filters",
 ]

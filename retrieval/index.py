@@ -3,32 +3,53 @@ columns, and the function that derives the next snapshot from it."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from scipy import sparse
 
+from retrieval.access import AccessColumns, AccessList, Viewer
 from retrieval.bm25 import BM25Index, count_terms, drop_unused_terms, stack_rows
 from retrieval.documents import Chunk, Metadata
 from retrieval.filters import MetadataColumns
 from retrieval.vectors import DenseIndex, FloatArray, build_approximate
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+# Views (`TenantIndex.visible_to`) kept per snapshot: one per distinct set of visible chunks,
+# at most `MAX_VIEWS` of them and at most `VIEW_BUDGET` times the snapshot's own array bytes in
+# all (a view copies its visible vectors, term counts and BM25 weights, and a dense-only search
+# adds a FAISS copy of its vectors: a viewer seeing 55% of SciFact holds 62% of the snapshot's
+# bytes, so twice the snapshot keeps three such views). The least recently used go first; the
+# newest view is always kept, so a viewer's next search reuses it.
+MAX_VIEWS = 8
+VIEW_BUDGET = 2.0
 
 
 @dataclass(frozen=True)
 class ChunkRecords:
-    """The stored fields of an index's chunks, column-wise (row i of each list is chunk i)."""
+    """The stored fields of an index's chunks, column-wise (row i of each list is chunk i).
+
+    `access` may be left empty (records made before access lists): every chunk is then
+    visible to the whole tenant."""
 
     chunk_id: list[str]
     document_id: list[str]
     text: list[str]
     title: list[str]
     metadata: list[Metadata]
+    access: list[AccessList | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.access and self.chunk_id:
+            self.access.extend([None] * len(self.chunk_id))
 
     def __len__(self) -> int:
         return len(self.chunk_id)
@@ -38,8 +59,8 @@ class ChunkRecords:
         return ChunkRecords(*([column[r] for r in rows] for column in self.columns()))
 
     def columns(self) -> tuple[list[Any], ...]:
-        """The five columns, in field order."""
-        return (self.chunk_id, self.document_id, self.text, self.title, self.metadata)
+        """The six columns, in field order."""
+        return (self.chunk_id, self.document_id, self.text, self.title, self.metadata, self.access)
 
     @staticmethod
     def of(chunks: Sequence[Chunk]) -> ChunkRecords:
@@ -50,6 +71,7 @@ class ChunkRecords:
             [c.text for c in chunks],
             [c.title for c in chunks],
             [c.metadata for c in chunks],
+            [c.access for c in chunks],
         )
 
     def __add__(self, other: ChunkRecords) -> ChunkRecords:
@@ -72,7 +94,7 @@ class TenantIndex:
         terms: list[str],
         approximate: Any | None = None,
     ) -> None:
-        if not len(records) == len(vectors) == tf.shape[0]:
+        if not len(records) == len(records.access) == len(vectors) == tf.shape[0]:
             raise ValueError("records, vectors and term counts disagree on the number of chunks")
         self.version = version
         self.records = records
@@ -82,8 +104,13 @@ class TenantIndex:
         self.approximate = approximate
         self.bm25 = BM25Index(tf, {t: i for i, t in enumerate(terms)})
         self._columns: MetadataColumns | None = None
+        self._access: AccessColumns | None = None
+        self._views: OrderedDict[bytes, TenantIndex] = OrderedDict()
         self._dense: DenseIndex | None = None
         self._lazy = threading.Lock()
+        # Held while a view is looked up or built: concurrent searches of one visible set (the
+        # search pool's threads) wait for the one build instead of building duplicates.
+        self._view_lock = threading.Lock()
         rows_by_document: dict[str, list[int]] = {}
         for row, doc_id in enumerate(records.document_id):
             rows_by_document.setdefault(doc_id, []).append(row)
@@ -102,6 +129,62 @@ class TenantIndex:
         return self._columns
 
     @property
+    def access(self) -> AccessColumns:
+        """Access-list columns (retrieval.access), built on first use."""
+        if self._access is None:
+            with self._lazy:
+                if self._access is None:
+                    self._access = AccessColumns(self.records.access)
+        return self._access
+
+    def visible_to(self, viewer: Viewer | None) -> TenantIndex:
+        """This snapshot as `viewer` may see it: itself when the viewer sees every chunk, else a
+        snapshot of only the visible chunks, with BM25 statistics (IDF, average length) of
+        those chunks alone, so that no score, rank or count of a search depends on a chunk the
+        viewer may not see (otherwise the IDF of a word would tell how many hidden chunks hold
+        it). Views are built once per distinct visible set (one build at a time per snapshot) and
+        kept, least recently used first out, within `MAX_VIEWS` and `VIEW_BUDGET`."""
+        mask = self.access.mask(viewer)
+        if mask is None or bool(mask.all()):
+            return self
+        return self._view(mask)
+
+    def _view(self, mask: BoolArray) -> TenantIndex:
+        key = hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest()
+        with self._view_lock:
+            view = self._views.get(key)
+            if view is None:
+                rows = np.flatnonzero(mask)
+                tf, terms = drop_unused_terms(sparse.csr_array(self.tf[rows]), list(self.terms))
+                vectors = np.ascontiguousarray(self.vectors[rows], dtype=np.float32)
+                records = self.records.take(rows.tolist())
+                view = TenantIndex(self.version, records, vectors, tf, terms)
+                self._views[key] = view
+            self._views.move_to_end(key)
+            self._evict_views()
+            return view
+
+    def _evict_views(self) -> None:
+        """Drop the least recently used views past `MAX_VIEWS` or `VIEW_BUDGET`, never the
+        newest. Checked on every `visible_to`, so a view that grew since (a dense-only
+        search built its FAISS copy) is counted at the next one."""
+        budget = VIEW_BUDGET * self.own_nbytes
+        while len(self._views) > 1 and (
+            len(self._views) > MAX_VIEWS or self._views_nbytes() > budget
+        ):
+            self._views.popitem(last=False)
+
+    def _views_nbytes(self) -> int:
+        return sum(view.view_cost for view in self._views.values())
+
+    @property
+    def view_cost(self) -> int:
+        """Bytes this snapshot holds as a view: its arrays, and the exact FAISS copy of its
+        vectors once a dense-only search has built it (a view never has an HNSW index)."""
+        built = self._dense is not None and self.approximate is None
+        return self.own_nbytes + (int(self.vectors.nbytes) if built else 0)
+
+    @property
     def dense(self) -> DenseIndex:
         """Dense-only search over all chunks (FAISS), built on first use."""
         if self._dense is None:
@@ -116,10 +199,17 @@ class TenantIndex:
         return len(self.rows_by_document)
 
     @property
-    def nbytes(self) -> int:
-        """Bytes held in arrays (vectors, postings, term counts); Python objects not counted."""
+    def own_nbytes(self) -> int:
+        """Bytes held in this snapshot's own arrays (vectors, postings, term counts)."""
         tf_bytes = self.tf.data.nbytes + self.tf.indices.nbytes + self.tf.indptr.nbytes
         return int(self.vectors.nbytes + self.bm25.nbytes + tf_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in arrays, the kept views' included (`view_cost`: at most `VIEW_BUDGET`
+        times `own_nbytes`); Python objects not counted."""
+        with self._view_lock:
+            return self.own_nbytes + self._views_nbytes()
 
 
 def derive(
@@ -135,7 +225,7 @@ def derive(
     """The next snapshot: `old` without the documents in `remove`, plus the new chunks."""
     dimension = vectors.shape[1]
     if old is None:
-        kept = ChunkRecords([], [], [], [], [])
+        kept = ChunkRecords([], [], [], [], [], [])
         kept_vectors = np.zeros((0, dimension), dtype=np.float32)
         vocab: dict[str, int] = {}
         parts: list[sparse.csr_array] = []

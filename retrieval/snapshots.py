@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
+from retrieval.access import access_from_json
 from retrieval.index import ChunkRecords, TenantIndex
 from retrieval.vectors import read_index, write_index
 
@@ -55,6 +56,8 @@ def write_snapshot(index: TenantIndex, directory: Path) -> None:
             "text": records.text,
             "title": records.title,
             "metadata": records.metadata,
+            # Absent in snapshots written before access lists: every chunk tenant-visible.
+            "access": [None if a is None else a.to_json() for a in records.access],
         },
     )
     np.save(directory / "vectors.npy", np.ascontiguousarray(index.vectors, dtype=np.float32))
@@ -97,6 +100,7 @@ def read_snapshot(directory: Path) -> TenantIndex:
         columns["text"],
         columns["title"],
         columns["metadata"],
+        [access_from_json(a) for a in columns.get("access", [])],
     )
     vectors = np.load(directory / "vectors.npy", mmap_mode="r")
     with np.load(directory / "tf.npz") as npz:

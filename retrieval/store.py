@@ -316,6 +316,6 @@ def _known_vectors(index: TenantIndex | None, doc_ids: set[str]) -> dict[str, Fl
     records = index.records
     for doc_id in doc_ids:
         for row in index.rows_by_document.get(doc_id, []):
-            text = indexed_text(records.title[row], records.text[row])
+            text = indexed_text(records.title[row], records.text[row], records.metadata[row])
             known[text] = np.asarray(index.vectors[row])
     return known

@@ -1,9 +1,16 @@
 """The ``rag`` command: keys, serving, ingestion.
 
 rag keys create --tenant T --user U [--scopes chat,retrieve,ingest,admin] [--key VALUE]
+              [--rpm N] [--tpm N] [--groups a,b]
+rag keys groups KEY (--set a,b | --clear)   (the groups whose documents the key may retrieve)
 rag keys revoke KEY         (its queued jobs fail with ``key_revoked``; they are never run)
+rag keys limits KEY [--rpm N|default] [--tpm N|default]      (the key's own limits)
+rag keys tenant-limits T [--rpm N|default] [--tpm N|default] [--key-rpm ..] [--key-tpm ..]
+                            (per minute; 0: no limit; default: the settings' value)
 rag serve [--host H] [--port P]
 rag ingest PATH --tenant T [--batch N] [--quiet]   (--quiet: nothing printed but errors)
+                            (PATH: a .jsonl, a PDF/DOCX/PPTX/HTML/Markdown/text file, or a
+                            folder of them; each bad file is skipped with its reason)
 rag delete --tenant T ID...   (an id the tenant does not have is reported; exit status 1)
 """
 
@@ -19,15 +26,21 @@ from pathlib import Path
 from opentelemetry import trace
 
 from app.cli.features import add_commands as add_feature_commands
-from app.cli.ingest_files import Skipped, read_documents
+from app.cli.ingest_files import FileReader, Skipped, read_documents
 from app.cli.jobs import add_commands as add_job_commands
 from app.jobs import job_queue
-from app.services import build_index_store, build_key_store
+from app.services import build_converter, build_index_store, build_key_store
 from app.settings import get_settings
 from pipeline.errors import StoreUnavailable
-from pipeline.store.keys import DEFAULT_SCOPES, ApiKeyStore, validate_scopes
+from pipeline.store.keys import (
+    DEFAULT_SCOPES,
+    ApiKeyStore,
+    validate_groups,
+    validate_name,
+    validate_scopes,
+)
 from pipeline.store.kv import KeyValueStore
-from retrieval import Document, DocumentError, Embedder, IndexStore
+from retrieval import Document, DocumentError, IndexStore, make_embedder
 
 
 def _key_store() -> ApiKeyStore:
@@ -41,12 +54,112 @@ def _key_store() -> ApiKeyStore:
 async def _create_key(args: argparse.Namespace) -> int:
     scopes = frozenset(s.strip() for s in args.scopes.split(",") if s.strip())
     validate_scopes(scopes)  # refused before anything is stored (an empty --scopes too)
+    groups = _groups(args.groups)
     store = _key_store()
     try:
-        raw = await store.create(args.tenant, args.user, scopes, raw_key=args.key)
+        raw = await store.create(
+            args.tenant,
+            args.user,
+            scopes,
+            raw_key=args.key,
+            rpm=args.rpm,
+            tpm=args.tpm,
+            groups=groups,
+        )
     finally:
         await store.kv.aclose()
     print(raw)
+    return 0
+
+
+def _groups(text: str | None) -> frozenset[str]:
+    """``--groups a,b``: the names, checked before anything is stored (blank items dropped)."""
+    return validate_groups(frozenset(g.strip() for g in (text or "").split(",") if g.strip()))
+
+
+async def _key_groups(args: argparse.Namespace) -> int:
+    """Replace a key's groups; every replica resolves the key afresh on its next request."""
+    groups = frozenset() if args.clear else _groups(args.set)
+    if not args.clear and not groups:
+        # "--set ''" would clear them silently: clearing is said with --clear.
+        print("--set names no group (to remove the key's groups, use --clear)", file=sys.stderr)
+        return 2
+    store = _key_store()
+    try:
+        principal = await store.set_groups(args.key, groups)
+    finally:
+        await store.kv.aclose()
+    if principal is None:
+        print("no such key", file=sys.stderr)
+        return 1
+    shown = ",".join(sorted(principal.groups)) or "none"
+    print(f"key {principal.key_id}: groups {shown}")
+    return 0
+
+
+def _limit(text: str) -> int:
+    """A limit on the command line: a count per minute (0: no limit), or ``default`` (-1:
+    remove the setting, so the next level's applies)."""
+    if text == "default":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a count: {text!r} (a number >= 0, or default)"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a limit is >= 0 (0: no limit), or default")
+    return value
+
+
+def _shown(fields: dict[bytes, bytes], names: Sequence[str]) -> str:
+    return ", ".join(
+        f"{name} {fields[name.encode()].decode() if name.encode() in fields else 'default'}"
+        for name in names
+    )
+
+
+async def _key_limits(args: argparse.Namespace) -> int:
+    store = _key_store()
+    try:
+        principal = await store.set_limits(args.key, rpm=args.rpm, tpm=args.tpm)
+    finally:
+        await store.kv.aclose()
+    if principal is None:
+        print("no such key", file=sys.stderr)
+        return 1
+    shown = {
+        name.encode(): str(value).encode()
+        for name, value in (("rpm", principal.rpm), ("tpm", principal.tpm))
+        if value is not None
+    }
+    print(f"key {principal.key_id}: {_shown(shown, ('rpm', 'tpm'))} per minute")
+    return 0
+
+
+TENANT_LIMITS = ("rpm", "tpm", "key_rpm", "key_tpm")
+
+
+async def _tenant_limits(args: argparse.Namespace) -> int:
+    """The tenant record's limits, read by every replica's limiter on the next request."""
+    validate_name("tenant", args.tenant)
+    store = _key_store()
+    record = f"{get_settings().redis.key_prefix}limits:tenant:{args.tenant}"
+    try:
+        wanted = {name: getattr(args, name) for name in TENANT_LIMITS}
+        changes: dict[str, str | int] = {
+            n: v for n, v in wanted.items() if v is not None and v >= 0
+        }
+        if changes:
+            await store.kv.hset(record, changes)
+        removed = [n for n, v in wanted.items() if v is not None and v < 0]
+        if removed:
+            await store.kv.hdel(record, *removed)
+        fields = await store.kv.hgetall(record)
+    finally:
+        await store.kv.aclose()
+    print(f"tenant {args.tenant}: {_shown(fields, TENANT_LIMITS)} per minute")
     return 0
 
 
@@ -71,13 +184,20 @@ async def _revoke_key(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """uvicorn, draining on SIGTERM (``app.http.shutdown``): in-flight requests finish within
+    the grace period or end cleanly, new ones get a 503."""
+    import functools
+
     import uvicorn
 
     from app.http.server import BoundedHttpToolsProtocol
+    from app.http.shutdown import DrainingServer, Shutdown
+    from app.main import create_app
 
     settings = get_settings()
-    uvicorn.run(
-        "app.main:create_app",
+    shutdown = Shutdown()
+    config = uvicorn.Config(
+        functools.partial(create_app, shutdown=shutdown),
         factory=True,
         http=BoundedHttpToolsProtocol,
         host=args.host or settings.server.host,
@@ -85,11 +205,14 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
     )
-    return 0
+    server = DrainingServer(config, shutdown)
+    server.run()
+    return 0 if server.started else 3  # 3: uvicorn's status when the app failed to start
 
 
 def _index_store() -> IndexStore:
-    return build_index_store(get_settings().retrieval, Embedder())
+    config = get_settings().retrieval
+    return build_index_store(config, make_embedder(config.embeddings))
 
 
 def _quiet() -> None:
@@ -113,25 +236,41 @@ def _ingest(args: argparse.Namespace) -> int:
     documents = chunks = 0
     batch: list[Document] = []
 
-    def flush() -> None:
+    def upsert(docs: list[Document]) -> None:
+        """Upsert `docs`; when the index refuses the batch, each document alone, so only the
+        bad one is skipped (with its own reason) and the rest go in."""
         nonlocal documents, chunks
+        try:
+            result = store.upsert(args.tenant, docs, progress=not args.quiet)
+        except DocumentError as exc:
+            if len(docs) == 1:
+                skipped.add(docs[0].id, str(exc))
+                return
+            for document in docs:
+                upsert([document])
+            return
+        documents += result.documents
+        chunks += result.chunks
+        if not args.quiet:
+            print(
+                f"version {result.version}: +{result.documents} documents "
+                f"({result.total_documents} in all, {result.total_chunks} chunks)",
+                file=sys.stderr,
+            )
+
+    def flush() -> None:
         if batch:
-            try:
-                result = store.upsert(args.tenant, batch, progress=not args.quiet)
-            except DocumentError as exc:
-                skipped.add(f"batch ending {batch[-1].id}", str(exc))
-            else:
-                documents += result.documents
-                chunks += result.chunks
-                if not args.quiet:
-                    print(
-                        f"version {result.version}: +{result.documents} documents "
-                        f"({result.total_documents} in all, {result.total_chunks} chunks)",
-                        file=sys.stderr,
-                    )
+            upsert(list(batch))
             batch.clear()
 
-    for document in read_documents(path, skipped):
+    settings = get_settings()
+    files = FileReader(
+        build_converter(settings),
+        max_file_bytes=settings.files.max_file_bytes,
+        max_chars=settings.retrieval.max_document_chars,
+        workers=settings.files.convert_workers,
+    )
+    for document in read_documents(path, skipped, files):
         batch.append(document)
         if len(batch) >= args.batch:
             flush()
@@ -187,10 +326,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--key",
         help="use this value instead of a generated one (at least 32 random-looking characters)",
     )
+    create.add_argument("--rpm", type=_limit, help="the key's requests per minute (0: none)")
+    create.add_argument("--tpm", type=_limit, help="the key's tokens per minute (0: none)")
+    create.add_argument(
+        "--groups", help="comma-separated groups: documents whose access list names one are seen"
+    )
     create.set_defaults(run=_create_key)
+    groups = keys.add_parser("groups", help="set a key's groups (every replica at once)")
+    groups.add_argument("key")
+    change = groups.add_mutually_exclusive_group(required=True)
+    change.add_argument("--set", help="comma-separated groups, replacing the key's")
+    change.add_argument("--clear", action="store_true", help="the key belongs to no group")
+    groups.set_defaults(run=_key_groups)
     revoke = keys.add_parser("revoke", help="revoke a key (its queued jobs will not run)")
     revoke.add_argument("key")
     revoke.set_defaults(run=_revoke_key)
+    limits = keys.add_parser("limits", help="set a key's own rate limits (every replica at once)")
+    limits.add_argument("key")
+    limits.add_argument("--rpm", type=_limit, help="requests per minute; 0: none; default")
+    limits.add_argument("--tpm", type=_limit, help="tokens per minute; 0: none; default")
+    limits.set_defaults(run=_key_limits)
+    tenant = keys.add_parser("tenant-limits", help="set a tenant's rate limits and key defaults")
+    tenant.add_argument("tenant")
+    tenant.add_argument("--rpm", type=_limit, help="the tenant's requests per minute")
+    tenant.add_argument("--tpm", type=_limit, help="the tenant's tokens per minute")
+    tenant.add_argument("--key-rpm", type=_limit, help="each key's requests per minute")
+    tenant.add_argument("--key-tpm", type=_limit, help="each key's tokens per minute")
+    tenant.set_defaults(run=_tenant_limits)
 
     serve = commands.add_parser("serve", help="serve the API with uvicorn")
     serve.add_argument("--host")
@@ -205,7 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve, sync=True)
 
     ingest = commands.add_parser(
-        "ingest", help="index documents: JSONL (BEIR corpus.jsonl too) or a folder of .txt/.md"
+        "ingest",
+        help="index documents: JSONL (BEIR corpus.jsonl too), or PDF, DOCX, PPTX, HTML, "
+        "Markdown and text files (one, or a folder of them)",
     )
     ingest.add_argument("path")
     ingest.add_argument("--tenant", required=True)

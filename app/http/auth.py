@@ -72,18 +72,23 @@ class AuthenticateFirst:
 
     @staticmethod
     async def _refuse(send: Send, exc: PipelineError) -> None:
-        body = orjson.dumps(exc.to_dict())
-        # The body was never read: closing the connection spares reading (and discarding) it.
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        headers += [(name.lower().encode(), value.encode()) for name, value in exc.headers.items()]
-        if isinstance(exc, AuthenticationFailed):
-            headers.append((b"www-authenticate", b'Bearer realm="rag"'))
-        await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await refuse(send, exc)
+
+
+async def refuse(send: Send, exc: PipelineError) -> None:
+    """Answer ``exc`` before the body was read (a 401, 403, 429 or 503 at the edge)."""
+    body = orjson.dumps(exc.to_dict())
+    # The body was never read: closing the connection spares reading (and discarding) it.
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    headers += [(name.lower().encode(), value.encode()) for name, value in exc.headers.items()]
+    if isinstance(exc, AuthenticationFailed):
+        headers.append((b"www-authenticate", b'Bearer realm="rag"'))
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def require(scope: str) -> Callable[[Request, ServicesDep], Awaitable[Principal]]:

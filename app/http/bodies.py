@@ -20,12 +20,11 @@ import asyncio
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pydantic_core
-from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
@@ -223,7 +222,8 @@ async def read_body(
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` for a route that reads ``model`` itself (see ``document_models``)."""
+    """``openapi_extra`` for a route that reads ``model`` itself (``app.http.openapi`` adds
+    the model's schema to the document)."""
     return {
         "requestBody": {
             "required": True,
@@ -232,20 +232,3 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
             },
         }
     }
-
-
-def document_models(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
-    """Add the schemas of bodies that routes read themselves to the app's OpenAPI document."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = FastAPI.openapi(app)
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in models:
-                full = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                components.update(full.pop("$defs", {}))
-                components[model.__name__] = full
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]

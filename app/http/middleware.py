@@ -141,19 +141,24 @@ def _route_label(scope: Scope, route: str | None) -> str | None:
 
 
 class BodySizeLimit:
-    """Refuses bodies over ``max_bytes`` with a 413, whether or not they declare a length."""
+    """Refuses bodies over ``max_bytes`` with a 413, whether or not they declare a length;
+    ``paths`` names the few routes with a limit of their own (file uploads)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, paths: dict[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.paths = paths or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.paths.get(scope["path"], self.max_bytes)
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._refuse(send, limit)
                 return
         received = 0
 
@@ -162,23 +167,23 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     # Raised inside the route's body read: the app's error handler renders it.
-                    raise self._too_large()
+                    raise self._too_large(limit)
             return message
 
         await self.app(scope, counting_receive, send)
 
-    def _too_large(self) -> PayloadTooLarge:
+    def _too_large(self, limit: int) -> PayloadTooLarge:
         """The one 413 of both branches: a declared length over the limit, or a body that
         grows past it as it arrives."""
         return PayloadTooLarge(
-            f"Request body is larger than the limit of {self.max_bytes} bytes.",
+            f"Request body is larger than the limit of {limit} bytes.",
             code="request_too_large",
         )
 
-    async def _refuse(self, send: Send) -> None:
-        body = self._too_large().to_dict()
+    async def _refuse(self, send: Send, limit: int) -> None:
+        body = self._too_large(limit).to_dict()
         await send(
             {
                 "type": "http.response.start",

@@ -1,20 +1,25 @@
 """OpenAI-shaped response bodies: a chat completion as JSON, or as a stream of SSE chunks.
 
-Our extra field ``rag`` (sources, cache status, tools; with ``rag.explain`` the route, the
-features and the stage records) rides on the completion object, and on the final chunk of a
+Our extra field ``rag`` (sources, citations, cache status, tools; with ``rag.explain`` the route,
+the features and the stage records) rides on the completion object, and on the final chunk of a
 stream. Both shapes are made from the same answer stream (``pipeline.answer.stream``).
+
+A stream also carries each sentence's citation as soon as the sentence is complete: a chunk
+with an empty delta and ``rag: {"citations": [one citation]}``, which OpenAI clients read as a
+chunk with no content (``pipeline.answer.citations`` says how they are found).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import orjson
 from starlette.responses import Response
 
 from pipeline.answer.completion import Completion
-from pipeline.answer.events import ContentDelta, StreamEvent, ToolCallDelta
+from pipeline.answer.events import AnswerEvent, Citation, ContentDelta, ToolCallDelta
 from pipeline.answer.stream import AnswerStream
 from pipeline.context import RequestContext
 from pipeline.errors import PipelineError
@@ -35,6 +40,7 @@ def rag_field(ctx: RequestContext, completion: Completion | None) -> dict[str, A
     ``rag.explain`` also the route and why, the features used, and every stage's record."""
     field: dict[str, Any] = {
         "sources": completion.sources if completion is not None else ctx.sources,
+        "citations": [c.to_dict() for c in completion.citations] if completion is not None else [],
         "cache": ctx.cache_status,
         "tools": (
             completion.tools if completion is not None else [r.report() for r in ctx.tool_runs]
@@ -140,7 +146,9 @@ class _Chunks:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs(entries)}
         return self.chunk([{**choice, "finish_reason": finish}], **extra)
 
-    def event(self, event: StreamEvent) -> bytes | None:
+    def event(self, event: AnswerEvent) -> bytes | None:
+        if isinstance(event, Citation):
+            return self.delta({}, rag={"citations": [event.to_dict()]})
         if isinstance(event, ContentDelta):
             entries = event.logprobs if self.ctx.params.sampling.get("logprobs") else None
             return self.delta({"content": event.text}, entries=entries)
@@ -149,7 +157,7 @@ class _Chunks:
         return None  # the finish and the usage go out when the stream has ended
 
 
-async def sse_stream(ctx: RequestContext, answer: AnswerStream) -> AsyncIterator[bytes]:
+async def sse_stream(ctx: RequestContext, answer: AnswerStream) -> AsyncGenerator[bytes]:
     """The SSE body: a role chunk, the answer's deltas as they come, a finish chunk (with
     ``rag``), the usage, ``[DONE]``. A live answer and a cached one (replayed) read the same.
 
@@ -162,10 +170,12 @@ async def sse_stream(ctx: RequestContext, answer: AnswerStream) -> AsyncIterator
     chunks = _Chunks(ctx, model)
     yield chunks.delta({"role": "assistant", "content": ""})
     try:
-        async for event in answer.events():
-            rendered = chunks.event(event)
-            if rendered is not None:
-                yield rendered
+        # Closed as soon as this is (not by the collector): that closes the model call.
+        async with aclosing(answer.events()) as events:
+            async for event in events:
+                rendered = chunks.event(event)
+                if rendered is not None:
+                    yield rendered
     except PipelineError as exc:
         yield b"data: " + orjson.dumps(exc.to_dict()) + b"\n\n"
         return

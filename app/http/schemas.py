@@ -32,6 +32,7 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -44,12 +45,15 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_MESSAGES = 2048  # a conversation past this could not fit any context this service serves
 
 
+# Other fields are accepted and dropped (never read); the document lists only the read ones.
+LISTED_ONLY = ConfigDict(extra="ignore", json_schema_extra={"additionalProperties": False})
+
 # Ids the model reads back: short tokens, so no text rides in them past the guards.
 CallId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
 
 
 class FunctionCallIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = LISTED_ONLY
 
     name: str = Field(max_length=256)
     arguments: str
@@ -58,11 +62,29 @@ class FunctionCallIn(BaseModel):
 class ToolCallIn(BaseModel):
     """A call the assistant made earlier in the conversation (the model reads it again)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = LISTED_ONLY
 
     id: CallId
     type: Literal["function"] = "function"
     function: FunctionCallIn
+
+
+# What ``ChatMessage._text_parts`` accepts, for the document (its own messages are OpenAI's).
+CONTENT_SCHEMA: Final[dict[str, Any]] = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"type": {"enum": sorted(TEXT_PARTS)}, "text": {"type": "string"}},
+                "required": ["type", "text"],
+                "additionalProperties": False,  # accepted, and dropped
+            },
+        },
+        {"type": "null"},
+    ]
+}
 
 
 class ChatMessage(BaseModel):
@@ -71,10 +93,10 @@ class ChatMessage(BaseModel):
     ones are dropped, so no text reaches the model that the guardrails did not read. Content
     parts must be text parts (``pipeline.model.messages.TEXT_PARTS``): any other type is a 400."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = LISTED_ONLY
 
     role: Role
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(CONTENT_SCHEMA)] = None
     name: str | None = Field(None, max_length=256)
     tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
     tool_call_id: CallId | None = None
@@ -164,8 +186,31 @@ def _token_ids(bias: dict[str, float] | None) -> dict[str, float] | None:
 
 
 LogitBias = Annotated[
-    dict[str, float] | None, Field(max_length=MAX_LOGIT_BIAS), AfterValidator(_token_ids)
+    dict[str, float] | None,
+    Field(max_length=MAX_LOGIT_BIAS),
+    AfterValidator(_token_ids),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "maxProperties": MAX_LOGIT_BIAS,
+                    "propertyNames": {"pattern": _TOKEN_ID.pattern},
+                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
 ]
+# A refused field (``REFUSED``): the document says null, the only value accepted.
+Refused = Annotated[Any, WithJsonSchema({"type": "null"})]
+TEXT_ONLY: Final = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1},
+    ]
+}
 
 
 # Fields of OpenAI's request that would change the answer and cannot be honoured here: a
@@ -213,7 +258,7 @@ class FunctionDefinition(BaseModel):
     """A function the caller offers. Its description and its schema's strings are read by the
     input guards (the chat template shows them to the model); other keys are dropped."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = LISTED_ONLY
 
     name: FunctionName
     description: str | None = Field(None, max_length=10_000)
@@ -265,7 +310,37 @@ def _bounded_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
     return filters
 
 
-Filters = Annotated[dict[str, Any] | None, AfterValidator(_bounded_filters)]
+_SCALAR: Final = {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]}
+_BOUND: Final = {"anyOf": [{"type": "string"}, {"type": "number"}]}
+# ``retrieval.filters``'s syntax; its 1,024 values in all are checked, not described.
+FILTER_SCHEMA: Final = {
+    "anyOf": [
+        {
+            "type": "object",
+            "maxProperties": MAX_FILTER_KEYS,
+            "propertyNames": {"minLength": 1, "pattern": "^[^$]"},
+            "additionalProperties": {
+                "anyOf": [
+                    _SCALAR,
+                    {
+                        "type": "object",
+                        "minProperties": 1,
+                        "additionalProperties": False,
+                        "properties": {
+                            "$eq": _SCALAR,
+                            "$in": {"type": "array", "items": _SCALAR, "maxItems": 1024},
+                            **{op: _BOUND for op in ("$gt", "$gte", "$lt", "$lte")},
+                        },
+                    },
+                ]
+            },
+        },
+        {"type": "null"},
+    ]
+}
+Filters = Annotated[
+    dict[str, Any] | None, AfterValidator(_bounded_filters), WithJsonSchema(FILTER_SCHEMA)
+]
 
 
 class RagRequestOptions(BaseModel):
@@ -296,7 +371,17 @@ class RagRequestOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # top_logprobs needs logprobs: true (``_with_logprobs``), as the document says too.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {
+                "properties": {"top_logprobs": {"type": "integer"}},
+                "required": ["top_logprobs"],
+            },
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        },
+    )
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     model: str = Field(min_length=1)
@@ -305,12 +390,12 @@ class ChatCompletionRequest(BaseModel):
     logprobs: StrictBool | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1})
     parallel_tool_calls: StrictBool | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     response_format: ResponseFormat | None = None
-    seed: int | None = None
-    stop: StopSequence | list[StopSequence] | None = Field(None, max_length=4)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # vLLM's bounds
+    stop: StopSequence | Annotated[list[StopSequence], Field(max_length=4)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
@@ -320,15 +405,15 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
 
     # Refused when set (REFUSED says why); any JSON is read only to say so.
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    functions: Any = None
-    function_call: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    moderation: Any = None
+    audio: Refused = Field(None, description=REFUSED["audio"])
+    modalities: Annotated[Any, WithJsonSchema(TEXT_ONLY)] = None
+    prediction: Refused = Field(None, description=REFUSED["prediction"])
+    web_search_options: Refused = Field(None, description=REFUSED["web_search_options"])
+    functions: Refused = Field(None, description=REFUSED["functions"])
+    function_call: Refused = Field(None, description=REFUSED["function_call"])
+    reasoning_effort: Refused = Field(None, description=REFUSED["reasoning_effort"])
+    verbosity: Refused = Field(None, description=REFUSED["verbosity"])
+    moderation: Refused = Field(None, description=REFUSED["moderation"])
 
     # Ignored (IGNORED says why).
     store: StrictBool | None = None
@@ -351,6 +436,16 @@ class ChatCompletionRequest(BaseModel):
         assert info.field_name is not None
         _refuse(info.field_name, value)
         return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _at_most_four_stops(cls, stop: Any) -> Any:
+        # Before the union is tried, so the error names `stop` itself, not a member of it.
+        if isinstance(stop, list) and len(stop) > 4:
+            raise PydanticCustomError("too_long", "at most 4 items (stop sequences)")
+        if stop is not None and not isinstance(stop, str | list):
+            raise PydanticCustomError("string_type", "a string or a list of up to 4 strings")
+        return stop
 
     @field_validator("n")
     @classmethod

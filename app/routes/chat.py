@@ -9,28 +9,44 @@ thread when large. The OpenAPI document still describes the body (``openapi_extr
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from app.http.answers import ChatCompletion
 from app.http.auth import ChatPrincipal, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.limits import charge
+from app.http.openapi import answers
 from app.http.responses import JSONResponse, chat_completion, sse_stream
 from app.http.schemas import ChatCompletionRequest
+from app.http.streaming import EventStreamResponse
 from app.logs import hand_to_log
 from app.path import PathsDep
-from app.services import ServicesDep
-from pipeline.context import CacheControl, RequestContext
+from app.services import Services, ServicesDep
+from pipeline.answer.stream import AnswerStream
+from pipeline.context import CacheControl, Principal, RequestContext
 
 router = APIRouter(tags=["chat"])
 
 LIMITS = BodyLimits()
 
 
+ANSWERS = answers(200, ChatCompletion, 400, 403, 404, 413, 502, 504)
+# With "stream": true the answer is server-sent events (the schema is each event's, as
+# OpenAPI 3.1 reads it): chunks as JSON in ``data``, then ``data: [DONE]``.
+SSE_EVENT = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+ANSWERS[200]["content"] = {"text/event-stream": {"schema": SSE_EVENT}}
+
+
 @router.post(
     "/v1/chat/completions",
     response_model=None,
     openapi_extra=request_body(ChatCompletionRequest),
+    operation_id="createChatCompletion",
+    responses=ANSWERS,
 )
 async def create_chat_completion(
     request: Request, services: ServicesDep, paths: PathsDep, principal: ChatPrincipal
@@ -45,13 +61,32 @@ async def create_chat_completion(
     )
     hand_to_log(request.scope, ctx)
     await paths.chat.run(ctx)
-    headers = {"x-cache": "hit" if ctx.cache_status == "hit" else "miss"}
+    hit = ctx.cache_status == "hit"
+    headers = {"x-cache": "hit" if hit else "miss"}
     if ctx.params.stream and ctx.answer is not None:
-        return StreamingResponse(
-            sse_stream(ctx, ctx.answer),
-            media_type="text/event-stream",
+        events = sse_stream(ctx, ctx.answer)
+        return EventStreamResponse(
+            events if hit else _charged(events, ctx.answer, services, principal),
+            deadline=ctx.deadline,
+            write_stall_s=settings.server.stream_write_stall_seconds,
             headers={**headers, "cache-control": "no-cache"},
         )
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
+    if not hit:
+        charge(services, principal, ctx.completion.total_tokens)
     return JSONResponse(chat_completion(ctx, ctx.completion), headers=headers)
+
+
+async def _charged(
+    body: AsyncGenerator[bytes], answer: AnswerStream, services: Services, principal: Principal
+) -> AsyncGenerator[bytes]:
+    """The stream, and its tokens charged to the caller's limits when it ends (or is cut);
+    ``body`` is closed at once however this one ends."""
+    try:
+        async with aclosing(body):
+            async for chunk in body:
+                yield chunk
+    finally:
+        if answer.completion is not None:
+            charge(services, principal, answer.completion.total_tokens)

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from fastapi import APIRouter, Request
 
+from app.http import answers
 from app.http.responses import JSONResponse
 from app.services import ServicesDep
 
@@ -20,12 +21,20 @@ router = APIRouter(tags=["health"])
 READINESS_TTL_S: Final = 1.0
 
 
-@router.get("/healthz")
+@router.get("/healthz", operation_id="healthz", response_model=answers.Health)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get(
+    "/readyz",
+    response_model=None,
+    operation_id="readyz",
+    responses={
+        200: {"model": answers.Readiness, "description": "Redis and the model server answer."},
+        503: {"model": answers.Readiness, "description": "One of them does not."},
+    },
+)
 async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     state = request.app.state
     cached: tuple[float, dict[str, Any], int] | None = getattr(state, "readiness", None)

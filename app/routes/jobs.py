@@ -22,12 +22,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from opentelemetry import trace
 from opentelemetry.propagate import inject
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, StrictBool, field_validator
 from starlette.responses import Response
 
+from app.http import answers
 from app.http.auth import PRINCIPAL, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.errors import shown_name
+from app.http.openapi import answers as declared
+from app.http.openapi import link
 from app.http.responses import JSONResponse
 from app.http.schemas import ChatCompletionRequest
 from app.jobs import job_queue
@@ -63,7 +66,18 @@ class JobRequest(ChatCompletionRequest):
     model_config = ConfigDict(extra="forbid")
     ignored = ChatCompletionRequest.ignored - {"metadata"}  # the job's own, below
 
-    webhook_url: str | None = Field(None, description="POSTed the job when it finishes.")
+    # Streamed answers are refused (``_not_streamed``): the document says so.
+    stream: StrictBool = Field(False, json_schema_extra={"const": False})
+    webhook_url: str | None = Field(
+        None,
+        description="POSTed the job when it finishes: an https URL whose host resolves to "
+        "public addresses (or is in RAG_JOBS__WEBHOOK_ALLOW).",
+        json_schema_extra={
+            "format": "uri",
+            "pattern": "^https?://[^@/?#\\s]+(/\\S*)?$",
+            "maxLength": 2048,
+        },
+    )
     metadata: dict[MetadataKey, MetadataValue] | None = Field(
         None, max_length=16, description="Up to 16 strings of the caller's, returned as given."
     )
@@ -165,8 +179,22 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
+CREATED_LINKS = {
+    "GetJob": link("getJob", "The job just submitted.", job_id="$response.body#/id"),
+    "CancelJob": link("cancelJob", "Cancel the job just submitted.", job_id="$response.body#/id"),
+    "ListJobsAfter": link("listJobs", "The jobs after this one.", after="$response.body#/id"),
+}
+
+
 @router.post(
-    "/v1/jobs", status_code=202, response_model=None, openapi_extra=request_body(JobRequest)
+    "/v1/jobs",
+    status_code=202,
+    response_model=None,
+    openapi_extra=request_body(JobRequest),
+    operation_id="createJob",
+    responses=declared(
+        202, answers.JobCreated, 400, 403, 404, 413, links=CREATED_LINKS, description="Queued."
+    ),
 )
 async def create_job(request: Request, services: ServicesDep, paths: PathsDep) -> Response:
     principal = await _principal(request, services, "chat")
@@ -236,13 +264,23 @@ async def _owned(services: Services, principal: Principal, job_id: str) -> Job:
     return job
 
 
-@router.get("/v1/jobs/{job_id}", response_model=None)
+@router.get(
+    "/v1/jobs/{job_id}",
+    response_model=None,
+    operation_id="getJob",
+    responses=declared(200, answers.Job, 403, 404),
+)
 async def get_job(job_id: str, request: Request, services: ServicesDep) -> Response:
     principal = await _principal(request, services, "chat", ADMIN)
-    return JSONResponse((await _owned(services, principal, job_id)).public())
+    return JSONResponse((await _owned(services, principal, job_id)).public(principal))
 
 
-@router.delete("/v1/jobs/{job_id}", response_model=None)
+@router.delete(
+    "/v1/jobs/{job_id}",
+    response_model=None,
+    operation_id="cancelJob",
+    responses=declared(200, answers.Job, 403, 404, 409),
+)
 async def cancel_job(job_id: str, request: Request, services: ServicesDep) -> Response:
     principal = await _principal(request, services, "chat", ADMIN)
     job = await _owned(services, principal, job_id)
@@ -256,10 +294,15 @@ async def cancel_job(job_id: str, request: Request, services: ServicesDep) -> Re
             f"Only a queued job can be cancelled; this one is {outcome}.",
             code="job_not_cancellable",
         )
-    return JSONResponse((await _owned(services, principal, job_id)).public())
+    return JSONResponse((await _owned(services, principal, job_id)).public(principal))
 
 
-@router.get("/v1/jobs", response_model=None)
+@router.get(
+    "/v1/jobs",
+    response_model=None,
+    operation_id="listJobs",
+    responses=declared(200, answers.JobList, 400, 403),
+)
 async def list_jobs(
     request: Request,
     services: ServicesDep,
@@ -281,7 +324,7 @@ async def list_jobs(
         raise InvalidRequest(
             f"after: no job with id '{_shown(after or '')}' to continue from.", param="after"
         ) from None
-    data = [job.public() for job in jobs]
+    data = [job.public(principal) for job in jobs]
     return JSONResponse(
         {
             "object": "list",

@@ -19,7 +19,9 @@ from typing import Any, Final
 
 from fastapi import APIRouter
 
+from app.http import answers
 from app.http.auth import ChatPrincipal
+from app.http.openapi import answers as declared
 from app.services import ServicesDep
 from pipeline.errors import NotFound
 from pipeline.model.routes import AUTO, RouteTable
@@ -51,13 +53,23 @@ def _model(routes: RouteTable, name: str) -> dict[str, Any]:
     }
 
 
-@router.get("/v1/models")
+@router.get(
+    "/v1/models",
+    response_model=None,
+    operation_id="listModels",
+    responses=declared(200, answers.ModelList, 403),
+)
 async def list_models(services: ServicesDep, principal: ChatPrincipal) -> dict[str, Any]:
     routes = services.routes
     return {"object": "list", "data": [_model(routes, m) for m in sorted(routes.models)]}
 
 
-@router.get("/v1/models/{model}")
+@router.get(
+    "/v1/models/{model}",
+    response_model=None,
+    operation_id="retrieveModel",
+    responses=declared(200, answers.Model, 403, 404),
+)
 async def retrieve_model(
     model: str, services: ServicesDep, principal: ChatPrincipal
 ) -> dict[str, Any]:

@@ -12,21 +12,44 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.http import answers
 from app.http.auth import IngestPrincipal, RetrievePrincipal
 from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.openapi import answers as declared
+from app.http.openapi import link
 from app.http.schemas import Filters
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
-from pipeline.sources.search import PassageSearch, parse_request_filters
+from pipeline.sources.search import PassageSearch, parse_request_filters, viewer_of
 from retrieval import Document, DocumentError, IngestResult, RelevanceGate
+from retrieval.access import MAX_ENTRIES, MAX_NAME_CHARS
+from retrieval.documents import parse_access
 
 router = APIRouter(tags=["retrieval"])
 
 LIMITS = BodyLimits()
+METADATA_KEY = r"^[A-Za-z0-9_.:-]+$"
+# Python's whitespace (``str.isspace``, what ``retrieval.Document`` reads as blank), spelled
+# out: JSON Schema's ``\s`` is ECMAScript's, which differs (U+0085, U+FEFF).
+SPACE = r"\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 MetadataText = Annotated[str, Field(max_length=1024)]
 MetadataValue = (
     MetadataText | int | float | bool | Annotated[list[MetadataText], Field(max_length=64)]
 )
+# A group or user name of an access list (retrieval.access): the id rules, and no ',' either.
+AccessName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=rf"^[^#,\x00-\x1f\x7f{SPACE}]+$")
+]
+
+
+class AccessIn(BaseModel):
+    """Who may see the document: members of any of ``groups`` (a key's groups, ``rag keys
+    groups``) and the ``users`` named. Leave it out for a document the whole tenant sees."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[AccessName] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    users: list[AccessName] = Field(default_factory=list, max_length=MAX_ENTRIES)
 
 
 class DocumentIn(BaseModel):
@@ -34,12 +57,19 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, max_length=256)
-    text: str
+    # As ``retrieval.Document`` checks them, so the schema says it: an id without whitespace,
+    # control characters or '#', a text that is not blank, metadata keys of word characters.
+    id: str = Field(min_length=1, max_length=256, pattern=rf"^[^#\x00-\x1f\x7f{SPACE}]+$")
+    text: str = Field(pattern=rf"[^{SPACE}]")
     title: str = Field("", max_length=1000)
-    metadata: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
-        default_factory=dict, max_length=64
+    metadata: dict[Annotated[str, Field(max_length=64, pattern=METADATA_KEY)], MetadataValue] = (
+        Field(
+            default_factory=dict,
+            max_length=64,
+            json_schema_extra={"propertyNames": {"maxLength": 64, "pattern": METADATA_KEY}},
+        )
     )
+    access: AccessIn | None = None
 
 
 class IngestRequest(BaseModel):
@@ -75,7 +105,22 @@ def _search(services: ServicesDep) -> PassageSearch:
     return services.retrieval
 
 
-@router.post("/v1/documents", openapi_extra=request_body(IngestRequest))
+INGESTED_LINKS = {
+    "DeleteDocument": link(
+        "deleteDocument",
+        "Delete the first document just ingested.",
+        document_id="$request.body#/documents/0/id",
+    )
+}
+
+
+@router.post(
+    "/v1/documents",
+    response_model=None,
+    openapi_extra=request_body(IngestRequest),
+    operation_id="ingestDocuments",
+    responses=declared(200, answers.IngestResult, 400, 403, 413, links=INGESTED_LINKS),
+)
 async def ingest_documents(
     request: Request, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
@@ -90,8 +135,15 @@ async def ingest_documents(
     documents = []
     for position, item in enumerate(body.documents):
         try:
+            access = None if item.access is None else parse_access(item.access.model_dump())
             documents.append(
-                Document(id=item.id, text=item.text, title=item.title, metadata=item.metadata)
+                Document(
+                    id=item.id,
+                    text=item.text,
+                    title=item.title,
+                    metadata=item.metadata,
+                    access=access,
+                )
             )
         except DocumentError as exc:
             raise InvalidRequest(str(exc), param=f"documents.{position}") from exc
@@ -103,7 +155,12 @@ async def ingest_documents(
     return _ingest_body(result)
 
 
-@router.delete("/v1/documents/{document_id:path}")
+@router.delete(
+    "/v1/documents/{document_id:path}",
+    response_model=None,
+    operation_id="deleteDocument",
+    responses=declared(200, answers.DeleteResult, 403, 404),
+)
 async def delete_document(
     document_id: str, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
@@ -117,14 +174,24 @@ async def delete_document(
     return {**_ingest_body(result), "object": "delete.result", "deleted": True}
 
 
-@router.post("/v1/retrieve", openapi_extra=request_body(RetrieveRequest))
+@router.post(
+    "/v1/retrieve",
+    response_model=None,
+    openapi_extra=request_body(RetrieveRequest),
+    operation_id="retrieve",
+    responses=declared(200, answers.RetrieveResult, 400, 403, 413),
+)
 async def retrieve(
     request: Request, services: ServicesDep, principal: RetrievePrincipal
 ) -> dict[str, Any]:
     body = await read_body(await request.body(), RetrieveRequest, LIMITS)
     filters = parse_request_filters(body.filters, "filters")
     result = await _search(services).search(
-        principal.tenant, body.query, top_k=body.top_k, filters=filters
+        principal.tenant,
+        body.query,
+        top_k=body.top_k,
+        filters=filters,
+        viewer=viewer_of(principal),  # documents with an access list: only those it admits
     )
     gate = RelevanceGate.configured(services.settings.retrieval.relevance_threshold)
     kept, dropped = gate.apply(result.hits, body.min_relevance)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.answer.events import ToolCall
+from pipeline.answer.events import Citation, ToolCall
 
 
 @dataclass
@@ -17,6 +17,8 @@ class Completion:
     ``cache_ttl`` caps how long the answer may be cached (a tool whose result changes with time
     was used); None means the cache's own TTL. ``logprobs`` are the content tokens' entries
     when the request asked for them (those of redacted text removed), None when it did not.
+    ``citations`` say which source supports each sentence of ``content``
+    (``pipeline.answer.citations``); they are cached and replayed with it.
     """
 
     content: str
@@ -31,6 +33,12 @@ class Completion:
     finish_detail: str | None = None
     cache_ttl: int | None = None
     logprobs: list[dict[str, Any]] | None = None  # None: not asked for
+    citations: list[Citation] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt and completion: what the answer costs against the caller's token limits."""
+        return self.prompt_tokens + self.completion_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +53,7 @@ class Completion:
             "route": self.route,
             "finish_detail": self.finish_detail,
             "logprobs": self.logprobs,
+            "citations": [citation.to_dict() for citation in self.citations],
         }
 
     @classmethod
@@ -64,4 +73,5 @@ class Completion:
             route=dict(route) if isinstance(route, dict) else None,
             finish_detail=str(detail) if detail is not None else None,
             logprobs=list(logprobs) if isinstance(logprobs, list) else None,
+            citations=[Citation.from_dict(c) for c in data.get("citations") or ()],
         )

@@ -89,6 +89,81 @@ class Usage:
 StreamEvent = ContentDelta | ToolCallDelta | Finish | Usage
 
 
+@dataclass(frozen=True, slots=True)
+class CitedSource:
+    """A passage of the prompt that supports an answer sentence: ``index`` is its place in
+    ``rag.sources`` (from 1), ``start``/``end`` the supporting span of the chunk's own text
+    (Python string offsets: code points), ``score`` the share of the sentence's content words
+    the span holds, IDF-weighted (``pipeline.answer.citations``)."""
+
+    index: int
+    document_id: str
+    chunk_id: str
+    start: int
+    end: int
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "document_id": self.document_id,
+            "chunk_id": self.chunk_id,
+            "span": [self.start, self.end],
+            "score": self.score,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CitedSource:
+        start, end = data["span"]
+        return cls(
+            int(data["index"]),
+            str(data["document_id"]),
+            str(data["chunk_id"]),
+            int(start),
+            int(end),
+            float(data["score"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """One answer sentence (``sentence``: its number from 0; ``start``/``end``: its span of the
+    answer text as the client receives it) and the sources that support it, best first;
+    ``supported`` is False, and ``sources`` empty, when none does. Made after the output
+    filters, so never seen by them; ``to_dict``/``from_dict`` are the one wire shape, for the
+    response, the stream and the cache."""
+
+    sentence: int
+    start: int
+    end: int
+    supported: bool
+    sources: tuple[CitedSource, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sentence": self.sentence,
+            "text_span": [self.start, self.end],
+            "supported": self.supported,
+            "sources": [source.to_dict() for source in self.sources],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Citation:
+        start, end = data["text_span"]
+        return cls(
+            int(data["sentence"]),
+            int(start),
+            int(end),
+            bool(data["supported"]),
+            tuple(CitedSource.from_dict(s) for s in data.get("sources") or ()),
+        )
+
+
+# What a reader of an answer stream gets: the model's events as the filters let them out, and
+# the citations made of that text.
+AnswerEvent = StreamEvent | Citation
+
+
 def _tool_call_deltas(calls: Any) -> list[StreamEvent]:
     events: list[StreamEvent] = []
     for position, call in enumerate(calls if isinstance(calls, list) else []):

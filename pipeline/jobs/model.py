@@ -2,8 +2,10 @@
 
 A job is kept in Redis as a hash of strings; ``Job.from_hash`` and ``Job.to_hash`` are the only
 places that know the field names. The raw API key is never part of a job: the resolved principal
-(tenant, user, scopes, key id) is, and the key id lets a worker check that the key is still
-active before it runs the job.
+(tenant, user, scopes, key id, groups) is, and the key id lets a worker check that the key is
+still active before it runs the job. The groups are the key's at submission: the job retrieves
+what its submitter could see then (a job stored before groups existed has none, and sees only
+the documents without an access list).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Job:
     traceparent: str | None = None
     digest: str = ""
     expires: float | None = None  # a queued job not started by then fails (set by the queue)
+    groups: frozenset[str] = frozenset()  # the submitting key's, for access lists
 
     @classmethod
     def create(
@@ -116,10 +119,17 @@ class Job:
             metadata=metadata,
             traceparent=traceparent,
             digest=body_digest(request, webhook_url, metadata),
+            groups=principal.groups,
         )
 
     def principal(self) -> Principal:
-        return Principal(tenant=self.tenant, user=self.user, scopes=self.scopes, key_id=self.key_id)
+        return Principal(
+            tenant=self.tenant,
+            user=self.user,
+            scopes=self.scopes,
+            key_id=self.key_id,
+            groups=self.groups,
+        )
 
     def to_hash(self) -> dict[str, str]:
         """The fields written at submit (the rest are written by workers as the job runs)."""
@@ -136,6 +146,8 @@ class Job:
             "attempts": str(self.attempts),
             "digest": self.digest,
         }
+        if self.groups:
+            fields["groups"] = ",".join(sorted(self.groups))
         if self.webhook_url:
             fields["webhook_url"] = self.webhook_url
         if self.metadata is not None:
@@ -169,10 +181,25 @@ class Job:
             traceparent=_text(fields, "traceparent"),
             digest=fields.get(b"digest", b"").decode(),
             expires=_time(fields, "expires"),
+            groups=frozenset(g for g in fields.get(b"groups", b"").decode().split(",") if g),
         )
 
-    def public(self) -> dict[str, Any]:
-        """The job as the API shows it (and as a webhook delivers it); no prompt text."""
+    def readable_by(self, reader: Principal) -> bool:
+        """Whether ``reader`` may read the job's answer: it was built from what the submitting
+        key could see (its user, its groups), so only a reader of the same user in at least
+        those groups may (an admin of the tenant, or the same user's key with fewer groups, sees
+        the job's status but not its answer)."""
+        return (
+            reader.tenant == self.tenant
+            and reader.user == self.user
+            and reader.groups >= self.groups
+        )
+
+    def public(self, reader: Principal | None = None) -> dict[str, Any]:
+        """The job as the API shows it (and as a webhook delivers it); no prompt text. For a
+        ``reader`` that may not read the answer (``readable_by``), ``result`` is null and
+        ``result_withheld`` true."""
+        withheld = reader is not None and self.result is not None and not self.readable_by(reader)
         body: dict[str, Any] = {
             "id": self.id,
             "object": "job",
@@ -185,10 +212,12 @@ class Job:
             "max_attempts": self.max_attempts,
             "expires_at": int(self.expires) if self.expires and self.status == QUEUED else None,
             "metadata": self.metadata,
-            "result": self.result,
+            "result": None if withheld else self.result,
             "error": self.error,
             "last_error": self.last_error,
         }
+        if withheld:
+            body["result_withheld"] = True
         if self.webhook_url:
             body["webhook"] = {
                 "url": self.webhook_url,

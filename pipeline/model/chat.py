@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -29,7 +30,7 @@ from pipeline.answer.events import (
     Usage,
     events_from_chunk,
 )
-from pipeline.errors import PipelineError
+from pipeline.errors import DeadlineExceeded, PipelineError, UpstreamBusy
 from pipeline.model.routes import Route
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry import metrics
@@ -107,8 +108,17 @@ class TracedChat:
         self.capture_content = capture_content
 
     async def stream(
-        self, route: Route, payload: dict[str, Any], parent: Context | None = None
+        self,
+        route: Route,
+        payload: dict[str, Any],
+        parent: Context | None = None,
+        *,
+        tenant: str = "",
+        deadline: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
+        """The call's events. It holds one of the route's slots for ``tenant`` from the request
+        until the stream ends or is closed, and no read of the model server goes past
+        ``deadline`` (event-loop time): a stream too ends there, with ``DeadlineExceeded``."""
         span = self.tracer.start_span(
             f"chat {route.model}",
             context=parent,
@@ -121,20 +131,25 @@ class TracedChat:
         record = _RoundRecord(span)
         waiting = time.perf_counter()
         try:
-            async with route.slot():
+            async with route.slot(tenant, deadline) as waited:
                 # Time queued for the route's concurrency bound, apart from the model's own.
-                span.set_attribute(attr.ROUTE_WAIT_MS, (time.perf_counter() - waiting) * 1000.0)
-                async for chunk in route.client.stream_chat(payload):
-                    record.model = chunk.get("model") or record.model
-                    for event in events_from_chunk(chunk):
-                        record.take(event)
-                        yield event
+                span.set_attribute(attr.ROUTE_WAIT_MS, waited * 1000.0)
+                # Closed here, not left to the collector, so the upstream request ends (and
+                # the model server stops generating) before the slot is given back.
+                async with aclosing(route.client.stream_chat(payload)) as upstream:
+                    while (chunk := await _read(upstream, deadline)) is not None:
+                        record.model = chunk.get("model") or record.model
+                        for event in events_from_chunk(chunk):
+                            record.take(event)
+                            yield event
         except (GeneratorExit, asyncio.CancelledError):
             # The caller went away; that is not the model's failure.
             span.set_attribute(attr.STREAM_ABANDONED, True)
             metrics.model_call_abandoned(route.model)
             raise
         except BaseException as exc:
+            if isinstance(exc, UpstreamBusy):  # queued until the deadline: the wait is the story
+                span.set_attribute(attr.ROUTE_WAIT_MS, (time.perf_counter() - waiting) * 1000.0)
             code = exc.code if isinstance(exc, PipelineError) and exc.code else None
             mark_failed(span, exc, kind=code)
             metrics.model_call_failed(route.model, code or type(exc).__name__)
@@ -143,3 +158,19 @@ class TracedChat:
             record.close(self.capture_content, route.model)
         finally:
             span.end()
+
+
+async def _read(
+    chunks: AsyncIterator[dict[str, Any]], deadline: float | None
+) -> dict[str, Any] | None:
+    """The next chunk (None: the stream ended), read before ``deadline`` or
+    ``DeadlineExceeded``. One read at a time: a timeout must not span a generator's ``yield``."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError as exc:
+        raise DeadlineExceeded(
+            "The answer did not complete before the request's deadline."
+        ) from exc

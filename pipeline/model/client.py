@@ -2,12 +2,17 @@
 
 httpx errors and upstream error responses are converted here into the pipeline's errors:
 cannot connect -> 503, no answer in time -> 504, the upstream refusing the request -> 400/404
-with its message, the upstream failing or dropping the connection mid-answer -> 502.
+with its message, the upstream failing or dropping the connection mid-answer -> 502. What the
+caller did not cause is not reported as the caller's 400: the model server refusing this
+service's own credentials (401/403) is a 502, its rate limit (429) a 429 with its
+``Retry-After``. A stream is whole only with a finish reason and ``[DONE]``: one that ends
+without them, or sends a line that is not a JSON object, is the upstream failing (502), so a
+cut answer is never taken for a complete one (and never cached).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -21,7 +26,24 @@ from pipeline.errors import (
     PipelineError,
     ServiceUnavailable,
     UpstreamError,
+    retry_after,
 )
+
+MAX_RETRY_AFTER_S = 60.0
+
+
+class UpstreamRateLimited(PipelineError):
+    """429: the model server limits this service's requests; its ``Retry-After`` is passed on."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(
+            f"The model server is limiting requests; retry later: {message}",
+            code="upstream_rate_limited",
+            headers=retry_after(retry_after_s),
+        )
 
 
 def _parse(body: bytes) -> Any:
@@ -44,14 +66,30 @@ def _details(data: Any) -> tuple[str, str | None]:
     return message, param if isinstance(param, str) and 0 < len(param) <= 64 else None
 
 
-def upstream_error(status: int, body: bytes) -> PipelineError:
-    return refusal(status, _parse(body))
+def upstream_error(status: int, body: bytes, headers: httpx.Headers | None = None) -> PipelineError:
+    return refusal(status, _parse(body), headers)
 
 
-def refusal(status: int, data: Any) -> PipelineError:
+def _retry_after(headers: httpx.Headers | None) -> float:
+    try:
+        seconds = float(headers.get("retry-after", "1") if headers is not None else 1)
+    except ValueError:  # an HTTP date, or nonsense: wait the least
+        seconds = 1.0
+    return min(max(seconds, 1.0), MAX_RETRY_AFTER_S)
+
+
+def refusal(status: int, data: Any, headers: httpx.Headers | None = None) -> PipelineError:
     """Our error for the model server's refusal: our shape and a code, its words only as the
     reason (what reaches it was validated here first, so this is rare)."""
     message, param = _details(data)
+    if status in (401, 403):
+        # This service's credentials (RAG_LLM__API_KEY), not the caller's: a bad gateway.
+        return UpstreamError(
+            f"The model server refused this service's credentials ({status}): {message}",
+            code="upstream_unauthorized" if status == 401 else "upstream_forbidden",
+        )
+    if status == 429:
+        return UpstreamRateLimited(message, retry_after_s=_retry_after(headers))
     if status == 404:
         return NotFound(
             f"The model server does not serve this model: {message}",
@@ -86,11 +124,32 @@ def _stream_error(chunk: dict[str, Any], started: bool) -> PipelineError:
     return UpstreamError(f"the model server failed mid-stream: {error}", code="upstream_failed")
 
 
+def _chunk(data: str) -> dict[str, Any]:
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise UpstreamError(
+            f"The model server sent a malformed stream line: {data[:200]!r}",
+            code="upstream_malformed",
+        )
+    return chunk
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("finish_reason") for choice in choices
+    )
+
+
 def convert_transport_error(exc: httpx.HTTPError, base_url: str) -> PipelineError:
     if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
         return ServiceUnavailable(
             f"The model server at {base_url} cannot be reached ({type(exc).__name__}).",
             code="upstream_unavailable",
+            headers=retry_after(1),  # every 503 says when to come back
         )
     if isinstance(exc, httpx.TimeoutException):
         return DeadlineExceeded(f"The model server did not answer in time ({type(exc).__name__}).")
@@ -125,25 +184,35 @@ class LLMClient:
             transport=transport,
         )
 
-    async def stream_chat(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream_chat(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """Yield the upstream's SSE chunks as dicts; raise a ``PipelineError`` on any failure."""
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         try:
             async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code >= 400:
-                    raise upstream_error(response.status_code, await response.aread())
-                started = False
+                    refused = await response.aread()
+                    raise upstream_error(response.status_code, refused, response.headers)
+                started = finished = done = False
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
-                        return
-                    chunk = orjson.loads(data)
+                        done = True
+                        break
+                    chunk = _chunk(data)
                     if "error" in chunk:
                         raise _stream_error(chunk, started)
                     started = True
+                    finished = finished or _finishes(chunk)
                     yield chunk
+                if not (done and finished):
+                    missing = "[DONE]" if finished else "a finish reason"
+                    raise UpstreamError(
+                        f"The model server's stream ended without {missing}: the answer may be "
+                        "cut short.",
+                        code="upstream_failed",
+                    )
         except httpx.HTTPError as exc:
             raise convert_transport_error(exc, self.base_url) from exc
 

@@ -1,9 +1,16 @@
-"""How the prompt is laid out: a byte-stable prefix first, so vLLM's prefix cache can reuse it.
+"""How the prompt is laid out: the longest byte-stable prefix first, so vLLM's prefix cache can
+reuse it across requests, users and questions.
 
-Order: the fixed instructions (the same bytes for every tenant, user and request), then the
-user's personalisation line, then the retrieved sources (each tagged ``[document id]``), then
-the results of planned tools, then the caller's own messages. Any change to this layout must
-bump ``PROMPT_VERSION``, which is part of the response-cache key.
+Order, from the most shared to the least: the fixed instructions (the same bytes for every
+tenant, user and request), then the retrieved sources in a canonical order (by document id,
+then chunk id; never by score, so that a different question which retrieves the same passages
+renders them identically), then the user's personalisation line, then the results of planned
+tools, then the caller's own messages. Any change to this layout must bump ``PROMPT_VERSION``,
+which is part of the response-cache key.
+
+The order is the prompt's only: ``ctx.passages`` (the response's ``rag.sources``, whose places
+citations number) stays ranked. The model sees each source tagged by its document id, never by
+a number, so nothing it can cite depends on where a source sits.
 """
 
 from __future__ import annotations
@@ -13,13 +20,19 @@ from typing import Any
 
 from pipeline.context import Features, Passage, ToolRun
 
-PROMPT_VERSION = "2"
+# 3: sources in canonical order before the personal line (was: personal line, ranked sources).
+PROMPT_VERSION = "3"
 
 INSTRUCTIONS = (
     "You are a helpful assistant. Answer using the sources below when they are relevant, "
     "and cite each source you use by its id in square brackets, like [doc-1]. "
     "If the sources do not contain the answer, say so briefly."
 )
+SOURCES_HEADING = "Sources:"
+PERSONAL_HEADING = "About the user:"
+TOOLS_HEADING = "Tool results:"
+# Between two sections of the system message, and between two sources.
+SEPARATOR = "\n\n"
 
 LANGUAGES = {
     "en": "English",
@@ -32,13 +45,25 @@ LANGUAGES = {
 }
 
 
-def render_sources(passages: Sequence[Passage], *, max_chars: int = 1200) -> str:
-    lines = []
-    for passage in passages:
-        title = f"{passage.title}: " if passage.title else ""
-        text = passage.text if len(passage.text) <= max_chars else passage.text[:max_chars] + " …"
-        lines.append(f"[{passage.document_id}] {title}{text}")
-    return "\n\n".join(lines)
+# The most of one passage's text a prompt holds (citations cite only what it held).
+SOURCE_CHARS = 1200
+
+
+def canonical(passages: Sequence[Passage]) -> list[Passage]:
+    """The passages in the prompt's order: by document id, then chunk id (stable for ties)."""
+    return sorted(passages, key=lambda p: (p.document_id, p.chunk_id))
+
+
+def render_source(passage: Passage, *, max_chars: int = SOURCE_CHARS) -> str:
+    """One source as the prompt shows it: ``[document id] title: text``."""
+    title = f"{passage.title}: " if passage.title else ""
+    text = passage.text if len(passage.text) <= max_chars else passage.text[:max_chars] + " …"
+    return f"[{passage.document_id}] {title}{text}"
+
+
+def render_sources(passages: Sequence[Passage], *, max_chars: int = SOURCE_CHARS) -> str:
+    """The sources, in canonical order, separated by blank lines."""
+    return SEPARATOR.join(render_source(p, max_chars=max_chars) for p in canonical(passages))
 
 
 def render_tool_results(runs: Sequence[ToolRun], *, max_chars: int = 2000) -> str:
@@ -62,6 +87,20 @@ def personalisation(features: Features) -> str:
     return " ".join(parts)
 
 
+def system_prompt(
+    passages: Sequence[Passage], *, personal: str = "", tool_runs: Sequence[ToolRun] = ()
+) -> str:
+    """Our system message: instructions, sources, the personal line, tool results."""
+    sections = [INSTRUCTIONS]
+    if passages:
+        sections.append(f"{SOURCES_HEADING}{SEPARATOR}{render_sources(passages)}")
+    if personal:
+        sections.append(f"{PERSONAL_HEADING} {personal}")
+    if tool_runs:
+        sections.append(f"{TOOLS_HEADING}\n{render_tool_results(tool_runs)}")
+    return SEPARATOR.join(sections)
+
+
 def build_messages(
     messages: list[dict[str, Any]],
     passages: Sequence[Passage],
@@ -72,11 +111,5 @@ def build_messages(
     """The messages sent to the model: ours in one system message first, then the caller's."""
     if not passages and not personal and not tool_runs:
         return messages
-    sections = [INSTRUCTIONS]
-    if personal:
-        sections.append(f"About the user: {personal}")
-    if passages:
-        sections.append(f"Sources:\n\n{render_sources(passages)}")
-    if tool_runs:
-        sections.append(f"Tool results:\n{render_tool_results(tool_runs)}")
-    return [{"role": "system", "content": "\n\n".join(sections)}, *messages]
+    content = system_prompt(passages, personal=personal, tool_runs=tool_runs)
+    return [{"role": "system", "content": content}, *messages]

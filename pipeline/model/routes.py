@@ -1,5 +1,6 @@
 """Model routes: each a name, an OpenAI-compatible server, the model it serves, its own
-connection pool and its own bound on concurrent requests.
+connection pool and its own bound on concurrent requests, in all and per tenant
+(``pipeline.model.slots``).
 
 A request names ``auto``, a route, or a model. ``candidates`` gives the routes it may take (one
 when it pins a route, or names a model only one route serves); the router chooses among them.
@@ -7,13 +8,13 @@ when it pins a route, or names a model only one route serves); the router choose
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from pipeline.errors import InvalidRequest, NotFound
 from pipeline.model.client import LLMClient
+from pipeline.model.slots import SlotPool
 
 AUTO = "auto"
 
@@ -23,14 +24,14 @@ class Route:
     name: str
     model: str
     client: LLMClient
-    limit: asyncio.Semaphore
+    slots: SlotPool
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one of the route's concurrent-request slots (waiting counts against the
-        request's deadline, which the runner enforces)."""
-        async with self.limit:
-            yield
+    def slot(
+        self, tenant: str, deadline: float | None = None
+    ) -> AbstractAsyncContextManager[float]:
+        """Hold one of the route's concurrent-request slots for ``tenant``, waiting in turn
+        with other tenants until shortly before ``deadline``; yields the seconds waited."""
+        return self.slots.slot(tenant, deadline)
 
 
 class RouteTable:

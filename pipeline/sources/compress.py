@@ -77,7 +77,8 @@ def _ends_sentence(text: str, start: int, end: int) -> bool:
     return not (nxt.isalpha() and nxt.islower())
 
 
-def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
+def stripped(text: str, start: int, end: int) -> tuple[int, int]:
+    """``(start, end)`` narrowed to leave out the whitespace at either end."""
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():
@@ -92,9 +93,9 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     for match in _END.finditer(text):
         stop, end = match.span()
         if _ends_sentence(text, stop, end):
-            spans.append(_stripped(text, start, end))
+            spans.append(stripped(text, start, end))
             start = end
-    spans.append(_stripped(text, start, len(text)))
+    spans.append(stripped(text, start, len(text)))
     return [(a, b) for a, b in spans if b > a]
 
 
@@ -117,9 +118,9 @@ def _pieces(
             if text[offsets[k]].isspace():
                 j = k
                 break
-        pieces.append((*_stripped(text, max(start, offsets[i]), offsets[j]), j - i))
+        pieces.append((*stripped(text, max(start, offsets[i]), offsets[j]), j - i))
         i = j
-    pieces.append((*_stripped(text, max(start, offsets[i]) if i else start, end), len(offsets) - i))
+    pieces.append((*stripped(text, max(start, offsets[i]) if i else start, end), len(offsets) - i))
     return [(a, b, n) for a, b, n in pieces if b > a]
 
 
@@ -357,7 +358,11 @@ def _result(
     budget: int,
     counter: TokenCounter,
 ) -> Compressed:
-    kept = [replace(p, text=t) for p, t in zip(passages, texts, strict=True) if t]
+    kept = [
+        replace(p, text=t, source_text=p.text if p.source_text is None else p.source_text)
+        for p, t in zip(passages, texts, strict=True)
+        if t
+    ]
     dropped = [p for p, t in zip(passages, texts, strict=True) if not t]
     sentences = [
         KeptSentence(

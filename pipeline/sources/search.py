@@ -2,17 +2,25 @@
 
 Chat's retrieve stage and the ``/v1/retrieve`` and ``/v1/documents`` routes all go through
 this one class, so they share the filter parsing, the query batching and the spans.
+
+Every search is for a viewer (``viewer_of(principal)``: the caller's user and groups), and sees
+only the documents whose access list admits it (``retrieval.access``); a search without a
+viewer sees only the documents without an access list.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 
+from pipeline.context import Principal
 from pipeline.errors import InvalidRequest, ServiceUnavailable
 from pipeline.telemetry import attributes as attr
 from retrieval import (
@@ -26,8 +34,12 @@ from retrieval import (
     SearchResult,
     parse_filters,
 )
+from retrieval.access import Viewer
+from retrieval.embeddings import embedding_executor
 from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray
+
+T = TypeVar("T")
 
 
 def parse_request_filters(spec: Any, param: str = "rag.filters") -> Filter | None:
@@ -41,29 +53,70 @@ def parse_request_filters(spec: Any, param: str = "rag.filters") -> Filter | Non
         raise InvalidRequest(f"Invalid {param}: {exc}", param=param) from exc
 
 
+def viewer_of(principal: Principal) -> Viewer:
+    """Who a search is for: the principal's user and groups (its tenant picks the index)."""
+    return Viewer(principal.user, principal.groups)
+
+
 class PassageSearch:
+    """Search, ingest and delete for the request path, each off the event loop.
+
+    Searches and writes run in two bounded thread pools of their own (``search_threads`` and
+    ``ingest_threads`` threads), not in the loop's default pool, which request bodies, guards and
+    routing share: however many ingests are queued, they hold at most ``ingest_threads``
+    threads, and a search never waits for one of them. The ingest threads run torch with
+    ``ingest_torch_threads`` threads (see ``retrieval.embeddings.embedding_executor``), so an
+    ingest's batch of passages leaves cores to the queries' embeddings.
+    """
+
     def __init__(
         self,
         store: IndexStore,
         retriever: HybridRetriever,
         queries: QueryBatcher,
         tracer: trace.Tracer,
+        *,
+        search_threads: int = 4,
+        ingest_threads: int = 1,
+        ingest_torch_threads: int = 0,
     ) -> None:
         self.store = store
         self.retriever = retriever
         self.queries = queries
         self.tracer = tracer
+        self._searches = ThreadPoolExecutor(search_threads, thread_name_prefix="search")
+        self._writes = embedding_executor(ingest_threads, ingest_torch_threads, "ingest")
+
+    async def _off_loop(
+        self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """``fn`` in ``pool``, with this context (as ``asyncio.to_thread`` does for its pool)."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
 
     def version(self, tenant: str) -> str:
         return self.store.version(tenant)
 
-    def idf(self, tenant: str, query: str) -> dict[str, float]:
-        """The tenant index's IDF of the query's terms (what compression weighs words by)."""
-        index = self.store.current(tenant)
-        return {} if index is None else index.bm25.idf_of(tokenize(query))
+    def idf(self, principal: Principal, query: str) -> dict[str, float]:
+        """The IDF of the query's terms (what compression weighs words by) in the tenant's
+        index as ``principal`` may see it: hidden chunks weigh nothing (the view is the one the
+        retrieval of the same request built)."""
+        index = self.store.current(principal.tenant)
+        if index is None:
+            return {}
+        return index.visible_to(viewer_of(principal)).bm25.idf_of(tokenize(query))
 
     def has_index(self, tenant: str) -> bool:
         return self.store.current(tenant) is not None
+
+    def access_scope(self, principal: Principal) -> tuple[str, dict[str, Any] | None]:
+        """The version of the tenant's index and, read from that same snapshot, what of the
+        principal decides which of its chunks the principal sees (``AccessColumns.scope``:
+        None when the index has no access lists). Both go into the cache key."""
+        index = self.store.current(principal.tenant)
+        if index is None:
+            return self.store.version(principal.tenant), None
+        return index.version, index.access.scope(viewer_of(principal))
 
     async def embed(self, query: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop).
@@ -86,10 +139,15 @@ class PassageSearch:
         filters: Filter | None = None,
         defaults: Filter | None = None,
         vector: FloatArray | None = None,
+        viewer: Viewer | None = None,
+        context_terms: Sequence[tuple[str, float]] = (),
     ) -> SearchResult:
         """The tenant's best passages for ``query``, within the request's ``filters`` and the
         ``defaults`` it did not write (each parsed by ``parse_request_filters``, which names the
-        caller's field). ``vector`` is the query's, when the caller has embedded it already."""
+        caller's field). ``vector`` is the query's, when the caller has embedded it already.
+        ``viewer`` (``viewer_of``) decides which chunks with an access list it may see.
+        ``context_terms`` are texts whose words BM25 adds at a lower weight (a conversation's
+        earlier turns: ``pipeline.sources.conversation``)."""
         with self.tracer.start_as_current_span(
             f"retrieval {tenant}", attributes={attr.TENANT: tenant}
         ) as span:
@@ -97,7 +155,8 @@ class PassageSearch:
             if vector is None:
                 vector = await self.embed(query)
             embed_ms = (time.perf_counter() - started) * 1000.0
-            result = await asyncio.to_thread(
+            result = await self._off_loop(
+                self._searches,
                 self.retriever.search,
                 tenant,
                 query,
@@ -105,6 +164,8 @@ class PassageSearch:
                 top_k=top_k,
                 filters=filters,
                 defaults=defaults,
+                viewer=viewer,
+                context_terms=context_terms,
             )
             timings = {"embed": embed_ms, **result.timings_ms}
             span.set_attributes(
@@ -126,13 +187,15 @@ class PassageSearch:
             f"ingest {tenant}",
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
-            return await asyncio.to_thread(self.store.upsert, tenant, list(documents))
+            return await self._off_loop(self._writes, self.store.upsert, tenant, list(documents))
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         with self.tracer.start_as_current_span(
             f"delete {tenant}", attributes={attr.TENANT: tenant}
         ):
-            return await asyncio.to_thread(self.store.delete, tenant, list(document_ids))
+            return await self._off_loop(self._writes, self.store.delete, tenant, list(document_ids))
 
     async def aclose(self) -> None:
         await self.queries.aclose()
+        self._searches.shutdown(wait=False)
+        self._writes.shutdown(wait=False)

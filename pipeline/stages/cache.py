@@ -3,9 +3,10 @@
 The key is the SHA-256 of the canonical JSON of everything that decides the answer: tenant
 (and user, when answers are personalised), model or route, normalised messages, sampling
 parameters, tools, RAG options, the tenant's index version and the versions of the prompt
-layout, the router and the policies. The tenant is in the Redis key name too, so one tenant can
-never read another's entry. Redis trouble never fails a request: the cache is skipped and the
-span says why.
+layout, the router and the policies; and the caller's access scope, so an answer built from a
+document with an access list is never served to a user it does not admit (see ``cache_key``).
+The tenant is in the Redis key name too, so one tenant can never read another's entry. Redis
+trouble never fails a request: the cache is skipped and the span says why.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import orjson
 
 from pipeline.answer.completion import Completion
 from pipeline.context import ChatParams, Principal, RequestContext
-from pipeline.errors import StoreUnavailable
+from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.model.messages import content_text
 from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.runner import StageSpec
@@ -26,6 +27,9 @@ from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
 
 IndexVersion = Callable[[str], str]
+# The tenant index's version and the principal's access scope, read from one snapshot
+# (``PassageSearch.access_scope``).
+AccessScope = Callable[[Principal], tuple[str, Mapping[str, Any] | None]]
 
 
 def _normalise_content(content: Any) -> Any:
@@ -56,12 +60,22 @@ def cache_key(
     personalised: bool = False,
     versions: Mapping[str, str] | None = None,
     parts: Mapping[str, str] | None = None,
+    access: Mapping[str, Any] | None = None,
 ) -> str:
     """The SHA-256 of everything that decides the answer, prefixed by the tenant.
 
     ``personalised``: the answer depends on the user's features, so the user is part of the
     key. ``versions`` are the versions of the prompt layout, the router and the features;
-    ``parts`` what earlier stages of this request found decides it (the tenant's guard policy)."""
+    ``parts`` what earlier stages of this request found decides it (the tenant's guard policy).
+
+    ``access`` is the caller's access scope in the tenant's index (``AccessColumns.scope``),
+    what decides which chunks its retrieval may see, and nothing more: None while the index
+    has no access list (every user of the tenant shares entries, as before); else the caller's
+    groups that some access list names, sorted (groups no list names change nothing), and the
+    user only when some list names that user. So two callers share an entry exactly when they
+    see the same chunks, and an answer built from a restricted document is never served to a
+    caller who may not see it. The index version is in the key too: changing an access list
+    (a re-ingest) publishes a new version, so no entry made under the old list is found."""
     rag = params.rag
     material = {
         "versions": {"prompt": PROMPT_VERSION, **(versions or {})},
@@ -85,6 +99,7 @@ def cache_key(
             "min_relevance": rag.min_relevance,
         },
         "index_version": index_version,
+        "access": dict(access) if access is not None else None,
     }
     digest = hashlib.sha256(orjson.dumps(material, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return f"{principal.tenant}:{digest}"
@@ -107,12 +122,66 @@ class ResponseCache:
         await self.kv.set(self.prefix + key, orjson.dumps(completion.to_dict()), ttl=lifetime)
 
 
+def searched_the_keyed_version(ctx: RequestContext) -> bool:
+    """Whether every search of the request (the retrieve stage's, if it ran, and each
+    ``search_documents`` call, in ``ctx.index_versions``) searched the index version the cache
+    key holds: a tool searches whatever index is current when it runs, which an ingest may
+    have replaced since the lookup."""
+    info = {record.name: record.info for record in ctx.records}
+    keyed = info.get("cache_lookup", {}).get(attr.info_key(attr.CACHE_INDEX_VERSION))
+    if keyed is None:
+        return True
+    searched = set(ctx.index_versions)
+    retrieved = info.get("retrieve", {}).get(attr.info_key(attr.RETRIEVAL_INDEX_VERSION))
+    if retrieved is not None:
+        searched.add(retrieved)
+    return searched <= {keyed}
+
+
+def not_kept(ctx: RequestContext) -> str | None:
+    """Why the cache store will not keep this request's answer, as far as is known before the
+    answer ends (None: it will, if ``storable``); see ``CacheStore``."""
+    degraded = [r.name for r in ctx.records if r.status == "degraded"]
+    if degraded:
+        # Made with defaults in place of what failed (features, tools, the route): not the
+        # answer this key stands for.
+        return f"degraded: {', '.join(degraded)}"
+    if not searched_the_keyed_version(ctx):
+        return "another index version was searched"
+    if any(run.cache_ttl == 0 for run in ctx.tool_runs):
+        return "a time-dependent tool ran"
+    return None
+
+
+def storable(completion: Completion) -> bool:
+    """Whether a finished answer may be cached: complete, and not made with a tool whose
+    result changes with time."""
+    return completion.finish_reason in ("stop", "length") and completion.cache_ttl != 0
+
+
+def unshareable(ctx: RequestContext) -> str | None:
+    """Why identical concurrent requests may not share this request's answer (request
+    coalescing, ``pipeline.store.singleflight``), or None: they share exactly what the cache
+    would serve them a moment later (a looked-up miss that may be stored), and the key
+    decides who may share. Requests offering client tools do not coalesce either: their
+    answers are often tool calls, which are never stored, and followers would wait for the
+    leader only to generate alone."""
+    if ctx.cache_key is None or ctx.cache_status != "miss":
+        return f"cache {ctx.cache_status}"  # bypass (no-cache) or error (Redis)
+    if ctx.cache_control.no_store:
+        return "no-store"
+    if ctx.params.tools:
+        return "client tools"
+    return not_kept(ctx)
+
+
 def no_index(tenant: str) -> str:
     return "none"
 
 
 class CacheLookup:
-    # Fatal, but it never raises for Redis: it fails open by itself.
+    # Fatal, but it never raises for Redis down: it fails open by itself. A full Redis pool
+    # (StoreBusy: this process is overloaded) sheds the request instead.
     # A hit answers (``respond``): it writes the completion and its stream.
     spec = StageSpec.of(
         "cache_lookup",
@@ -128,27 +197,39 @@ class CacheLookup:
         *,
         personalised: bool = False,
         versions: Mapping[str, str] | None = None,
+        access_scope: AccessScope | None = None,
     ) -> None:
         self.cache = cache
         self.index_version = index_version
         self.personalised = personalised
         self.versions = dict(versions or {})
+        self.access_scope = access_scope
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         principal = ctx.caller
+        if self.access_scope is not None:
+            version, access = self.access_scope(principal)
+        else:
+            version, access = self.index_version(principal.tenant), None
         ctx.cache_key = cache_key(
             ctx.params,
             principal,
-            self.index_version(principal.tenant),
+            version,
             personalised=self.personalised,
             versions=self.versions,
             parts=ctx.key_parts,
+            access=access,
         )
+        ctx.annotate(**{attr.CACHE_INDEX_VERSION: version})
         if ctx.cache_control.no_cache:
             ctx.cache_status = "bypass"
         else:
             try:
                 hit = await self.cache.get(ctx.cache_key)
+            except StoreBusy:
+                # The process is overloaded: shed the request (503, Retry-After) rather than
+                # fail open into a whole generation that a hit would have spared.
+                raise
             except StoreUnavailable as exc:
                 ctx.cache_status = "error"
                 ctx.annotate(**{attr.CACHE_ERROR: str(exc)})
@@ -166,9 +247,16 @@ class CacheStore:
     Only complete answers (``stop`` or ``length``) are stored, for the cache's TTL or the
     shorter one of a time-dependent tool the answer used (0: not at all), and only when no
     degrading stage failed on the way (an answer made with defaults is not the one its key
-    stands for)."""
+    stands for), and only when every search of the request (the retrieval, and each
+    ``search_documents`` call of the tools stage or the generation loop) searched the index
+    version the key was made with: an index published in between (a re-ingest that changed an
+    access list) may let this caller's searches see what the key's other holders may not."""
 
-    spec = StageSpec.of("cache_store", reads={"cache_key", "answer", "cache_control"})
+    spec = StageSpec.of(
+        "cache_store",
+        reads={"cache_key", "answer", "cache_control"},
+        optional={"index_versions", "tool_runs"},  # read when the answer completes
+    )
 
     def __init__(self, cache: ResponseCache) -> None:
         self.cache = cache
@@ -180,19 +268,15 @@ class CacheStore:
             return ctx
 
         async def store(completion: Completion) -> None:
-            degraded = [r.name for r in ctx.records if r.status == "degraded"]
-            if degraded:
-                # Made with defaults in place of what failed (features, tools, the route):
-                # not the answer this key stands for, so it is not kept.
-                return
-            await self._store(key, completion)
+            if not_kept(ctx) is None:
+                await self._store(key, completion)
 
         ctx.answer.on_complete(store)
         ctx.annotate(**{attr.CACHE_STORED: "when_complete"})
         return ctx
 
     async def _store(self, key: str, completion: Completion) -> bool:
-        if completion.finish_reason not in ("stop", "length") or completion.cache_ttl == 0:
+        if not storable(completion):
             return False
         try:
             await self.cache.put(key, completion, ttl=completion.cache_ttl)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline.context import RequestContext
+from pipeline.context import Principal, RequestContext
 from pipeline.model.messages import last_user_text
 from pipeline.model.tokens import TokenCounter
 from pipeline.runner import StageSpec
 from pipeline.sources.compress import compress
 from pipeline.telemetry import attributes as attr
 
-IdfLookup = Callable[[str, str], dict[str, float]]
+# (the caller, the query) -> the IDF of its terms in the index as that caller may see it.
+IdfLookup = Callable[[Principal, str], dict[str, float]]
 
 
 class CompressSources:
@@ -46,7 +47,7 @@ class CompressSources:
             return ctx
         query = last_user_text(ctx.params.messages)
         budget = options.budget_tokens or self.budget_tokens
-        idf = self.idf(ctx.caller.tenant, query) if self.idf is not None else None
+        idf = self.idf(ctx.caller, query) if self.idf is not None else None
         # A few milliseconds of pure Python: run here rather than pay a thread hand-off for it.
         result = compress(query, ctx.passages, budget_tokens=budget, counter=self.counter, idf=idf)
         ctx.passages = list(result.passages)

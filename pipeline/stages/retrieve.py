@@ -5,7 +5,10 @@ so a search can only touch the caller's documents. The request's ``rag.filters``
 further (before BM25, and so for the vector side too), and so does a filter derived from the
 user's features, on the keys the request's filter leaves open. Then the relevance gate keeps
 only the passages whose calibrated relevance (retrieval.relevance) reaches the threshold: an
-off-topic question runs without sources rather than with the least irrelevant ones.
+off-topic question runs without sources rather than with the least irrelevant ones. The query
+is the last user message, with the earlier user turns when it depends on them
+(pipeline.sources.conversation): "And how does the season change it?" is searched, and judged by
+the gate, with the question about vitamin D that came before it.
 
 The explain record counts what each of these kept out: chunks excluded by the request's
 filter, chunks the feature filter excluded of the rest, and passages of the top ``top_k``
@@ -14,13 +17,14 @@ dropped by the gate.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from pipeline.context import Passage, RequestContext
-from pipeline.model.messages import last_user_text
 from pipeline.runner import StageSpec, available
-from pipeline.sources.search import PassageSearch, parse_request_filters
+from pipeline.sources.conversation import build_query
+from pipeline.sources.search import PassageSearch, parse_request_filters, viewer_of
 from pipeline.telemetry import attributes as attr
 from retrieval import Filter, RelevanceGate, parse_filters
 
@@ -59,7 +63,10 @@ class Retrieve:
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         options = ctx.params.rag
         tenant = ctx.caller.tenant
-        query = last_user_text(ctx.params.messages)
+        # A follow-up that depends on earlier turns is searched with them (the same query
+        # feeds the relevance gate); its own vector stays ctx.query_vector for the guards.
+        conversation = build_query(ctx.params.messages)
+        query = conversation.text
         # A bad filter is a 400, whether or not the search runs.
         requested = parse_request_filters(options.filters, "rag.filters")
         skipped = None
@@ -72,7 +79,18 @@ class Retrieve:
         if skipped is not None:
             ctx.annotate(**{attr.RETRIEVAL_SKIPPED: skipped})
             return ctx
-        ctx.query_vector = await self.search.embed(query)
+        own, *earlier = await asyncio.gather(
+            *(self.search.embed(text) for text in (query, *conversation.earlier))
+        )
+        ctx.query_vector = own
+        ctx.annotate(
+            **{
+                attr.RETRIEVAL_QUERY_MODE: conversation.mode,
+                attr.RETRIEVAL_QUERY_REASON: conversation.reason,
+                attr.RETRIEVAL_QUERY_TURNS: len(conversation.earlier),
+                attr.RETRIEVAL_QUERY_TERM_WEIGHTS: list(conversation.term_weights) or None,
+            }
+        )
         defaults = await self._feature_filter(ctx, options.filters)
         result = await self.search.search(
             tenant,
@@ -80,7 +98,9 @@ class Retrieve:
             top_k=options.top_k,
             filters=requested,
             defaults=defaults,
-            vector=ctx.query_vector,
+            vector=conversation.blend(own, earlier),
+            context_terms=conversation.context_terms,
+            viewer=viewer_of(ctx.caller),  # only the chunks the caller may see (access lists)
         )
         kept, dropped = self.gate.apply(result.hits, options.min_relevance)
         ctx.passages = [

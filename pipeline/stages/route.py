@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from pipeline.context import RequestContext, RouteChoice
 from pipeline.errors import PipelineError
 from pipeline.model.messages import last_user_text
+from pipeline.routing.load import SMALL_ROUTE, LoadPolicy
 from pipeline.routing.router import Router
 from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
+from pipeline.telemetry import metrics
 from retrieval.vectors import FloatArray
 
 EmbedQuery = Callable[[str], Awaitable[FloatArray]]
@@ -40,17 +43,24 @@ class ChooseRoute:
         with_features: bool = False,
         with_query_vector: bool = False,
         timeout_s: float | None = None,
+        load: LoadPolicy | None = None,
     ) -> None:
         if router.centroids is not None and embed is None:
             raise ValueError("a router with centroids needs an embed function")
         self.router = router
         self.embed = embed
+        # Under load, the small route instead of a loaded one (pipeline.routing.load).
+        self.load = load
         optional = {"features": with_features, "query_vector": with_query_vector}
         self.spec = StageSpec.of(
             "route",
-            reads={"params", *(name for name, on in optional.items() if on)},
+            reads={
+                "params",
+                *(name for name, on in optional.items() if on),
+                *(["principal"] if load is not None else []),
+            },
             optional=optional.keys(),  # read all the same: their defaults when not on the path
-            writes={"route"},
+            writes={"route", *(["cache_control"] if load is not None else [])},
             policy="degrade",
             timeout_s=timeout_s,
         )
@@ -71,8 +81,33 @@ class ChooseRoute:
                 assert self.embed is not None  # checked in __init__
                 vector = await self.embed(last_user_text(ctx.params.messages))
             choice = self.router.by_vector(ctx.params, vector)
-        self._take(ctx, choice)
+        self._take(ctx, self._relieve(ctx, choice) if self.load is not None else choice)
         return ctx
+
+    def _relieve(self, ctx: RequestContext, choice: RouteChoice) -> RouteChoice:
+        """The small route instead of ``choice`` when its route is loaded to the last step
+        and the small one, a route this request may take, is less loaded."""
+        assert self.load is not None
+        routes = self.router.routes
+        small = routes.routes.get(self.router.policy.intents.get("small", "small"))
+        if small is None or small.name == choice.name:
+            return choice
+        if small not in routes.candidates(ctx.params.model, ctx.params.rag.route):
+            return choice  # pinned elsewhere, or a model the small route does not serve
+        tenant = ctx.caller.tenant
+        level = routes.get(choice.name).slots.pressure(tenant)
+        if SMALL_ROUTE not in self.load.steps(level) or small.slots.pressure(tenant) >= level:
+            return choice
+        metrics.adapted(SMALL_ROUTE)
+        ctx.cache_control = replace(ctx.cache_control, no_store=True)
+        ctx.annotate(
+            **{
+                attr.ADAPT_PRESSURE: round(level, 3),
+                attr.ADAPT_STEPS: [SMALL_ROUTE],
+                attr.ADAPT_ROUTE: f"{choice.name}->{small.name}",
+            }
+        )
+        return RouteChoice(small.name, small.model, f"{choice.reason};adapted:load")
 
     def fallback(self, ctx: RequestContext, exc: Exception) -> None:
         """The default route, with the failure as the reason."""

@@ -27,14 +27,17 @@ def features_when_ready(ctx: RequestContext) -> ToolContext:
         await available("features")
         return ctx.features
 
-    return ToolContext(ctx.caller, features=features)
+    return ToolContext(ctx.caller, features=features, index_versions=ctx.index_versions)
 
 
 class PlannedTools:
     """Runs the planned tools (``rag.plan_tools`` false: none)."""
 
     spec = StageSpec.of(
-        "tools", reads={"principal", "params"}, writes={"tool_runs"}, policy="degrade"
+        "tools",
+        reads={"principal", "params"},
+        writes={"tool_runs", "index_versions"},  # the versions its searches used
+        policy="degrade",
     )
 
     def __init__(

@@ -14,13 +14,28 @@ the old id still pass their re-check; then it expires.
 
 Resolved principals are kept in-process for ``cache_ttl`` seconds, and while Redis is down a
 principal seen within ``stale_ttl`` is still accepted, so an outage of Redis does not lock out
-callers who were just served. Revoking a key takes effect within ``cache_ttl``.
+callers who were just served.
+
+Revoking a key, or changing its limits, reaches every replica at once: the change is published
+on ``{prefix}changed`` (the key's hash), and each process's ``listen`` task drops that entry
+from its cache. While a process is not subscribed (Redis down, the channel lost, not started)
+its cache entries live ``unsubscribed_ttl`` (1 s) instead of ``cache_ttl``, and when it
+subscribes again it forgets every entry, since it may have missed a message meanwhile.
+
+A key record may carry its own ``rpm`` and ``tpm`` (``pipeline.store.limits``), and the
+``groups`` the key belongs to (comma-separated; ``retrieval.access``): which documents with an
+access list its searches may see. Changing them (``set_groups``) is announced like a revocation,
+so every replica resolves the key afresh on its next request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import hmac
+import logging
 import math
 import re
 import secrets
@@ -31,7 +46,11 @@ from typing import Final
 
 from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
-from pipeline.store.kv import KeyValueStore
+from pipeline.store.kv import UNREACHABLE, KeyValueStore
+from pipeline.telemetry import metrics
+from retrieval.access import AccessError, check_names
+
+log = logging.getLogger(__name__)
 
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEFAULT_SCOPES = frozenset({"chat", "retrieve"})
@@ -101,6 +120,14 @@ def validate_scopes(scopes: frozenset[str]) -> frozenset[str]:
     return scopes
 
 
+def validate_groups(groups: frozenset[str]) -> frozenset[str]:
+    """The groups of a key, by the access-list name rules (retrieval.access), else ValueError."""
+    try:
+        return check_names("group", groups)
+    except AccessError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def weak_key_reason(raw: str) -> str | None:
     """Why a custom key is too weak to accept, or None. Never echoes the key.
 
@@ -143,6 +170,7 @@ class ApiKeyStore:
         stale_ttl: float = 600.0,
         max_seen: int = 10_000,
         legacy_id_grace: int = 86_400,
+        unsubscribed_ttl: float = 1.0,
     ) -> None:
         self.kv = kv
         self.prefix = prefix
@@ -150,6 +178,12 @@ class ApiKeyStore:
         self.stale_ttl = stale_ttl
         self.max_seen = max_seen
         self.legacy_id_grace = legacy_id_grace
+        self.unsubscribed_ttl = unsubscribed_ttl
+        self.channel = f"{prefix}changed"
+        self.subscribed = False
+        self._listening = False
+        self._rechecking: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, tuple[float, Principal]] = {}
         self._create = kv.script(_CREATE)
         self._migrate = kv.script(_MIGRATE_ID)
@@ -161,6 +195,9 @@ class ApiKeyStore:
         scopes: frozenset[str] = DEFAULT_SCOPES,
         *,
         raw_key: str | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        groups: frozenset[str] = frozenset(),
     ) -> str:
         """Store a new key and return it; this is the only time the raw key is seen.
 
@@ -172,6 +209,7 @@ class ApiKeyStore:
         validate_name("tenant", tenant)
         validate_name("user", user)
         validate_scopes(scopes)
+        validate_groups(groups)
         if raw_key is not None:
             reason = weak_key_reason(raw_key)
             if reason:
@@ -187,6 +225,9 @@ class ApiKeyStore:
             "scopes": ",".join(sorted(scopes)),
             "created": str(int(time.time())),
         }
+        record.update(_limit_fields(rpm=rpm, tpm=tpm))
+        if groups:
+            record["groups"] = ",".join(sorted(groups))
         reply = await self.kv.run_script(
             "apikey_create",
             self._create,
@@ -198,6 +239,14 @@ class ApiKeyStore:
         existing = dict(zip(reply[::2], reply[1::2], strict=True))
         same = all(existing.get(k.encode()) == record[k].encode() for k in ("tenant", "user"))
         if same and existing.get(b"scopes") == record["scopes"].encode():
+            if any(existing.get(k.encode()) != _encoded(record.get(k)) for k in ("rpm", "tpm")):
+                raise ValueError(
+                    "this key exists with other limits; change them with `rag keys limits`"
+                )
+            if existing.get(b"groups") != _encoded(record.get("groups")):
+                raise ValueError(
+                    "this key exists with other groups; change them with `rag keys groups`"
+                )
             return raw
         raise ValueError("this key already exists for another principal; choose another key")
 
@@ -214,7 +263,112 @@ class ApiKeyStore:
         id_key = self._id_key(principal.key_id)
         if await self.kv.get(id_key) == digest.encode():
             await self.kv.delete(id_key)
+        await self._announce(digest)
         return principal
+
+    async def set_limits(self, raw: str, *, rpm: int | None, tpm: int | None) -> Principal | None:
+        """Set the key's own limits per minute (0: none; None: leave as is; a negative value:
+        remove, so the tenant's default applies); the principal after, None if no such key."""
+        digest = hash_key(raw)
+        key = self.prefix + digest
+        fields = await self.kv.hgetall(key)
+        if not fields:
+            return None
+        changes = _limit_fields(rpm=rpm, tpm=tpm)
+        if changes:
+            await self.kv.hset(key, dict(changes))
+        for name, value in (("rpm", rpm), ("tpm", tpm)):
+            if value is not None and value < 0:
+                await self.kv.hdel(key, name)
+        await self._announce(digest)
+        return _principal(await self.kv.hgetall(key))
+
+    async def set_groups(self, raw: str, groups: frozenset[str]) -> Principal | None:
+        """Replace the key's groups (empty: none); the principal after, None if no such key.
+        Every replica forgets its cached principal of the key at once (``_announce``)."""
+        validate_groups(groups)
+        digest = hash_key(raw)
+        key = self.prefix + digest
+        if not await self.kv.hgetall(key):
+            return None
+        if groups:
+            await self.kv.hset(key, {"groups": ",".join(sorted(groups))})
+        else:
+            await self.kv.hdel(key, "groups")
+        await self._announce(digest)
+        fields = await self.kv.hgetall(key)
+        return _principal(fields) if fields else None
+
+    async def _announce(self, digest: str) -> None:
+        """Tell every replica to forget its cached entry of this key."""
+        self._seen.pop(digest, None)
+        await self.kv.publish(self.channel, digest)
+
+    def forget(self, digest: str) -> None:
+        if self._seen.pop(digest, None) is not None:
+            metrics.key_invalidated("message")
+
+    async def listen(self, *, retry_seconds: float = 0.5, ping_seconds: float = 0.5) -> None:
+        """Follow the change channel until ``stop_listening`` (a task of the app's lifespan):
+        each message drops one cached key. The connection is pinged every ``ping_seconds``; a
+        channel that stops answering counts as lost, and the cache falls back to
+        ``unsubscribed_ttl`` until it is back.
+
+        The loop checks a flag as well as taking cancellation: redis-py's read with a timeout
+        can swallow a cancellation that lands as its timeout fires, and a listener that missed
+        its cancellation would hold the app's shutdown for ever."""
+        self._listening = True
+        try:
+            while self._listening:
+                try:
+                    await self._follow(ping_seconds)
+                except asyncio.CancelledError:
+                    raise
+                except (*UNREACHABLE, Exception) as exc:  # any loss: subscribe again
+                    if self.subscribed:
+                        log.warning("key change channel lost (%s); retrying", type(exc).__name__)
+                if self._listening:
+                    await asyncio.sleep(retry_seconds)
+        finally:
+            self.subscribed = False
+
+    async def stop_listening(self, task: asyncio.Task[None], *, wait: float = 2.0) -> None:
+        """End ``task`` (running ``listen``): at once if it takes its cancellation, else at its
+        next look at the flag (within ``ping_seconds``)."""
+        self._listening = False
+        task.cancel()
+        await asyncio.wait({task}, timeout=wait)
+
+    async def _follow(self, ping_seconds: float) -> None:
+        pubsub = self.kv.client.pubsub(ignore_subscribe_messages=False)
+        try:
+            await pubsub.subscribe(self.channel)
+            answered = time.monotonic()
+            pinged = 0.0
+            while self._listening:
+                message = await pubsub.get_message(timeout=ping_seconds / 2)
+                now = time.monotonic()
+                if message is not None:
+                    answered = now
+                    kind = message.get("type")
+                    if kind == "subscribe" and not self.subscribed:
+                        forgotten = len(self._seen)
+                        self._seen.clear()  # what changed while unsubscribed is unknown
+                        metrics.key_invalidated("resubscribed", forgotten)
+                        self.subscribed = True
+                    elif kind == "message":
+                        data = message.get("data")
+                        if isinstance(data, bytes):
+                            self.forget(data.decode("ascii", "replace"))
+                if now - pinged >= ping_seconds:
+                    await pubsub.ping()
+                    pinged = now
+                if now - answered > 2 * ping_seconds + 0.5:
+                    raise TimeoutError("no answer on the key change channel")
+        finally:
+            self.subscribed = False
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def is_active(self, key_id: str) -> bool:
         """Whether the key with this id still exists (not revoked). Asks Redis every time: the
@@ -237,18 +391,61 @@ class ApiKeyStore:
         """The principal for a key, or None when the key is unknown.
 
         Raises ``StoreUnavailable`` when Redis is down and the key was not seen recently.
+        While the change channel is lost, a key cached more than ``unsubscribed_ttl`` ago is
+        checked again in the background and answered from the cache meanwhile: a revocation
+        still lands within about a second, and a sick Redis (the likely reason the channel was
+        lost) never makes a request wait for it.
         """
         digest = hash_key(raw)
         now = time.monotonic()
         seen = self._seen.get(digest)
         if seen is not None and now - seen[0] < self.cache_ttl:
+            if not self.subscribed and now - seen[0] >= self.unsubscribed_ttl:
+                self._recheck(digest)
             return seen[1]
         try:
-            fields = await self.kv.hgetall(self.prefix + digest)
+            return await self._lookup(digest)
         except StoreUnavailable:
             if seen is not None and now - seen[0] < self.stale_ttl:
                 return seen[1]
             raise
+
+    def cached(self, raw: str) -> Principal | None:
+        """The principal ``resolve`` would answer from this process's cache without asking
+        Redis or scheduling a re-check (the cache-hit fast path's key check), else None."""
+        seen = self._seen.get(hash_key(raw))
+        if seen is None:
+            return None
+        age = time.monotonic() - seen[0]
+        if age >= self.cache_ttl or (not self.subscribed and age >= self.unsubscribed_ttl):
+            return None
+        return seen[1]
+
+    async def aclose(self) -> None:
+        """Wait for the keys being checked again (before the store is closed)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
+
+    def _recheck(self, digest: str) -> None:
+        if digest in self._rechecking:
+            return
+        self._rechecking.add(digest)
+
+        async def recheck() -> None:
+            try:
+                await self._lookup(digest)
+            except StoreUnavailable:
+                pass  # still cached; checked again on a later request
+            finally:
+                self._rechecking.discard(digest)
+
+        task = asyncio.get_running_loop().create_task(recheck())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _lookup(self, digest: str) -> Principal | None:
+        """Ask Redis for the key and cache what it says (forget the key if it is gone)."""
+        fields = await self.kv.hgetall(self.prefix + digest)
         stored = fields.get(b"hash", b"").decode()
         if not fields or not hmac.compare_digest(stored, digest):
             self._seen.pop(digest, None)
@@ -260,7 +457,7 @@ class ApiKeyStore:
             # Forget the oldest half; a forgotten key costs one Redis lookup, nothing more.
             for old in sorted(self._seen, key=lambda d: self._seen[d][0])[: self.max_seen // 2]:
                 del self._seen[old]
-        self._seen[digest] = (now, principal)
+        self._seen[digest] = (time.monotonic(), principal)
         return principal
 
     async def _migrate_id(self, digest: str, principal: Principal) -> Principal:
@@ -272,9 +469,7 @@ class ApiKeyStore:
             [principal.key_id, new_key_id(), self._id_key(""), digest, self.legacy_id_grace],
         )
         key_id = bytes(reply).decode() if reply else principal.key_id
-        return Principal(
-            tenant=principal.tenant, user=principal.user, scopes=principal.scopes, key_id=key_id
-        )
+        return dataclasses.replace(principal, key_id=key_id)
 
 
 def _principal(fields: dict[bytes, bytes]) -> Principal:
@@ -283,4 +478,25 @@ def _principal(fields: dict[bytes, bytes]) -> Principal:
         user=fields[b"user"].decode(),
         scopes=frozenset(s for s in fields.get(b"scopes", b"").decode().split(",") if s),
         key_id=fields.get(b"key_id", b"").decode(),
+        rpm=_limit(fields.get(b"rpm")),
+        tpm=_limit(fields.get(b"tpm")),
+        groups=frozenset(g for g in fields.get(b"groups", b"").decode().split(",") if g),
     )
+
+
+def _limit(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return max(0, int(value))
+    except ValueError:
+        return None  # a damaged field: the tenant's default applies
+
+
+def _encoded(value: str | None) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+def _limit_fields(**limits: int | None) -> dict[str, str]:
+    """The record fields for limits given as numbers (negative ones are removals, not fields)."""
+    return {name: str(value) for name, value in limits.items() if value is not None and value >= 0}

@@ -4,10 +4,16 @@ When Redis cannot be reached, callers get ``StoreUnavailable`` (``pipeline.error
 with ``Retry-After``, converted here from redis-py's exceptions and nowhere else) at once, and
 for ``retry_after`` seconds after a failure no request waits on a connect attempt; then the next
 call tries again, so the service recovers by itself when Redis is back.
+
+A full connection pool is not Redis being down: a command waits up to ``pool_wait`` seconds for
+a free connection, and if none comes, that command alone fails (``StoreBusy``, a
+``StoreUnavailable``; metric kind ``MaxConnectionsError``); the circuit stays closed for every
+other request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
@@ -19,10 +25,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import MaxConnectionsError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from pipeline.errors import StoreUnavailable
+from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.telemetry import metrics
 from pipeline.telemetry.spans import mark_failed
 
@@ -32,6 +38,22 @@ ScriptArg = str | int | float | bytes
 # redis-py's exceptions, converted here and nowhere else: those that mean Redis cannot be
 # reached open the circuit; any other Redis error fails the one command.
 UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class WaitingPool(redis.BlockingConnectionPool):
+    """A pool whose callers wait (up to ``timeout``) for a free connection, and then get
+    ``MaxConnectionsError``: redis-py's plain pool raises it at once, its blocking pool a
+    ``ConnectionError`` that cannot be told from Redis being down."""
+
+    async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        try:
+            return await super().get_connection()  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            if isinstance(exc.__cause__, asyncio.TimeoutError):
+                raise MaxConnectionsError(
+                    f"all {self.max_connections} connections busy for {self.timeout} s"
+                ) from exc
+            raise
 
 
 class KeyValueStore:
@@ -47,19 +69,27 @@ class KeyValueStore:
 
     @classmethod
     def from_url(
-        cls, url: str, tracer: trace.Tracer, *, timeout: float = 0.5, retry_after: float = 1.0
+        cls,
+        url: str,
+        tracer: trace.Tracer,
+        *,
+        timeout: float = 0.5,
+        retry_after: float = 1.0,
+        max_connections: int = 256,
+        pool_wait: float = 0.25,
     ) -> KeyValueStore:
-        client = redis.Redis.from_url(
+        pool = WaitingPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=pool_wait,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
             # One quick retry replaces a connection that went stale while Redis restarted;
             # more would only multiply the wait while it is down.
             retry=Retry(NoBackoff(), 1),
             health_check_interval=0,
-            max_connections=256,
         )
-        return cls(client, tracer, retry_after=retry_after)
+        return cls(redis.Redis.from_pool(pool), tracer, retry_after=retry_after)
 
     @property
     def available(self) -> bool:
@@ -81,10 +111,12 @@ class KeyValueStore:
             try:
                 result = await fn()
             except (*UNREACHABLE, RedisError) as exc:
-                if isinstance(exc, UNREACHABLE):
+                if isinstance(exc, UNREACHABLE) and not isinstance(exc, MaxConnectionsError):
                     self._down_until = time.monotonic() + self.retry_after
                 metrics.redis_failed(command, type(exc).__name__)
                 mark_failed(span, exc)
+                if isinstance(exc, MaxConnectionsError):
+                    raise StoreBusy(f"redis {command}: {exc}", retry_after_s=1.0) from exc
                 raise StoreUnavailable(
                     f"redis {command}: {type(exc).__name__}", retry_after_s=self.retry_after
                 ) from exc
@@ -104,6 +136,14 @@ class KeyValueStore:
     async def hset(self, key: str, mapping: dict[str, str | int]) -> None:
         fields: Any = mapping
         await self._call("HSET", lambda: self.client.hset(key, mapping=fields))
+
+    async def hdel(self, key: str, *fields: str) -> int:
+        count: int = await self._call("HDEL", lambda: self.client.hdel(key, *fields))
+        return count
+
+    async def publish(self, channel: str, message: str) -> int:
+        receivers: int = await self._call("PUBLISH", lambda: self.client.publish(channel, message))
+        return receivers
 
     async def delete(self, key: str) -> int:
         count: int = await self._call("DEL", lambda: self.client.delete(key))

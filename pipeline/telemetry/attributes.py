@@ -10,6 +10,7 @@ TENANT: Final = "rag.tenant"
 CACHE_STATUS: Final = "rag.cache.status"
 CACHE_ERROR: Final = "rag.cache.error"
 CACHE_STORED: Final = "rag.cache.stored"
+CACHE_INDEX_VERSION: Final = "rag.cache.index_version"  # the index version in the cache key
 TTFT_MS: Final = "rag.ttft_ms"
 STREAM_ABANDONED: Final = "rag.stream.abandoned"
 INGEST_DOCUMENTS: Final = "rag.ingest.documents"
@@ -55,11 +56,38 @@ RETRIEVAL_NO_SOURCES: Final = "rag.retrieval.no_sources"
 # Chunks the request's metadata filter, and the user's feature-derived filter, excluded.
 RETRIEVAL_EXCLUDED_BY_FILTERS: Final = "rag.retrieval.excluded.filters"
 RETRIEVAL_EXCLUDED_BY_FEATURES: Final = "rag.retrieval.excluded.feature_filter"
+# What a chat search looked for: "last_message", or "conversation" when the last user message
+# depends on earlier turns (pipeline.sources.conversation); why (pronoun, opener, short,
+# standalone, topic_shift, first_turn); how many earlier user turns it used, and their weights.
+RETRIEVAL_QUERY_MODE: Final = "rag.retrieval.query.mode"
+RETRIEVAL_QUERY_REASON: Final = "rag.retrieval.query.reason"
+RETRIEVAL_QUERY_TURNS: Final = "rag.retrieval.query.earlier_turns"
+RETRIEVAL_QUERY_TERM_WEIGHTS: Final = "rag.retrieval.query.term_weights"
 COMPRESS_TOKENS_BEFORE: Final = "rag.compress.tokens_before"
 COMPRESS_TOKENS_AFTER: Final = "rag.compress.tokens_after"
 COMPRESS_BUDGET: Final = "rag.compress.budget"
 COMPRESS_SENTENCES: Final = "rag.compress.sentences"
 COMPRESS_SKIPPED: Final = "rag.compress.skipped"
+# The sources cut to the route's context window (pipeline.model.budget): the room they had,
+# what the kept ones take, the chunks dropped (weakest first), and the one cut (its characters
+# shown, of those it had).
+PROMPT_SOURCE_BUDGET: Final = "rag.prompt.source_budget"
+PROMPT_SOURCE_TOKENS: Final = "rag.prompt.source_tokens"
+PROMPT_SOURCES_DROPPED: Final = "rag.prompt.sources_dropped"
+PROMPT_SOURCE_CUT: Final = "rag.prompt.source_cut"
+PROMPT_SOURCE_CUT_CHARS: Final = "rag.prompt.source_cut_chars"
+# Adaptation to a loaded route (pipeline.routing.load): how full its slots were (1: all
+# taken), the steps taken, and the settings they gave the request.
+ADAPT_PRESSURE: Final = "rag.adapt.pressure"
+ADAPT_STEPS: Final = "rag.adapt.steps"
+ADAPT_TOP_K: Final = "rag.adapt.top_k"
+ADAPT_BUDGET: Final = "rag.adapt.budget_tokens"
+ADAPT_ROUTE: Final = "rag.adapt.route"
+
+# Request coalescing (pipeline.store.singleflight): leader, follower or off, and why (off) or
+# how (a follower answered from the cache its flight had just filled: "cached").
+COALESCED: Final = "rag.coalesced"
+COALESCE_DETAIL: Final = "rag.coalesce.detail"
 
 
 def info_key(attribute: str) -> str:

@@ -13,6 +13,8 @@ are recorded, so with a ratio sampler metrics fed from spans would be sampled to
 - Model calls (time to first token, time per output token, tokens, errors): where the
   ``chat {model}`` span ends (``pipeline.model.chat``).
 - Redis errors: ``pipeline.store.kv.KeyValueStore._call``, the one place Redis is called.
+- Route slots (in use, queued, the wait, refusals): ``pipeline.model.slots.SlotPool``; streams
+  ended by a client that stopped reading: ``app.http.streaming``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ EVENT_LOOP_LAG: Final = Histogram(  # fed by app.lag.LagProbe
     "rag_event_loop_lag_seconds",
     "How much later than asked a 10 ms sleep on the event loop woke up.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+EVENT_LOOP_LAG_MAX: Final = Gauge(  # fed by app.lag.LagProbe
+    "rag_event_loop_lag_max_seconds",
+    "The event loop's worst lag in the last 2 to 4 s (polled every 2 s, no peak is missed).",
 )
 STAGE_DURATION: Final = Histogram(
     "rag_stage_duration_seconds",
@@ -99,6 +105,25 @@ REDIS_ERRORS: Final = Counter(
     "Failed Redis calls by command and kind (exception type, or circuit_open when skipped).",
     ["command", "kind"],
 )
+RATELIMIT_REFUSED: Final = Counter(
+    "rag_ratelimit_refused_total",
+    "Requests refused with a 429 by the rate limiter, by scope (key, tenant) and kind "
+    "(requests, tokens).",
+    ["scope", "kind"],
+)
+RATELIMIT_DEGRADED: Final = Counter(
+    "rag_ratelimit_degraded_total",
+    "Rate-limit checks Redis could not answer, by what happened: open (admitted), closed "
+    "(refused), settle_lost (an answer's tokens not charged), record_stale (a tenant record "
+    "not read again: the last copy stays in use).",
+    ["mode"],
+)
+KEY_REVOCATIONS: Final = Counter(
+    "rag_key_invalidations_total",
+    "In-process key cache invalidations by source: message (pub/sub), resubscribed (the whole "
+    "cache, after the channel was lost).",
+    ["source"],
+)
 
 
 def model_call_finished(
@@ -129,13 +154,93 @@ def model_call_abandoned(model: str) -> None:
     LLM_CALLS.labels(model, "abandoned").inc()
 
 
+def ratelimit_refused(scope: str, kind: str) -> None:
+    RATELIMIT_REFUSED.labels(scope, kind).inc()
+
+
+def ratelimit_degraded(mode: str) -> None:
+    RATELIMIT_DEGRADED.labels(mode).inc()
+
+
+def key_invalidated(source: str, count: int = 1) -> None:
+    KEY_REVOCATIONS.labels(source).inc(count)
+
+
 def redis_failed(command: str, kind: str) -> None:
     # Script and pipeline names ("EVALSHA job_claim") are ours: a bounded set.
     REDIS_ERRORS.labels(command, kind).inc()
 
 
+UPSTREAM_SLOTS_IN_USE: Final = Gauge(
+    "rag_upstream_slots_in_use",
+    "Model calls holding one of their route's concurrency slots (this process).",
+    ["route"],
+)
+UPSTREAM_QUEUED: Final = Gauge(
+    "rag_upstream_queued",
+    "Model calls waiting for a slot of their route (this process).",
+    ["route"],
+)
+UPSTREAM_SLOT_WAIT: Final = Histogram(
+    "rag_upstream_slot_wait_seconds",
+    "Time a model call waited for a slot of its route (0: one was free).",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+)
+UPSTREAM_BUSY: Final = Counter(
+    "rag_upstream_busy_total",
+    "Model calls refused (503 upstream_busy): no slot of their route came free in time.",
+    ["route"],
+)
+ADAPTED: Final = Counter(
+    "rag_adapted_total",
+    "Requests adapted to a loaded route before any refusal (pipeline.routing.load), by step: "
+    "top_k (fewer sources), compress (a tighter source budget), small_route.",
+    ["step"],
+)
+COALESCED: Final = Counter(
+    "rag_coalesced_total",
+    "Cacheable misses by their part in request coalescing (pipeline.store.singleflight): "
+    "leader (generated), follower (answered with a leader's answer), off (generated alone).",
+    ["role"],
+)
+STREAM_WRITE_STALLS: Final = Counter(
+    "rag_stream_write_stalls_total",
+    "Streamed answers ended because a send to the client did not complete within the limit.",
+)
+
+
+class RouteSlotMetrics:
+    """The slot metrics of one route, children bound once (``pipeline.model.slots``)."""
+
+    def __init__(self, route: str) -> None:
+        self._in_use = UPSTREAM_SLOTS_IN_USE.labels(route)
+        self._queued = UPSTREAM_QUEUED.labels(route)
+        self._wait = UPSTREAM_SLOT_WAIT.labels(route)
+        self._busy = UPSTREAM_BUSY.labels(route)
+
+    def set(self, in_use: int, queued: int) -> None:
+        self._in_use.set(in_use)
+        self._queued.set(queued)
+
+    def waited(self, seconds: float) -> None:
+        self._wait.observe(seconds)
+
+    def busy(self) -> None:
+        self._busy.inc()
+
+
+def adapted(step: str) -> None:
+    ADAPTED.labels(step).inc()
+
+
+def stream_write_stalled() -> None:
+    STREAM_WRITE_STALLS.inc()
+
+
 CACHE_STATUS_KEY: Final = attr.info_key(attr.CACHE_STATUS)
 CANDIDATES_KEY: Final = attr.info_key(attr.RETRIEVAL_CANDIDATES)
+COALESCED_KEY: Final = attr.info_key(attr.COALESCED)
 RESULTS_KEY: Final = attr.info_key(attr.RETRIEVAL_RESULTS)
 
 
@@ -159,6 +264,9 @@ class StageMetrics:
         cache_status = record.info.get(CACHE_STATUS_KEY)
         if isinstance(cache_status, str):
             CACHE_LOOKUPS.labels(cache_status).inc()
+        coalesced = record.info.get(COALESCED_KEY)
+        if isinstance(coalesced, str):
+            COALESCED.labels(coalesced).inc()
         candidates = record.info.get(CANDIDATES_KEY)
         results = record.info.get(RESULTS_KEY)
         if isinstance(candidates, int) and isinstance(results, int):

@@ -61,3 +61,7 @@ class ToolContext:
     principal: Principal
     features: Callable[[], Awaitable[Features]] = _no_features
     extras: dict[str, Any] = field(default_factory=dict)
+    # The tenant index versions the request's tool searches used (the request's own set,
+    # ``RequestContext.index_versions``): the cache store keeps no answer built from another
+    # version than its key's.
+    index_versions: set[str] = field(default_factory=set)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipeline.sources.search import PassageSearch
+from pipeline.sources.search import PassageSearch, viewer_of
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.calculator import calculator_tool
 from pipeline.tools.clock import clock_tool
@@ -67,7 +67,13 @@ def search_tool(
         query = str(arguments["query"])
         if not search.has_index(tenant):
             return "The caller has no documents indexed yet."
-        result = await search.search(tenant, query, top_k=int(arguments.get("top_k", 5)))
+        result = await search.search(
+            tenant,
+            query,
+            top_k=int(arguments.get("top_k", 5)),
+            viewer=viewer_of(context.principal),  # the caller's access lists, as in retrieve
+        )
+        context.index_versions.add(result.version)  # checked against the cache key's
         if not result.hits:
             return f"No passage of the caller's documents matches {query[:80]!r}."
         lines = [

@@ -43,7 +43,9 @@ async def test_each_request_writes_one_json_line_with_its_trace_stages_and_cache
     make_app, redis_server, vllm
 ) -> None:
     text = f"Name one primary colour. (secret-prompt-{uuid.uuid4().hex[:8]})"
-    async with make_app(make_settings(redis_server.url, vllm.url)) as harness:
+    # The full path's hit, stage by stage (the fast path's line: tests/app/test_fastpath.py).
+    settings = make_settings(redis_server.url, vllm.url, cache={"fast_path": False})
+    async with make_app(settings) as harness:
         key = await harness.key()
         buffer = capture("json")
         miss = await chat(harness, key, text)

@@ -72,7 +72,9 @@ async def test_a_miss_and_a_hit_move_the_request_stage_cache_retrieval_and_model
     make_app, redis_server, vllm
 ) -> None:
     text = f"What does vitamin D do for bones? (ref {uuid.uuid4().hex[:6]})"
-    async with make_app(make_settings(redis_server.url, vllm.url)) as harness:
+    # The full path's hit, stage by stage (the fast path's metrics: tests/app/test_fastpath.py).
+    settings = make_settings(redis_server.url, vllm.url, cache={"fast_path": False})
+    async with make_app(settings) as harness:
         assert harness.services.retrieval is not None
         await harness.services.retrieval.ingest(
             "metrics", [Document(id="d", text="Vitamin D helps bones take up calcium.")]

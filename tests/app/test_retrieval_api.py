@@ -159,7 +159,8 @@ async def test_bad_documents_are_refused_with_4xx(make_app, redis_server) -> Non
         empty = await harness.client.post(
             "/v1/documents", json={"documents": [{"id": "e", "text": "   "}]}, headers=auth(key)
         )
-        assert assert_openai_error(empty, 400, "invalid_request_error")["param"] == "documents.0"
+        error = assert_openai_error(empty, 400, "invalid_request_error")
+        assert error["param"] == "documents.0.text"
         long_text = " ".join(f"word{i}" for i in range(700))  # ~5 chunks, under the limit
         chunked = await ingest(harness, key, [{"id": "long", "text": long_text}])
         assert chunked["chunks"] > 1

@@ -138,7 +138,8 @@ def violations(log: list[Access], declared: dict[str, StageSpec]) -> list[str]:
 @pytest.fixture
 async def harness(make_app, redis_server, vllm, monkeypatch):
     monkeypatch.setattr(chat_route, "RequestContext", RecordingContext)
-    settings = make_settings(redis_server.url, vllm.url)
+    # The hit takes the stages (the fast path, which has none, is tested on its own).
+    settings = make_settings(redis_server.url, vllm.url, cache={"fast_path": False})
     async with make_app(settings) as h:
         yield h
 

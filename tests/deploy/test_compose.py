@@ -431,7 +431,7 @@ BROKEN_DOCKERFILE = [
     ("USER 10001:10001\n", "USER root\n", "runs as root"),
     ("/readyz', timeout=4)\"]", "/healthz', timeout=4)\"]", "no HEALTHCHECK on /readyz"),
     ('"--timeout-graceful-shutdown", "20"]', '"--workers", "1"]', "--timeout-graceful-shutdown"),
-    ('CMD ["uvicorn",', 'CMD uvicorn ["uvicorn",', "not in exec form"),
+    ('CMD ["rag",', 'CMD rag ["rag",', "not in exec form"),
     ("FROM python:${PYTHON_VERSION}-slim\n", "FROM python:${PYTHON_VERSION}\n", "slim"),
     ("COPY pipeline ./pipeline\n", "", "pipeline/ is not copied"),
 ]

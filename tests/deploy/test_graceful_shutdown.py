@@ -1,6 +1,8 @@
 """The image's start command (the Dockerfile's CMD, run here as a real process) stops gracefully:
 SIGTERM, as `docker stop` sends it, lets an in-flight stream finish, then the lifespan shuts the
-service down and the process ends."""
+service down and the process ends. While it drains, new requests get a 503 in OpenAI's shape with
+Retry-After; what would outlast the grace period is ended cleanly (a stream with a final error
+event, a plain request with the same 503), before uvicorn would cancel it."""
 
 from __future__ import annotations
 
@@ -10,25 +12,36 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tests.support.servers import RedisServer, VLLMServer, free_port, wait_for
+from tests.app.test_errors import assert_openai_error
+from tests.support.faultproxy import FaultProxy
+from tests.support.servers import UNENDING, RedisServer, VLLMServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def image_command(port: int) -> list[str]:
-    """The Dockerfile's CMD, on the loopback and a free port instead of the container's 8000."""
+def image_command(port: int, grace: float | None = None) -> list[str]:
+    """The Dockerfile's CMD, on the loopback and a free port instead of the container's 8000
+    (and with another grace period, when given)."""
     dockerfile = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
     found = re.search(r"^CMD\s+(\[.*\])\s*$", dockerfile, re.MULTILINE)
     assert found is not None, "the Dockerfile has no exec-form CMD"
     argv: list[str] = json.loads(found.group(1))
     argv[argv.index("--host") + 1] = "127.0.0.1"
     argv[argv.index("--port") + 1] = str(port)
+    if grace is not None:
+        argv[argv.index("--timeout-graceful-shutdown") + 1] = f"{grace:g}"
     return [str(BIN / argv[0]), *argv[1:]]
 
 
@@ -39,44 +52,45 @@ def _ready(port: int) -> bool:
         return False
 
 
-def stream_and_terminate(port: int, key: str, server: subprocess.Popen[bytes]) -> list[str]:
-    """Stream an answer; at its first chunk, SIGTERM the server (what `docker stop` sends PID 1).
-    Returns the SSE lines, with "SIGTERM" where the signal was sent."""
-    body = {
-        "model": "smollm2",
-        "stream": True,
-        "max_tokens": 24,
-        "rag": {"enabled": False},
-        "messages": [{"role": "user", "content": "Count from 1 to 30, separated by commas."}],
-    }
-    lines: list[str] = []
-    with httpx.stream(
-        "POST",
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {key}", "Cache-Control": "no-store"},
-        timeout=120,
-    ) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: {") and "SIGTERM" not in lines:
-                server.send_signal(signal.SIGTERM)
-                lines.append("SIGTERM")
-            if line:
-                lines.append(line)
-    return lines
+@dataclass
+class Served:
+    port: int
+    key: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def logged(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def told(self, drained: Drained | None = None) -> str:
+        """What a failed assertion should say: the timings and the server's last words."""
+        timing = "" if drained is None else f"{drained.timing()}; "
+        return f"{timing}server log tail:\n{self.logged()[-2000:]}"
 
 
-def test_sigterm_lets_an_in_flight_stream_finish(
-    redis_server: RedisServer, vllm: VLLMServer, tmp_path: Path
-) -> None:
+@contextmanager
+def image_server(
+    redis_server: RedisServer,
+    vllm: VLLMServer,
+    tmp_path: Path,
+    grace: float | None = None,
+    llm_url: str | None = None,
+) -> Iterator[Served]:
+    """The image's command as a process, ready, with a key for tenant acme (its model server:
+    ``llm_url``, vLLM's by default). The tests time one answer against another: they start on
+    an idle engine, not one still busy with what earlier tests left."""
+    vllm.wait_idle()
     port = free_port()
     env = {
         **os.environ,
         "RAG_ENVIRONMENT": "test",
         "RAG_REDIS__URL": redis_server.url,
         "RAG_REDIS__KEY_PREFIX": f"t{uuid.uuid4().hex[:8]}:",
-        "RAG_LLM__BASE_URL": vllm.url,
+        "RAG_LLM__BASE_URL": llm_url or vllm.url,
         "RAG_RETRIEVAL__ENABLED": "false",
         "RAG_RETRIEVAL__INDEX_DIR": str(tmp_path / "indexes"),
     }
@@ -87,23 +101,216 @@ def test_sigterm_lets_an_in_flight_stream_finish(
         text=True,
         check=True,
     ).stdout.strip()
-    log = (tmp_path / "server.log").open("wb")
-    server = subprocess.Popen(image_command(port), env=env, cwd=tmp_path, stdout=log, stderr=log)
+    log_path = tmp_path / "server.log"
+    log = log_path.open("wb")
+    server = subprocess.Popen(
+        image_command(port, grace), env=env, cwd=tmp_path, stdout=log, stderr=log
+    )
     try:
         wait_for(lambda: _ready(port), 180, "the service started by the image's CMD", step=0.5)
-        lines = stream_and_terminate(port, key, server)
-        after = lines[lines.index("SIGTERM") + 1 :]
-        assert len([line for line in after if line.startswith("data: {")]) >= 2, lines[-3:]
-        assert lines[-1] == "data: [DONE]"
-        # uvicorn re-raises the signal once it has shut down, so the exit is SIGTERM's (143 in a
-        # container), after the shutdown checked below, not instead of it.
-        assert server.wait(timeout=30) in (0, -signal.SIGTERM)
-        assert not _ready(port)
+        yield Served(port, key, server, log_path)
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
         log.close()
-    logged = (tmp_path / "server.log").read_text()
+
+
+def counting(max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    """A body whose answer takes exactly ``max_tokens`` tokens (the model counts and may not
+    stop before)."""
+    return {
+        "model": "smollm2",
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logit_bias": UNENDING,
+        "rag": {"enabled": False},
+        "messages": [{"role": "user", "content": "Count from 1 to 500, separated by commas."}],
+    }
+
+
+@dataclass
+class Drained:
+    """A stream SIGTERM came into: its SSE lines, with "SIGTERM" where the signal was sent."""
+
+    lines: list[str]
+    first_chunk_s: float  # from the request to its first chunk (when the signal went)
+    took: float  # from the signal to the stream's end
+
+    def timing(self) -> str:
+        return (
+            f"first chunk {self.first_chunk_s:.2f} s after the request, "
+            f"end {self.took:.2f} s after SIGTERM"
+        )
+
+
+def stream_and_terminate(
+    served: Served,
+    body: dict[str, Any],
+    *,
+    while_draining: Any = None,
+    hold: FaultProxy | None = None,
+) -> Drained:
+    """Stream an answer; at its first chunk, SIGTERM the server (what `docker stop` sends PID 1)
+    and call ``while_draining()``. With ``hold`` (the proxy in front of the model server), the
+    answer's model call is held from just before the signal until ``while_draining()`` has
+    returned: the stream is still in flight then, however fast or slow the engine is."""
+    lines: list[str] = []
+    began = time.monotonic()
+    signalled = 0.0
+    with httpx.stream(
+        "POST",
+        f"{served.url}/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {served.key}", "Cache-Control": "no-store"},
+        timeout=120,
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {") and "SIGTERM" not in lines:
+                if hold is not None:
+                    held = hold.hold_open(b"/v1/chat/completions")
+                    assert held == 1, f"{held} model calls held, not the stream's one"
+                served.process.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                lines.append("SIGTERM")
+                try:
+                    if while_draining is not None:
+                        while_draining()
+                finally:
+                    if hold is not None:
+                        hold.release()
+            if line:
+                lines.append(line)
+    return Drained(lines, signalled - began, time.monotonic() - signalled)
+
+
+def test_sigterm_lets_an_in_flight_stream_finish(
+    redis_server: RedisServer, vllm: VLLMServer, tmp_path: Path
+) -> None:
+    with image_server(redis_server, vllm, tmp_path) as served:
+        lines = stream_and_terminate(served, counting(24)).lines
+        after = lines[lines.index("SIGTERM") + 1 :]
+        assert len([line for line in after if line.startswith("data: {")]) >= 2, lines[-3:]
+        assert lines[-1] == "data: [DONE]"
+        # uvicorn re-raises the signal once it has shut down, so the exit is SIGTERM's (143 in a
+        # container), after the shutdown checked below, not instead of it.
+        assert served.process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert not _ready(served.port)
+    logged = served.logged()
+    assert "timeout graceful shutdown exceeded" not in logged
+    assert "Application shutdown complete" in logged
+
+
+def _refused_while_draining(response: httpx.Response) -> None:
+    error = assert_openai_error(response, 503, "service_unavailable")
+    assert error["code"] == "shutting_down"
+    assert int(response.headers["retry-after"]) >= 1
+    assert response.headers["connection"] == "close"
+
+
+def test_new_requests_get_503_while_a_stream_drains(
+    redis_server: RedisServer, vllm: VLLMServer, tmp_path: Path
+) -> None:
+    refused: list[httpx.Response] = []
+    signalled = 0.0
+
+    def new_requests() -> None:
+        nonlocal signalled
+        signalled = time.monotonic()
+        ready = 0  # readyz answers 200 until the drain starts, at uvicorn's next tick (0.1 s)
+        deadline = signalled + 10
+        while time.monotonic() < deadline:
+            try:
+                readyz = httpx.get(f"{served.url}/readyz", timeout=10)
+            except httpx.ConnectError as exc:
+                raise AssertionError(
+                    f"the socket closed {time.monotonic() - signalled:.2f} s after SIGTERM "
+                    f"(after {ready} ready answers), while the stream was in flight; "
+                    f"{served.told()}"
+                ) from exc
+            if readyz.status_code == 503:
+                refused.append(readyz)
+                break
+            assert readyz.status_code == 200, readyz.text
+            ready += 1
+            time.sleep(0.02)
+        else:
+            raise AssertionError(f"readyz still 200 10 s after SIGTERM; {served.told()}")
+        try:
+            chat = httpx.post(
+                f"{served.url}/v1/chat/completions",
+                json=counting(8, stream=False),
+                headers={"Authorization": f"Bearer {served.key}"},
+                timeout=10,
+            )
+        except httpx.ConnectError as exc:
+            raise AssertionError(
+                f"a chat request {time.monotonic() - signalled:.2f} s after SIGTERM met a "
+                f"closed socket, while the stream was in flight; {served.told()}"
+            ) from exc
+        refused.append(chat)
+
+    # The stream's model call is held while the new requests are made (so it is still in flight
+    # then, on any machine), and then finishes within a grace period far longer than it.
+    with (
+        FaultProxy(vllm.url) as llm,
+        image_server(redis_server, vllm, tmp_path, grace=60, llm_url=llm.url) as served,
+    ):
+        drained = stream_and_terminate(served, counting(64), while_draining=new_requests, hold=llm)
+        assert drained.lines[-1] == "data: [DONE]", "the stream in flight finished"
+        assert served.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert len(refused) == 2, f"readyz turned 503 within 10 s of SIGTERM; {served.told(drained)}"
+    for response in refused:
+        _refused_while_draining(response)
+    logged = served.logged()
+    assert "timeout graceful shutdown exceeded" not in logged
+    assert "Application shutdown complete" in logged
+
+
+def test_what_would_outlast_the_grace_period_ends_cleanly(
+    redis_server: RedisServer, vllm: VLLMServer, tmp_path: Path
+) -> None:
+    """A 2 s grace period and answers of about a minute: the stream ends with an error event and
+    the plain request with a 503, both within the grace period, before uvicorn would cancel
+    them. (The answers are far longer than they need be, so that neither can end by itself
+    before the cut, however the engine schedules them.)"""
+    grace = 2.0
+    plain: list[httpx.Response] = []
+
+    def plain_request() -> None:
+        plain.append(
+            httpx.post(
+                f"{served.url}/v1/chat/completions",
+                json=counting(1500, stream=False),
+                headers={"Authorization": f"Bearer {served.key}", "Cache-Control": "no-store"},
+                timeout=120,
+            )
+        )
+
+    with image_server(redis_server, vllm, tmp_path, grace=grace) as served:
+        waiting = threading.Thread(target=plain_request)
+        waiting.start()
+        time.sleep(0.5)  # the plain request is in flight before the signal
+        drained = stream_and_terminate(served, counting(1500))
+        waiting.join(30)
+        assert served.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    lines = drained.lines
+    told = served.told(drained)
+    assert lines[-1].startswith("data: {"), f"{lines[-3:]}; {told}"
+    last = json.loads(lines[-1].removeprefix("data: "))
+    assert set(last) == {"error"}, last
+    error = last["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable", "shutting_down")
+    assert "data: [DONE]" not in lines
+    deltas = [line for line in lines[lines.index("SIGTERM") + 1 : -1] if line.startswith("data:")]
+    assert deltas, f"the stream went on after the signal until it was cut; {told}"
+    assert drained.took < grace + 1.0, told
+    assert len(plain) == 1, f"the plain request got an answer; {told}"
+    assert plain[0].status_code == 503, f"{plain[0].text[:300]}; {told}"
+    _refused_while_draining(plain[0])
+    assert "stopped before its answer" in plain[0].json()["error"]["message"]
+    logged = served.logged()
     assert "timeout graceful shutdown exceeded" not in logged
     assert "Application shutdown complete" in logged

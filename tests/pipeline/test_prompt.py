@@ -1,4 +1,5 @@
-"""The prompt layout: fixed instructions, then sources tagged by document id, then the messages."""
+"""The prompt layout: fixed instructions, then the sources tagged by document id in canonical
+order, then the personal line and tool results, then the caller's messages."""
 
 from __future__ import annotations
 
@@ -76,5 +77,47 @@ def test_the_rendered_prefix_is_identical_across_users_and_requests() -> None:
     assert shared >= instructions, (shared, instructions)
     texts = [p[0]["content"] for p in prompts]
     assert all(t.startswith(INSTRUCTIONS + "\n\n") for t in texts)
-    # The user's line comes after the fixed prefix, before the sources.
-    assert texts[1].index("About the user:") < texts[1].index("Sources:")
+    # The user's line comes after the sources: users who retrieve the same share them.
+    assert texts[1].index("Sources:") < texts[1].index("About the user:")
+
+
+def test_sources_are_laid_out_by_document_and_chunk_whatever_their_rank() -> None:
+    ranked = [
+        Passage("b", "b#1", "", "two", score=0.9),
+        Passage("a", "a#0", "", "one", score=0.1),
+        Passage("b", "b#0", "", "three", score=0.5),
+    ]
+    content = build_messages(MESSAGES, ranked)[0]["content"]
+    assert content.index("[a] one") < content.index("[b] three") < content.index("[b] two")
+    assert build_messages(MESSAGES, list(reversed(ranked))) == build_messages(MESSAGES, ranked)
+
+
+def test_a_second_question_over_the_same_sources_shares_everything_before_the_question() -> None:
+    """Tokens as vLLM's prefix cache sees them: the chat template applied. Two users (one
+    with a personal line) asking different questions that retrieved the same passages, in a
+    different rank order, share the prompt through the last source."""
+    from transformers import AutoTokenizer
+
+    from pipeline.context import Features
+    from pipeline.model.prompt import personalisation, render_sources
+    from pipeline.model.tokens import find_tokenizer
+
+    found = find_tokenizer(None)
+    assert found is not None, "the SmolLM2 model directory is missing: `make model` builds it"
+    tokenizer = AutoTokenizer.from_pretrained(str(found.parent))
+    sources = [passage("rayleigh", "Short wavelengths scatter more."), passage("sun", "Hot.")]
+    one = build_messages([{"role": "user", "content": "Why is the sky blue?"}], sources)
+    two = build_messages(
+        [{"role": "user", "content": "How hot is the sun?"}],
+        list(reversed(sources)),
+        personal=personalisation(Features({"language": "pt"})),
+    )
+    ids = [
+        tokenizer(tokenizer.apply_chat_template(p, tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
+        for p in (one, two)
+    ]
+    shared = next(i for i, (x, y) in enumerate(zip(*ids, strict=False)) if x != y)
+    through_sources = INSTRUCTIONS + "\n\nSources:\n\n" + render_sources(sources)
+    assert shared >= len(tokenizer(through_sources, add_special_tokens=False)["input_ids"])

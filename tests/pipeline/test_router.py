@@ -18,6 +18,7 @@ from pipeline.context import ChatParams, Features, RagOptions, RequestContext, R
 from pipeline.errors import InvalidRequest
 from pipeline.model.client import LLMClient
 from pipeline.model.routes import Route, RouteTable
+from pipeline.model.slots import SlotPool
 from pipeline.routing.router import ROUTER_VERSION, Centroids, Router, RouterPolicy, load_examples
 from pipeline.routing.rules import Thresholds
 from pipeline.runner import INPUTS, PathError, Runner, StageSpec
@@ -37,7 +38,7 @@ def labelled() -> list[dict[str, str]]:
 async def routes() -> AsyncIterator[RouteTable]:
     # Nothing is sent to these clients: the router only chooses among the routes.
     def route(name: str, model: str) -> Route:
-        return Route(name, model, LLMClient("http://127.0.0.1:9"), asyncio.Semaphore(1))
+        return Route(name, model, LLMClient("http://127.0.0.1:9"), SlotPool(1))
 
     table = RouteTable(
         {

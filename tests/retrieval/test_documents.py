@@ -80,3 +80,12 @@ def test_long_document_under_the_limit_is_chunked_and_indexed(
     assert result.chunks == 10
     index = store.current("t")
     assert index is not None and index.rows_by_document["long"] == list(range(10))
+
+
+@pytest.mark.parametrize("field", ["id", "text", "title"])
+def test_a_lone_surrogate_is_refused_before_it_reaches_the_index(field: str) -> None:
+    # JSON may carry "\ud800"; stored as UTF-8 it would fail the snapshot's write (a 500).
+    values = {"id": "d1", "text": "some text", "title": "t"}
+    values[field] += "\ud800"
+    with pytest.raises(DocumentError):
+        Document(**values)

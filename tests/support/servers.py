@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -94,6 +95,14 @@ class RedisServer:
             self.process = None
 
 
+# A logit_bias that keeps the test model (SmolLM2) from ending its answer: its end-of-turn
+# (<|im_end|>, 2: the generation config's eos_token_id) and end-of-text (<|endoftext|>, 0)
+# tokens may never be drawn, so it writes until max_tokens. Tests that need an answer of a
+# known length (one still running when something happens to it) use it: with greedy decoding
+# alone the model's length varies with the batch it shares (a "count to 500" stopped at 20).
+UNENDING = {"0": -100, "2": -100}
+
+
 class VLLMServer:
     """The real vLLM OpenAI-compatible server (CPU build), or one already running at a URL."""
 
@@ -137,6 +146,26 @@ class VLLMServer:
             time.sleep(1)
         self.stop()
         raise RuntimeError(f"vLLM did not answer /health within 600 s; see {self.log_path}")
+
+    def busy(self) -> float:
+        """Sequences vLLM is running or has queued now (its /metrics), -1 if it cannot tell."""
+        try:
+            text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return -1
+        found = re.findall(
+            r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} ([0-9.e+]+)$", text, re.M
+        )
+        return sum(float(value) for value in found) if found else -1
+
+    def wait_idle(self, timeout: float = 60) -> float:
+        """Wait (at most ``timeout`` s) until vLLM runs nothing, so a test that times one
+        answer against another does not share the engine with what earlier tests left; returns
+        what was still running when the wait ended (0: idle)."""
+        deadline = time.monotonic() + timeout
+        while (left := self.busy()) > 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
 
     def stop(self) -> None:
         if self.process is not None:

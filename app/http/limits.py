@@ -1,0 +1,80 @@
+"""Rate limits at the edge: every authenticated /v1 request is admitted or refused (429) before
+its body is read, and every answer carries the ``x-ratelimit-*`` headers.
+
+``RateLimits`` is the ASGI middleware just inside ``AuthenticateFirst`` (it reads the principal
+that one resolved). The tokens of an answer are charged after it (``charge``): the chat route
+calls it when a generated answer is complete, streamed or not; a cache hit costs no tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from opentelemetry import trace
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.http.auth import PRINCIPAL, refuse
+from app.services import Services
+from pipeline.context import Principal
+from pipeline.store.limits import Decision, refusal
+
+DEGRADED: Final = "rag.ratelimit.degraded"
+_settling: set[asyncio.Task[None]] = set()  # charges in flight (kept from the collector)
+
+
+class RateLimits:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        principal: Principal | None = scope.get("state", {}).get(PRINCIPAL)
+        # A principal was resolved, so the app's services are up (auth used them).
+        services: Services | None = scope["app"].state.services if principal else None
+        limiter = services.limits if services is not None else None
+        if principal is None or limiter is None:
+            await self.app(scope, receive, send)
+            return
+        decision = await limiter.admit(principal)
+        _annotate(decision)
+        if not decision.admitted:
+            await refuse(send, refusal(decision, limiter.config.window_seconds))
+            return
+        headers = [(name.encode(), value.encode()) for name, value in decision.headers().items()]
+        if not headers:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_limits(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *headers]
+            await send(message)
+
+        await self.app(scope, receive, send_with_limits)
+
+
+def _annotate(decision: Decision) -> None:
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    if decision.degraded:
+        span.set_attribute(DEGRADED, True)
+    for usage in decision.usages:
+        if usage.limit > 0:
+            span.set_attribute(
+                f"rag.ratelimit.{usage.scope}.{usage.kind}.remaining", usage.remaining
+            )
+    if decision.refused is not None:
+        span.set_attribute(
+            "rag.ratelimit.refused", f"{decision.refused.scope}.{decision.refused.kind}"
+        )
+
+
+def charge(services: Services, principal: Principal, tokens: int) -> None:
+    """Charge an answer's tokens to its key and tenant, in the background: a client that went
+    away (a cancelled stream) is still charged, and no answer waits for it."""
+    if services.limits is None or tokens <= 0:
+        return
+    task = asyncio.get_running_loop().create_task(services.limits.settle(principal, tokens))
+    _settling.add(task)
+    task.add_done_callback(_settling.discard)

@@ -1,0 +1,91 @@
+"""The response of a streamed answer: its SSE chunks sent under a write-stall limit and the
+request's deadline.
+
+Starlette's ``StreamingResponse`` waits on each send for as long as the client takes, and
+uvicorn's send waits while the connection's buffers are full: a client that opens a stream and
+never reads would hold it, and with it the model call upstream and a slot of the route
+(``pipeline.model.slots``), for ever. Here a send that does not complete within
+``write_stall_s`` ends the response and the connection, and no send waits past the request's
+deadline by more than that (the deadline itself bounds the upstream reads, ``pipeline.model.
+chat``; the grace lets the error event that says so go out). However the response ends
+(finished, stalled, the client gone), the chunk source is closed at once rather than left to the
+garbage collector, so the upstream request is closed and its slot freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Send
+
+from pipeline.telemetry import metrics
+
+logger = logging.getLogger(__name__)
+
+
+class WriteStalled(Exception):
+    """A send to the client did not complete within the limit."""
+
+
+class EventStreamResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        deadline: float,
+        write_stall_s: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """``deadline``: the request's, in event-loop time; ``write_stall_s``: the longest one
+        send may wait for the client."""
+        super().__init__(content, headers=headers, media_type=self.media_type)
+        self.deadline = deadline
+        self.write_stall_s = write_stall_s
+        self.stalled = False
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await self._send(
+                send,
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                },
+            )
+            async for chunk in self.body_iterator:
+                body = (
+                    chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
+                )
+                await self._send(
+                    send, {"type": "http.response.body", "body": body, "more_body": True}
+                )
+            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except WriteStalled:
+            # The response stays incomplete: the server closes the connection.
+            self.stalled = True
+            metrics.stream_write_stalled()
+            logger.warning("a streamed answer was ended: its client stopped reading")
+        finally:
+            # Even when cancelled (the client went away): closing frees the route's slot.
+            with anyio.CancelScope(shield=True):
+                await _aclose(self.body_iterator)
+
+    async def _send(self, send: Send, message: Message) -> None:
+        now = anyio.current_time()
+        with anyio.CancelScope(deadline=min(now, self.deadline) + self.write_stall_s) as scope:
+            await send(message)
+        if scope.cancelled_caught:
+            raise WriteStalled()
+
+
+async def _aclose(iterator: Any) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()

@@ -1,0 +1,236 @@
+"""Streams under load: output tokens/s and time to first token at 1, 8, 32 and 128 concurrent
+streaming clients, through the service and straight to vLLM, for the same final prompts, in
+one run, alternating.
+
+    .venv/bin/python -m bench.throughput_bench [--levels 1 8 32 128] [--rounds 2]
+        [--requests 2] [--max-tokens 32] [--tenants 8] [--quick] [--llm-url URL]
+
+The prompts are built before the run, as the service would build them (``build_messages``: the
+fixed instructions, two SciFact abstracts as sources, then a SciFact test question), and sent
+as they are to both sides; the service runs with retrieval off (``rag serve`` as its own
+process, otherwise its defaults: guards, routing, features, tools, rate limits, metrics) so it
+passes them to vLLM unchanged and both sides do the same work. Every answer is
+``--max-tokens`` long (a ``logit_bias`` keeps the model from ending early) and asks for its
+usage, whose ``completion_tokens`` are counted.
+
+At each level, ``--rounds`` times, each side in turn (the order alternates by round): that many
+clients, each on its own keep-alive connection, send ``--requests`` streamed requests one after
+another; output tokens/s is all their completion tokens over the wave's wall time. The clients
+are split over ``--tenants`` tenants (one key each), as a shared service's load would be: one
+tenant alone is held to a quarter of the route's 64 upstream slots (RELIABILITY.md).
+
+Writes bench/results/throughput.json (``bench.plots`` draws latency against concurrency).
+Targets (issue 18), at 32 streams: tokens/s >= 0.95x bare vLLM's; TTFT p50 <= 1.1x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.e2e import (
+    NO_CACHE,
+    StreamConnection,
+    Streamed,
+    chat_request,
+    median,
+    percentile,
+    ratio,
+    vllm_url,
+    write_result,
+)
+from bench.retrieval_data import load_corpus
+from bench.ttft_bench import questions
+from pipeline.context import Passage
+from pipeline.model.prompt import build_messages
+from tests.support.process import ServiceProcess
+from tests.support.servers import UNENDING, RedisServer
+
+SIDES = ("service", "vllm")
+
+
+def prompts(count: int, sources: int = 2) -> list[list[dict[str, Any]]]:
+    """``count`` final prompts: a SciFact test question after ``sources`` abstracts (its
+    relevant ones first), laid out as the service lays out a retrieved prompt."""
+    corpus = {d.id: d for d in load_corpus()}
+    spare = sorted(corpus)
+    random.Random(18).shuffle(spare)
+    built = []
+    for number, (question, relevant) in enumerate(questions(count)):
+        ids = (relevant + spare[number * sources :])[:sources]
+        passages = [
+            Passage(i, f"{i}#0", corpus[i].title, corpus[i].text, 1.0 - n / 10)
+            for n, i in enumerate(ids)
+        ]
+        built.append(build_messages([{"role": "user", "content": question}], passages))
+    return built
+
+
+async def wave(
+    base_url: str,
+    keys: list[str],
+    bodies: list[dict[str, Any]],
+    clients: int,
+    requests: int,
+    offset: int,
+) -> tuple[list[Streamed], float]:
+    """``clients`` connections, each sending ``requests`` of ``bodies`` in turn; the answers
+    and the wave's wall time."""
+    answers: list[Streamed] = []
+
+    async def client(number: int) -> None:
+        headers = {"Authorization": f"Bearer {keys[number % len(keys)]}"} if keys else {}
+        connection = StreamConnection(base_url, {**headers, **NO_CACHE})
+        try:
+            for sent in range(requests):
+                body = bodies[(offset + number * requests + sent) % len(bodies)]
+                answers.append(await connection.send(body))
+        finally:
+            connection.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(n) for n in range(clients)))
+    return answers, time.perf_counter() - started
+
+
+def tally(answers: list[Streamed], wall: float) -> dict[str, Any]:
+    good = [a for a in answers if a.ok]
+    ttfts = [a.ttft_s for a in good if a.ttft_s is not None]
+    tokens = sum(a.completion_tokens for a in good)
+    return {
+        "answers": len(answers),
+        "failed": len(answers) - len(good),
+        "failures": sorted({f"{a.status} {a.body[:120]!r}" for a in answers if not a.ok})[:3],
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttfts": ttfts,
+    }
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side at one level, over its rounds: tokens/s over all waves, TTFT percentiles."""
+    ttfts = [t for r in runs for t in r["ttfts"]]
+    tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
+    return {
+        "answers": sum(r["answers"] for r in runs),
+        "failed": sum(r["failed"] for r in runs),
+        "failures": [f for r in runs for f in r["failures"]][:3],
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "tokens_per_s_rounds": [r["tokens_per_s"] for r in runs],
+        "ttft_p50_ms": median(ttfts) * 1000.0,
+        "ttft_p99_ms": percentile(ttfts, 0.99) * 1000.0,
+    }
+
+
+async def measure(
+    urls: dict[str, str], keys: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    bodies = [chat_request(p, args.max_tokens, logit_bias=UNENDING) for p in prompts(args.prompts)]
+    # Warm-up: every prompt once through each side (vLLM's prefix cache then holds them all,
+    # for both sides alike).
+    for side in SIDES:
+        each = -(-len(bodies) // 4)
+        answers, _ = await wave(urls[side], keys if side == "service" else [], bodies, 4, each, 0)
+        if not all(a.ok for a in answers):
+            bad = next(a for a in answers if not a.ok)
+            raise RuntimeError(f"{side} warm-up: {bad.status} {bad.body[:300]!r}")
+    levels: list[dict[str, Any]] = []
+    for level in args.levels:
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        for number in range(args.rounds):
+            order = SIDES if number % 2 == 0 else SIDES[::-1]
+            for side in order:
+                answers, wall = await wave(
+                    urls[side],
+                    keys if side == "service" else [],
+                    bodies,
+                    level,
+                    args.requests,
+                    offset=number * 7,
+                )
+                runs[side].append(tally(answers, wall))
+        row = {"concurrency": level, **{side: combine(runs[side]) for side in SIDES}}
+        row["tokens_ratio"] = ratio(row["service"]["tokens_per_s"], row["vllm"]["tokens_per_s"])
+        row["ttft_p50_ratio"] = ratio(row["service"]["ttft_p50_ms"], row["vllm"]["ttft_p50_ms"])
+        levels.append(row)
+        print(
+            f"  {level:>4} streams: tokens/s {row['service']['tokens_per_s']:.1f} vs "
+            f"{row['vllm']['tokens_per_s']:.1f} ({row['tokens_ratio']:.2f}x), TTFT p50 "
+            f"{row['service']['ttft_p50_ms']:.0f} vs {row['vllm']['ttft_p50_ms']:.0f} ms",
+            flush=True,
+        )
+    at_32 = next((row for row in levels if row["concurrency"] == 32), None)
+    return {
+        "levels": levels,
+        "at_32": None
+        if at_32 is None
+        else {
+            "tokens_ratio": at_32["tokens_ratio"],
+            "ttft_p50_ratio": at_32["ttft_p50_ratio"],
+            "tokens_target": 0.95,
+            "ttft_target": 1.1,
+        },
+    }
+
+
+def report(result: dict[str, Any]) -> None:
+    print(
+        "\n| streams | tokens/s service | tokens/s vLLM | ratio | TTFT p50 ms service / vLLM "
+        "| ratio | TTFT p99 ms service / vLLM | failed |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in result["levels"]:
+        s, v = row["service"], row["vllm"]
+        print(
+            f"| {row['concurrency']} | {s['tokens_per_s']:.1f} | {v['tokens_per_s']:.1f} "
+            f"| **{row['tokens_ratio']:.2f}** | {s['ttft_p50_ms']:.0f} / {v['ttft_p50_ms']:.0f} "
+            f"| **{row['ttft_p50_ratio']:.2f}** | {s['ttft_p99_ms']:.0f} / {v['ttft_p99_ms']:.0f} "
+            f"| {s['failed']} / {v['failed']} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=2, help="per client per wave")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--tenants", type=int, default=8)
+    parser.add_argument("--llm-url", default=None)
+    parser.add_argument("--quick", action="store_true", help="1, 8 and 32 streams, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.levels, args.rounds, args.requests, args.max_tokens = [1, 8, 32], 1, 1, 16
+    llm = vllm_url(args.llm_url)
+    redis = RedisServer()
+    redis.start()
+    workdir = Path(tempfile.mkdtemp(prefix="rag-bench-throughput-"))
+    try:
+        # Retrieval off: the prompts arrive built, and the process starts in seconds.
+        with ServiceProcess(redis.url, llm, workdir, RAG_RETRIEVAL__ENABLED="false") as service:
+            keys = [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
+            result = asyncio.run(measure({"service": service.url, "vllm": llm}, keys, args))
+    finally:
+        redis.stop()
+    result.update(
+        llm_url=llm,
+        max_tokens=args.max_tokens,
+        requests_per_client=args.requests,
+        rounds=args.rounds,
+        tenants=args.tenants,
+        quick=args.quick,
+    )
+    path = write_result("throughput", result)
+    report(result)
+    print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()

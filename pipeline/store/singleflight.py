@@ -1,0 +1,483 @@
+"""Request coalescing (single flight): identical concurrent misses share one generation, across
+replicas, through Redis.
+
+A flight is one cache key's generation. The first request to reach generation with the key
+takes a short lock (``SET NX PX`` in a script, with a token; renewed while it generates; only
+its owner's token releases it) and leads: what its reader gets from the answer stream (after
+the output filters, with the citations: ``pipeline.answer.stream.StreamTap``) is appended to a
+Redis stream named for the lock's token, in batches (``XADD`` with ``MAXLEN``; the stream
+expires). The last entry says how the flight ended: ``done`` (the completion, and whether the
+cache would store it), ``failed`` (the leader's error, OpenAI-shaped), ``gone`` (the leader let
+go without an answer: its caller left, or it failed outside the model call) or ``unshared`` (it
+stopped sharing midway: a search of the generation loop saw another index version than the key
+holds). Followers read the stream from its first entry (``XREAD BLOCK``), on any replica.
+
+In one process, the requests of one key share one flight object: its entries are kept in
+memory, so a local leader's followers read them at once, and a remote leader's are read from
+Redis by one task per flight, not one per request.
+
+A follower that has sent nothing to its caller yet recovers from a leader that let go: it joins
+again (one of them takes the lock over and leads); from a leader that died without a word (a
+replica killed) the same way once the lock has expired (followers check it while the stream is
+idle). A streamed follower that has sent part of the answer cannot start again: it ends with an
+error. Redis trouble turns coalescing off (the request generates alone), never an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from pipeline.answer.completion import Completion
+from pipeline.answer.events import AnswerEvent
+from pipeline.errors import (
+    DeadlineExceeded,
+    PipelineError,
+    ServiceUnavailable,
+    StoreUnavailable,
+)
+from pipeline.store.flight_entries import Entry, entry_from_wire, entry_wire
+from pipeline.store.kv import KeyValueStore
+
+Role = Literal["leader", "follower", "off"]
+
+# Returns the token holding the lock, or nil when this call took it.
+ACQUIRE: Final = """
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+# --- the flight as this process sees it ---
+
+
+class Flight:
+    """One key's entries so far, in order, for every request of this process that follows it."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.entries: list[Entry] = []
+        self.ended = False
+        self.role: Literal["pending", "leader", "remote", "off"] = "pending"
+        self.detail = ""
+        self.decided = asyncio.Event()
+        self.readers = 0
+        self._wake = asyncio.Event()
+
+    def decide(self, role: Literal["leader", "remote", "off"], detail: str = "") -> None:
+        self.role, self.detail = role, detail
+        self.decided.set()
+
+    def append(self, entry: Entry) -> None:
+        if self.ended:
+            return
+        self.entries.append(entry)
+        self.ended = entry.terminal
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()
+
+    async def read(self, start: int = 0) -> AsyncIterator[Entry]:
+        """The entries from ``start`` on, waiting for those still to come, to the terminal."""
+        position = start
+        while True:
+            while position < len(self.entries):
+                yield self.entries[position]
+                position += 1
+            if self.ended:
+                return
+            await self._wake.wait()
+
+
+@dataclass
+class Shared:
+    """What joining a flight gave: lead (``leader``), the leader's answer (``completion`` for a
+    plain request; ``answer`` events for a streamed one, the first already there), the
+    leader's ``error``, or nothing to share (``off``, and why: the request generates alone)."""
+
+    role: Role
+    leader: Leader | None = None
+    completion: Completion | None = None
+    events: AsyncIterator[AnswerEvent] | None = None
+    final: Callable[[], Completion] | None = None
+    error: PipelineError | None = None
+    detail: str = ""
+
+
+Cached = Callable[[str], Awaitable[Completion | None]]
+
+
+class SingleFlight:
+    """This process's flights, and the Redis lock and stream each one is shared through.
+
+    ``lock_ttl_ms``: how long a silent leader keeps its followers waiting (renewed every
+    third of it while it generates); ``poll_ms``: the longest one ``XREAD BLOCK`` waits (keep
+    it well under the Redis client's socket timeout); ``cached``: the cache lookup a new leader
+    makes once more (a flight that just ended has stored its answer there);
+    ``joins``: how often a request joins again after its leader let go, before it generates
+    alone."""
+
+    def __init__(
+        self,
+        kv: KeyValueStore,
+        *,
+        prefix: str = "rag:flight:",
+        cached: Cached | None = None,
+        lock_ttl_ms: int = 5000,
+        poll_ms: int = 100,
+        stream_ttl_ms: int = 60_000,
+        max_entries: int = 10_000,
+        joins: int = 4,
+    ) -> None:
+        self.kv = kv
+        self.prefix = prefix
+        self.cached = cached
+        self.lock_ttl_ms = lock_ttl_ms
+        self.poll_ms = poll_ms
+        self.stream_ttl_ms = stream_ttl_ms
+        self.max_entries = max_entries
+        self.joins = joins
+        self._flights: dict[str, _Led] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._acquire = kv.script(ACQUIRE)
+        self.renew_script = kv.script(RENEW)
+        self.release_script = kv.script(RELEASE)
+
+    def lock_key(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def stream_key(self, key: str, token: str) -> str:
+        return f"{self.prefix}{key}:{token}"
+
+    async def share(self, key: str, *, stream: bool, deadline: float) -> Shared:
+        """Lead the key's flight, or follow it to the leader's answer (see ``Shared``)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._share(key, stream=stream, deadline=deadline)
+        except TimeoutError as exc:
+            raise DeadlineExceeded() from exc
+
+    async def _share(self, key: str, *, stream: bool, deadline: float) -> Shared:
+        for _ in range(self.joins):
+            flight, first_here = await self._join(key)
+            if flight.role == "off":
+                return Shared("off", detail=flight.detail)
+            if flight.role == "leader" and first_here:
+                return await self._lead(flight)
+            flight.readers += 1
+            entries = flight.read()
+            try:
+                entry = await anext(entries)
+                while not stream and not entry.terminal:
+                    entry = await anext(entries)  # a plain request waits for the answer
+            except BaseException:
+                flight.readers -= 1
+                raise
+            if entry.kind == "events":  # streamed: the rest is read as the caller reads it
+                return _follow(flight, entry, entries, deadline)
+            flight.readers -= 1
+            if entry.kind == "done" and entry.shared and entry.completion is not None:
+                return Shared("follower", completion=entry.completion)
+            if entry.kind == "failed" and entry.error is not None:
+                return Shared("follower", error=entry.error)
+            if entry.kind != "gone":  # unshared, not cacheable, or Redis lost: alone
+                return Shared("off", detail=entry.detail or entry.kind)
+        return Shared("off", detail="the flight's leaders kept letting go")
+
+    async def _join(self, key: str) -> tuple[_Led, bool]:
+        """The key's flight in this process, and whether this call started it (and so leads
+        it, if it took the lock)."""
+        flight = self._flights.get(key)
+        if flight is not None and not flight.ended:
+            await flight.decided.wait()
+            return flight, False
+        token = uuid.uuid4().hex
+        led = _Led(self, key, token)
+        self._flights[key] = led
+        try:
+            holder = await self.kv.run_script(
+                "flight_acquire", self._acquire, [self.lock_key(key)], [token, self.lock_ttl_ms]
+            )
+        except StoreUnavailable as exc:
+            led.decide("off", f"store: {exc.detail}")
+            self.forget(led)
+            return led, True
+        except BaseException:
+            led.decide("off", "the first request of the flight stopped")
+            self.forget(led)
+            raise
+        if holder is None:
+            led.decide("leader")
+            return led, True
+        held = holder.decode() if isinstance(holder, bytes) else str(holder)
+        led.decide("remote")
+        self._start(_read_remote(self, led, held))
+        return led, True
+
+    async def _lead(self, flight: _Led) -> Shared:
+        """A new leader first looks in the cache once more: a flight of the key that ended
+        since this request's lookup has stored its answer there."""
+        leader = Leader(flight)  # from here the flight ends however this request does
+        hit: Completion | None = None
+        if self.cached is not None:
+            try:
+                hit = await self.cached(flight.key)
+            except StoreUnavailable:
+                hit = None
+        if hit is not None:
+            leader.ended(hit, None)
+            return Shared("follower", completion=hit, detail="cached")
+        return Shared("leader", leader=leader)
+
+    def _start(self, coroutine: Awaitable[None]) -> None:
+        async def run() -> None:
+            await coroutine
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Stop this process's publishers and readers (their flights end as gone)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def forget(self, flight: Flight) -> None:
+        if self._flights.get(flight.key) is flight:
+            del self._flights[flight.key]
+
+
+class _Led(Flight):
+    """A flight this process joined first: it holds the token it locked with (a leader) or the
+    leader's token it reads (a remote flight)."""
+
+    def __init__(self, flights: SingleFlight, key: str, token: str) -> None:
+        super().__init__(key)
+        self.flights = flights
+        self.token = token
+
+
+def _follow(flight: Flight, first: Entry, entries: AsyncIterator[Entry], deadline: float) -> Shared:
+    """A streamed follower's events, the first entry's first; each wait for the next entry
+    ends at the request's deadline."""
+    final: list[Completion] = []
+
+    async def events() -> AsyncIterator[AnswerEvent]:
+        try:
+            entry = first
+            while True:
+                if entry.kind == "events":
+                    for event in entry.events:
+                        yield event
+                elif entry.kind == "done" and entry.completion is not None:
+                    final.append(entry.completion)
+                    return
+                elif entry.kind == "failed" and entry.error is not None:
+                    raise entry.error
+                else:  # part of the answer has gone out: it cannot start again
+                    raise ServiceUnavailable(
+                        "The shared generation of this answer stopped midway "
+                        f"({entry.detail or entry.kind}); retry the request.",
+                        code="coalesced_leader_gone",
+                    )
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        entry = await anext(entries)
+                except TimeoutError as exc:
+                    raise DeadlineExceeded() from exc
+        finally:
+            flight.readers -= 1
+
+    def completion() -> Completion:
+        return final[0]
+
+    return Shared("follower", events=events(), final=completion)
+
+
+class Leader:
+    """The request that generates: a ``StreamTap`` on its answer stream, publishing what its
+    reader gets to this process's followers at once and to Redis in batches, renewing the lock
+    while it does, and releasing it with the last entry.
+
+    ``still_shared`` is asked before each event (a search of the generation loop may have seen
+    another index version than the key's); ``storable`` of the completion (whether the cache
+    would store it) decides whether followers may answer with it."""
+
+    def __init__(self, flight: _Led) -> None:
+        self.flight = flight
+        self.flights = flight.flights
+        self.still_shared: Callable[[], bool] = lambda: True
+        self.storable: Callable[[Completion], bool] = lambda completion: True
+        self._outbox: list[Entry] = []
+        self._last: Entry | None = None
+        self._wake = asyncio.Event()
+        self.flights._start(self._publish())
+        # However the request ends (an error before its answer is read, a path that never
+        # reads it), the flight ends with it: followers join again rather than wait.
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _: self._end(Entry("gone", detail="request ended")))
+
+    def lead(
+        self,
+        *,
+        still_shared: Callable[[], bool],
+        storable: Callable[[Completion], bool],
+    ) -> None:
+        self.still_shared = still_shared
+        self.storable = storable
+
+    # StreamTap
+    def event(self, event: AnswerEvent) -> None:
+        if self._last is not None:
+            return
+        if not self.still_shared():
+            self._end(Entry("unshared", detail="another index version was searched"))
+            return
+        entry = Entry("events", (event,))
+        self.flight.append(entry)
+        self._outbox.append(entry)
+        self._wake.set()
+
+    def ended(self, completion: Completion | None, error: BaseException | None) -> None:
+        if completion is not None:
+            shared = self.still_shared() and self.storable(completion)
+            self._end(Entry("done", completion=completion, shared=shared))
+        elif isinstance(error, PipelineError) and not isinstance(error, DeadlineExceeded):
+            self._end(Entry("failed", error=error))  # a follower's deadline is its own
+        else:
+            detail = "the leader's caller left" if error is None else type(error).__name__
+            self._end(Entry("gone", detail=detail))
+
+    def _end(self, entry: Entry) -> None:
+        if self._last is None:
+            self._last = entry
+            self._wake.set()
+
+    async def _publish(self) -> None:
+        flights, flight = self.flights, self.flight
+        lock = flights.lock_key(flight.key)
+        stream = flights.stream_key(flight.key, flight.token)
+        renew_every = flights.lock_ttl_ms / 3000.0
+        store_ok = True
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(renew_every):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+                last = self._last
+                batch, self._outbox = self._outbox, []
+                events = tuple(event for entry in batch for event in entry.events)
+                if store_ok:
+                    store_ok = await self._send(lock, stream, events, last)
+                if last is not None:
+                    return
+        finally:
+            # Local followers learn the end after Redis has (the lock is free by then).
+            flight.append(self._last or Entry("gone", detail="the publisher stopped"))
+            flights.forget(flight)
+
+    async def _send(
+        self, lock: str, stream: str, events: tuple[AnswerEvent, ...], last: Entry | None
+    ) -> bool:
+        flights = self.flights
+        ttl = flights.stream_ttl_ms if last is None else min(flights.stream_ttl_ms, 10_000)
+        token = self.flight.token
+
+        async def queue(pipe: Any) -> None:
+            for entry in (Entry("events", events) if events else None, last):
+                if entry is not None:
+                    pipe.xadd(
+                        stream,
+                        {"e": entry_wire(entry)},
+                        maxlen=flights.max_entries,
+                        approximate=True,
+                    )
+            pipe.pexpire(stream, ttl)
+            if last is not None:
+                await flights.release_script(keys=[lock], args=[token], client=pipe)
+            else:
+                renew: list[str | int] = [token, flights.lock_ttl_ms]
+                await flights.renew_script(keys=[lock], args=renew, client=pipe)
+
+        try:
+            await flights.kv.pipeline("flight_publish", queue, transaction=True)
+        except StoreUnavailable:
+            return False  # remote followers see the lock expire; local ones are unaffected
+        return True
+
+
+async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
+    """Copy a remote leader's stream into the local flight until its last entry, until no
+    local request reads it any more, or until the lock is found gone with the stream idle."""
+    stream = flights.stream_key(flight.key, token)
+    lock = flights.lock_key(flight.key)
+    position = "0"
+    idle_since = time.monotonic()
+    check_every = flights.lock_ttl_ms / 2000.0
+    try:
+        while not flight.ended:
+            if flight.readers <= 0:
+                return  # every follower has what it needs, or has gone
+            reply = await flights.kv.pipeline("flight_read", _xread(stream, position, flights))
+            entries = _stream_entries(reply[0])
+            for entry_id, raw in entries:
+                position = entry_id
+                flight.append(entry_from_wire(raw))
+            now = time.monotonic()
+            if entries:
+                idle_since = now
+            elif now - idle_since >= check_every:
+                idle_since = now
+                holder = await flights.kv.get(lock)
+                if holder is None or holder.decode() != token:
+                    late = await flights.kv.xrange(stream, start=f"({position}", count=1000)
+                    for late_id, fields in late:
+                        position = late_id.decode()
+                        flight.append(entry_from_wire(fields[b"e"]))
+                    flight.append(Entry("gone", detail="the leader's lock expired"))
+    except StoreUnavailable as exc:
+        flight.append(Entry("off", detail=f"store: {exc.detail}"))
+    finally:
+        flight.append(Entry("gone", detail="no reader"))
+        flights.forget(flight)
+
+
+def _xread(stream: str, position: str, flights: SingleFlight) -> Callable[[Any], Awaitable[None]]:
+    async def queue(pipe: Any) -> None:
+        pipe.xread({stream: position}, count=1000, block=flights.poll_ms)
+
+    return queue
+
+
+def _stream_entries(reply: Any) -> list[tuple[str, bytes]]:
+    if not reply:
+        return []
+    if isinstance(reply, dict):  # RESP3 shape
+        items: list[Any] = next(iter(reply.values()), [[]])[0]
+    else:
+        items = reply[0][1]
+    out: list[tuple[str, bytes]] = []
+    for entry_id, fields in items:
+        if fields is not None and b"e" in fields:
+            ident = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            out.append((ident, fields[b"e"]))
+    return out

@@ -1,0 +1,171 @@
+"""Citations through the real service (real vLLM, Redis and embedding model): a plain answer's
+``rag.citations``, the same from the cache, and a stream's citation chunks read by the official
+``openai`` client; every span indexes the chunk's text as ``/v1/retrieve`` returns it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import make_settings
+
+KIWI = (
+    "The kiwi is a flightless bird endemic to New Zealand. "
+    "It lays a very large egg for the size of its body."
+)
+FJORD = "A fjord is a long, narrow inlet with steep sides. Glaciers carved most fjords in Norway."
+DOCS = [
+    {"id": "kiwi-1", "title": "Kiwi birds", "text": KIWI},
+    {"id": "fjord-2", "title": "Fjords", "text": FJORD},
+]
+FIRST = "The kiwi is a flightless bird endemic to New Zealand."
+
+
+@pytest.fixture
+async def harness(make_app, redis_server, vllm):
+    async with make_app(make_settings(redis_server.url, vllm.url)) as h:
+        yield h
+
+
+async def setup(harness) -> tuple[str, dict[str, str]]:
+    """A key, the documents ingested, and each chunk's text as /v1/retrieve returns it."""
+    key = await harness.key(scopes="chat,retrieve,ingest")
+    headers = {"Authorization": f"Bearer {key}"}
+    ingested = await harness.client.post("/v1/documents", json={"documents": DOCS}, headers=headers)
+    assert ingested.status_code == 200, ingested.text
+    found = await harness.client.post(
+        "/v1/retrieve", json={"query": "kiwi bird fjord inlet", "top_k": 5}, headers=headers
+    )
+    assert found.status_code == 200, found.text
+    return key, {hit["chunk_id"]: hit["text"] for hit in found.json()["data"]}
+
+
+def body(question: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 60,
+        "temperature": 0,
+        "rag": {"top_k": 2},
+        **extra,
+    }
+
+
+def check(
+    citations: list[dict[str, Any]],
+    content: str,
+    sources: list[dict[str, Any]],
+    chunks: dict[str, str],
+) -> list[tuple[str, str]]:
+    """Every sentence of ``content`` is cited in order; each source is one of ``rag.sources`` and
+    its span a whole sentence of the chunk's text. Returns (answer sentence, cited sentence)."""
+    assert [c["sentence"] for c in citations] == list(range(len(citations)))
+    spans = [content[c["text_span"][0] : c["text_span"][1]] for c in citations]
+    assert " ".join(spans).split() == content.split(), "the sentences cover the whole answer"
+    pairs = []
+    for citation, sentence in zip(citations, spans, strict=True):
+        assert citation["supported"] == bool(citation["sources"])
+        for source in citation["sources"]:
+            listed = sources[source["index"] - 1]
+            assert (listed["document_id"], listed["chunk_id"]) == (
+                source["document_id"],
+                source["chunk_id"],
+            )
+            start, end = source["span"]
+            cited = chunks[source["chunk_id"]][start:end]
+            assert cited in (*KIWI.split(". "), *FJORD.split(". ")) or cited.rstrip(".") in (
+                *KIWI.split(". "),
+                *FJORD.split(". "),
+            ), cited
+            pairs.append((sentence, cited))
+    return pairs
+
+
+async def test_a_plain_answer_cites_its_sentences_and_a_cache_hit_keeps_them(harness) -> None:
+    key, chunks = await setup(harness)
+    request = body(f"Repeat exactly: {FIRST}")
+    response = await harness.chat(key, request)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    content = answer["choices"][0]["message"]["content"]
+    citations = answer["rag"]["citations"]
+    pairs = check(citations, content, answer["rag"]["sources"], chunks)
+    # The model repeats the sentence: it is cited, with the very sentence of the source.
+    assert (FIRST, FIRST) in pairs, (content, citations)
+    assert citations[0]["sources"][0]["document_id"] == "kiwi-1"
+
+    again = await harness.chat(key, request)
+    assert again.headers["x-cache"] == "hit"
+    assert again.json()["rag"]["citations"] == citations
+
+
+async def test_a_stream_sends_each_citation_as_its_sentence_completes(harness) -> None:
+    key, chunks = await setup(harness)
+    client = openai.AsyncOpenAI(
+        base_url="http://service/v1",
+        api_key=key,
+        max_retries=0,
+        http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=harness.app)),
+    )
+    request = body("Copy the two sentences of the Kiwi birds source.")
+
+    async def read() -> tuple[list[Any], str, list[tuple[int, Any]], Any]:
+        stream = await client.chat.completions.create(
+            model=request["model"],
+            messages=request["messages"],
+            max_tokens=request["max_tokens"],
+            temperature=0,
+            stream=True,
+            extra_body={"rag": request["rag"]},
+        )
+        parsed = [chunk async for chunk in stream]  # the SDK parses every chunk
+        content = "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+        events = [
+            (position, chunk.model_extra["rag"]["citations"])
+            for position, chunk in enumerate(parsed)
+            if chunk.choices and chunk.choices[0].finish_reason is None
+            and "rag" in (chunk.model_extra or {})
+        ]  # fmt: skip
+        final = parsed[-1].model_extra["rag"]
+        assert parsed[-1].choices[0].finish_reason in ("stop", "length")
+        return parsed, content, events, final
+
+    try:
+        parsed, content, events, final = await read()
+        # One citation a chunk, each on a chunk with no content, as a client that ignores
+        # the extra field sees it.
+        assert all(len(cited) == 1 for _, cited in events)
+        assert all(not parsed[p].choices[0].delta.content for p, _ in events)
+        streamed = [cited[0] for _, cited in events]
+        assert streamed == final["citations"], "the final chunk repeats them all"
+        pairs = check(streamed, content, final["sources"], chunks)
+        assert (FIRST, FIRST) in pairs, (content, streamed)
+        assert len(streamed) >= 2, content
+        last_text = max(p for p, c in enumerate(parsed) if c.choices and c.choices[0].delta.content)
+        assert events[0][0] < last_text, "the first sentence is cited while the answer streams on"
+
+        _, replayed_content, replayed, replayed_final = await read()  # a cache hit, replayed
+        assert replayed_content == content
+        assert [cited[0] for _, cited in replayed] == streamed == replayed_final["citations"]
+    finally:
+        await client.close()
+
+
+async def test_the_openapi_document_declares_the_citations(harness) -> None:
+    document = (await harness.client.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    rag = schemas["ChatCompletion"]["properties"]["rag"]
+    assert rag == {"$ref": "#/components/schemas/RagInfo"}
+    citations = schemas["RagInfo"]["properties"]["citations"]
+    assert citations["items"] == {"$ref": "#/components/schemas/Citation"}
+    assert set(schemas["Citation"]["required"]) == {"sentence", "text_span", "supported", "sources"}
+    assert set(schemas["CitedSource"]["required"]) == {
+        "index",
+        "document_id",
+        "chunk_id",
+        "span",
+        "score",
+    }

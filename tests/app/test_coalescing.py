@@ -1,0 +1,314 @@
+"""Request coalescing through the service (``pipeline.store.singleflight``), against the real
+vLLM and a real Redis: identical concurrent misses share one generation, on one replica or two;
+streamed followers get the leader's chunks from the first; the leader's error reaches its
+followers; a cancelled leader hands over; nothing is shared across tenants or access scopes,
+nor for requests the cache would not store; Redis down turns it off and answers all the same.
+
+Generations are counted as the services' model calls (their ``chat {model}`` spans): the vLLM
+server is shared by other test runs, so its own counters would count theirs too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from app.main import create_app
+from pipeline.telemetry import attributes as attr
+from tests.app.test_access import PUBLIC, SECRET, ingest
+from tests.app.test_access import key as key_with_groups
+from tests.conftest import AppHarness, chat_request, make_settings, unique_question
+from tests.pipeline.test_singleflight import settled
+from tests.support.faultproxy import FaultProxy
+from tests.support.servers import UNENDING, LiveService
+
+WORDS = [
+    "apple", "river", "candle", "tiger", "violin", "copper", "garden", "rocket",
+    "pepper", "island", "marble", "falcon", "lemon", "harbor", "silver", "meadow",
+]  # fmt: skip
+
+
+def settings(redis_url: str, llm_url: str, **groups: dict[str, Any]) -> Any:
+    """A test app's settings, with routing and features off: under a burst on two shared cores
+    the router and the feature lookup run past their time budgets and degrade, and an answer
+    made after a degraded stage is neither cached nor shared (``pipeline.stages.cache``'s
+    ``not_kept``); here the sharing is under test. Redis gets a longer socket timeout for the
+    same reason (an event loop busy with 256 requests reads its replies late)."""
+    return make_settings(
+        redis_url,
+        llm_url,
+        routing={"enabled": False},
+        features={"enabled": False},
+        redis={"timeout_seconds": 2.0},
+        **groups,
+    )
+
+
+def ask(question: str, **extra: Any) -> dict[str, Any]:
+    # No retrieval: the tests' tenants have no documents, and the prompt is the question alone.
+    return chat_request(question, max_tokens=8, rag={"enabled": False}, **extra)
+
+
+def spans(*harnesses: AppHarness | InMemorySpanExporter) -> list[ReadableSpan]:
+    exporters = [h if isinstance(h, InMemorySpanExporter) else h.exporter for h in harnesses]
+    return [span for exporter in exporters for span in exporter.get_finished_spans()]
+
+
+def generations(*harnesses: AppHarness | InMemorySpanExporter) -> int:
+    """The model calls the services made (one ``chat {model}`` span each)."""
+    return sum(1 for span in spans(*harnesses) if span.name.startswith("chat "))
+
+
+def roles(*harnesses: AppHarness | InMemorySpanExporter) -> Counter[str]:
+    found = (span.attributes or {} for span in spans(*harnesses) if span.name == "stage generate")
+    return Counter(str(a.get(attr.COALESCED)) for a in found)
+
+
+def content(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+@pytest.fixture
+async def replicas(make_app, redis_server, vllm):
+    """Two replicas of the service (two apps, one Redis, the same key prefix)."""
+    both = settings(redis_server.url, vllm.url)
+    async with make_app(both) as one, make_app(both) as two:
+        yield one, two
+
+
+async def test_256_concurrent_requests_over_16_prompts_make_16_generations_on_two_replicas(
+    replicas,
+) -> None:
+    one, two = replicas
+    key = await one.key("coalesce")
+    tag = unique_question()[-11:]  # a fresh cache for this run
+    prompts = [f"Say the word {word}. {tag}" for word in WORDS]
+    # Request i asks prompt i % 16 on replica (i // 16) % 2: every prompt on both replicas.
+    answers = await asyncio.gather(
+        *((one, two)[(i // 16) % 2].chat(key, ask(prompts[i % 16])) for i in range(256))
+    )
+
+    assert generations(one, two) == 16
+    # A request whose lookup came after its prompt's answer was stored is a plain hit.
+    hits = sum(response.headers["x-cache"] == "hit" for response in answers)
+    found = roles(one, two)
+    assert found["leader"] == 16 and found["off"] == 0
+    assert found["leader"] + found["follower"] + hits == 256
+    by_prompt: dict[str, set[str]] = {}
+    for i, response in enumerate(answers):
+        by_prompt.setdefault(prompts[i % 16], set()).add(content(response))
+    for prompt, texts in by_prompt.items():
+        # Each prompt's 16 requests got one answer: the one its own generation stored.
+        stored = await two.chat(key, ask(prompt))
+        assert stored.headers["x-cache"] == "hit"
+        assert texts == {content(stored)}, prompt
+    assert len({next(iter(texts)) for texts in by_prompt.values()}) > 1  # not one for all
+
+
+def sse_content(lines: list[str]) -> list[str]:
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return [
+        e["choices"][0]["delta"]["content"]
+        for e in events
+        if e.get("choices") and e["choices"][0]["delta"].get("content")
+    ]
+
+
+def test_streamed_followers_get_every_chunk_from_the_first(
+    redis_server, vllm, shared_embedder
+) -> None:
+    exporter = InMemorySpanExporter()
+    with FaultProxy(vllm.url) as llm:
+        app = create_app(
+            settings(redis_server.url, llm.url),
+            span_processors=[SimpleSpanProcessor(exporter)],
+            embedder=shared_embedder,
+        )
+        body = ask(unique_question(), stream=True, logit_bias=UNENDING) | {"max_tokens": 48}
+
+        async def joined(count: int, within: float) -> None:
+            """Until ``count`` requests have passed the generate stage's join (its span ends
+            there for a follower)."""
+            loop = asyncio.get_running_loop()
+            until = loop.time() + within
+            while sum(roles(exporter).values()) < count:
+                assert loop.time() < until, f"joined: {roles(exporter)} after {within} s"
+                await asyncio.sleep(0.05)
+
+        async def streams(url: str, headers: dict[str, str]) -> tuple[list[str], list[Any]]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+                async def follow() -> tuple[str, list[str]]:
+                    async with client.stream(
+                        "POST", "/v1/chat/completions", json=body, headers=headers
+                    ) as response:
+                        lines = [x async for x in response.aiter_lines()]
+                        return response.headers["x-cache"], lines
+
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json=body, headers=headers
+                ) as leader:
+                    lines = leader.aiter_lines()
+                    got: list[str] = []
+                    while len(sse_content(got)) < 2:  # the leader has sent two chunks
+                        got.append(await anext(lines))
+                    # Its model call is held until the followers have joined: however slow
+                    # the machine, they join an answer still being made.
+                    assert llm.hold_open(b"/v1/chat/completions") == 1
+                    followers = [asyncio.create_task(follow()) for _ in range(3)]
+                    try:
+                        await joined(4, within=120)
+                    finally:
+                        llm.release()
+                    got.extend([line async for line in lines])
+                return got, [await task for task in followers]
+
+        with LiveService(app) as live:
+            key = live.run(app.state.services.keys.create("streams", "ann"))
+            led, followed = asyncio.run(streams(live.url, {"Authorization": f"Bearer {key}"}))
+
+    assert roles(exporter) == Counter({"leader": 1, "follower": 3})
+    assert generations(exporter) == 1
+    chunks = sse_content(led)
+    assert len(chunks) >= 8 and "".join(chunks).strip()
+    for cache, lines in followed:
+        assert cache == "miss"  # joined while the answer was being made, not from the cache
+        assert sse_content(lines) == chunks  # every chunk, from the first, in the same pieces
+        assert [line for line in lines if line][-1] == "data: [DONE]"
+
+
+async def test_the_leaders_refusal_reaches_every_follower_as_the_same_error(
+    make_app, redis_server, vllm
+) -> None:
+    with FaultProxy(vllm.url) as llm:
+        llm.slow(0.3)  # the refusal comes late enough for every request to have joined
+        both = settings(redis_server.url, llm.url)
+        async with make_app(both) as one, make_app(both) as two:
+            key = await one.key("refused")
+            # vLLM refuses a logit_bias outside the vocabulary (a 400, its first event).
+            body = ask(unique_question(), logit_bias={"99999999": 5})
+            answers = await asyncio.gather(*((one, two)[i % 2].chat(key, body) for i in range(8)))
+
+    assert {response.status_code for response in answers} == {400}
+    assert len({response.text for response in answers}) == 1  # the same error, word for word
+    assert answers[0].json()["error"]["code"] == "upstream_rejected"
+    assert generations(one, two) == 1
+    assert roles(one, two) == Counter({"leader": 1, "follower": 7})
+
+
+async def test_a_cancelled_leader_hands_the_flight_to_a_follower(
+    make_app, redis_server, vllm
+) -> None:
+    with FaultProxy(vllm.url) as llm:
+        async with make_app(settings(redis_server.url, llm.url)) as h:
+            key = await h.key("cancelled")
+            body = ask(unique_question())
+            llm.pause()  # the leader's model call hangs
+            leader = asyncio.create_task(h.chat(key, body))
+            await settled(lambda: llm.open_connections > 0)
+            followers = [asyncio.create_task(h.chat(key, body)) for _ in range(4)]
+            await asyncio.sleep(0.3)
+            assert not any(task.done() for task in followers)  # they wait for the leader
+            leader.cancel()  # its request dies mid-generation
+            await asyncio.sleep(0.1)
+            llm.passing()
+            answers = await asyncio.gather(*followers)
+
+    assert len({content(response) for response in answers}) == 1
+    assert roles(h) == Counter({"leader": 2, "follower": 3})  # one follower took over
+
+
+async def test_two_tenants_with_identical_bodies_never_share_a_generation(replicas) -> None:
+    one, _ = replicas
+    keys = [await one.key("tenant-a"), await one.key("tenant-b")]
+    body = ask(unique_question())
+    answers = await asyncio.gather(*(one.chat(keys[i % 2], body) for i in range(8)))
+
+    assert all(response.status_code == 200 for response in answers)
+    assert generations(one) == 2
+    assert roles(one) == Counter({"leader": 2, "follower": 6})
+
+
+async def test_callers_who_may_see_different_documents_never_share_a_generation(
+    make_app, redis_server, vllm
+) -> None:
+    async with make_app(settings(redis_server.url, vllm.url)) as h:
+        ann = await key_with_groups(h, "acme", "ann", ("finance",))
+        bob = await key_with_groups(h, "acme", "bob")
+        cid = await key_with_groups(h, "acme", "cid", ("finance",))
+        await ingest(h, ann, [SECRET, *PUBLIC])
+        body = chat_request(
+            "What are the merger terms for Acme and Globex?" + unique_question()[-10:],
+            max_tokens=6,
+            rag={"top_k": 5, "min_relevance": 0},
+        )
+        keys = [ann, bob, cid]
+        answers = await asyncio.gather(*(h.chat(keys[i % 3], body) for i in range(9)))
+
+    assert all(response.status_code == 200 for response in answers)
+    # ann and cid see the memo and share one generation; bob does not, and has his own.
+    assert generations(h) == 2
+    assert roles(h) == Counter({"leader": 2, "follower": 7})
+    memo = {i % 3 for i, r in enumerate(answers) if SECRET["id"] in str(r.json()["rag"])}
+    assert memo == {0, 2}
+
+
+@pytest.mark.parametrize("header", ["no-cache", "no-store"])
+async def test_requests_the_cache_would_not_serve_or_keep_do_not_coalesce(replicas, header) -> None:
+    one, _ = replicas
+    key = await one.key("fresh")
+    body = ask(unique_question())
+    answers = await asyncio.gather(
+        *(one.chat(key, body, **{"Cache-Control": header}) for _ in range(4))
+    )
+
+    assert all(response.status_code == 200 for response in answers)
+    assert generations(one) == 4
+    assert roles(one) == Counter({"off": 4})
+
+
+async def test_coalescing_can_be_switched_off(make_app, redis_server, vllm) -> None:
+    async with make_app(settings(redis_server.url, vllm.url, cache={"coalesce": False})) as h:
+        key = await h.key("bench")
+        body = ask(unique_question())
+        answers = await asyncio.gather(*(h.chat(key, body) for _ in range(4)))
+
+    assert all(response.status_code == 200 for response in answers)
+    assert generations(h) == 4
+    assert roles(h) == Counter({"None": 4})  # the stage does not try
+
+
+async def test_with_redis_down_every_request_is_still_answered(make_app, redis_server, vllm):
+    with FaultProxy(redis_server.url) as redis:
+        async with make_app(settings(redis.url, vllm.url)) as h:
+            key = await h.key("outage")
+            # Subscribed first: a subscription confirmed after the warm request would forget
+            # the key it resolved (what changed while unsubscribed is unknown), and with Redis
+            # down an unknown key cannot be checked.
+            await settled(lambda: h.services.keys.subscribed)
+            warm = await h.chat(key, ask(unique_question()))  # the key is now known here
+            assert warm.status_code == 200
+            h.exporter.clear()
+            redis.refuse()  # new connections refused ...
+            redis.cut()  # ... and the open ones closed: a stopped redis-server
+            body = ask(unique_question())
+            answers = await asyncio.gather(*(h.chat(key, body) for _ in range(4)))
+
+    assert [response.status_code for response in answers] == [200] * 4, answers[0].text
+    assert generations(h) == 4
+    assert roles(h) == Counter({"off": 4})
+    details = {
+        (span.attributes or {}).get(attr.COALESCE_DETAIL)
+        for span in spans(h)
+        if span.name == "stage generate"
+    }
+    assert details == {"cache error"}

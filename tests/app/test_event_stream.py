@@ -1,0 +1,107 @@
+"""The streamed answer's response (``app.http.streaming``): a client that stops reading, or goes
+away, ends the stream, and the source holding the model call and its route slot is closed at
+once. The client here is an ASGI ``send`` that stops returning, as uvicorn's does while the
+connection's buffers are full (the process-level case is ``test_upstream_fairness``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.http.streaming import EventStreamResponse
+from pipeline.model.slots import SlotPool
+from pipeline.telemetry import metrics
+
+SCOPE: dict[str, Any] = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+
+
+def held_stream(pool: SlotPool, closed: asyncio.Event, pause: float = 0.0) -> AsyncIterator[bytes]:
+    """An endless answer that holds a slot of ``pool`` while it is read, as a model call does."""
+
+    async def body() -> AsyncIterator[bytes]:
+        async with pool.slot("acme"):
+            try:
+                while True:
+                    yield b"data: {}\n\n"
+                    await asyncio.sleep(pause)
+            finally:
+                closed.set()
+
+    return body()
+
+
+def stalls() -> float:
+    return metrics.STREAM_WRITE_STALLS._value.get()
+
+
+async def test_a_client_that_stops_reading_ends_the_stream_and_frees_the_slot() -> None:
+    pool, closed, never = SlotPool(1), asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    response = EventStreamResponse(
+        held_stream(pool, closed), deadline=loop.time() + 60, write_stall_s=0.3
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if len(sent) > 5:
+            await never.wait()  # the client's buffers are full and it reads no more
+
+    async def receive() -> dict[str, Any]:
+        await never.wait()  # connected all along: no disconnect tells the server
+        return {"type": "http.disconnect"}
+
+    before, started = stalls(), loop.time()
+    await asyncio.wait_for(response(SCOPE, receive, send), 10)
+    elapsed = loop.time() - started
+    assert closed.is_set(), "the answer's source was left open"
+    assert (pool.in_use, pool.held_by("acme")) == (0, 0), "the route slot is still held"
+    assert response.stalled and stalls() == before + 1
+    assert 0.3 <= elapsed < 3, f"ended after {elapsed:.2f} s with a 0.3 s stall limit"
+    assert not any(m.get("more_body") is False for m in sent), "a stalled stream was completed"
+
+
+async def test_no_send_waits_past_the_deadline_by_more_than_the_stall_limit() -> None:
+    pool, closed, never = SlotPool(1), asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 0.4
+    response = EventStreamResponse(
+        held_stream(pool, closed, pause=0.02), deadline=deadline, write_stall_s=0.3
+    )
+
+    async def send(message: dict[str, Any]) -> None:
+        if loop.time() > deadline:
+            await asyncio.sleep(0.25)  # a slow reader: each send within the stall limit
+
+    async def receive() -> dict[str, Any]:
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    await asyncio.wait_for(response(SCOPE, receive, send), 10)
+    ended = loop.time()
+    assert closed.is_set() and pool.in_use == 0
+    assert ended <= deadline + 0.3 + 0.2, f"ran {ended - deadline:.2f} s past the deadline"
+
+
+async def test_a_client_that_goes_away_frees_the_slot() -> None:
+    pool, closed = SlotPool(1), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    response = EventStreamResponse(
+        held_stream(pool, closed, pause=0.01), deadline=loop.time() + 60, write_stall_s=5
+    )
+    sent: list[dict[str, Any]] = []
+    gone = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if len(sent) == 3:
+            gone.set()  # the client closes the connection after a few chunks
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    await asyncio.wait_for(response(SCOPE, receive, send), 10)
+    assert closed.is_set() and (pool.in_use, pool.held_by("acme")) == (0, 0)
+    assert not response.stalled

@@ -1,0 +1,125 @@
+"""The end-to-end benchmarks' parts (bench/e2e.py, the toggles of bench/stack_bench.py, the
+prompts of bench/throughput_bench.py): the stream client against the real vLLM, a real miss's
+spans broken down by stage, the percentiles, the toggles' settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.settings import Settings
+from bench.e2e import (
+    StreamConnection,
+    breakdown,
+    chat_request,
+    percentile,
+    read_result,
+    span_views,
+    write_result,
+)
+from bench.stack_bench import TOGGLES, has_setting, overrides
+from bench.throughput_bench import prompts
+from pipeline.model.prompt import INSTRUCTIONS
+from retrieval.documents import Document
+from tests.conftest import make_settings
+from tests.support.servers import UNENDING, RedisServer, VLLMServer
+
+
+def test_percentiles_interpolate_between_ranks_and_are_nan_without_values() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 0.5) == 2.5
+    assert percentile(values, 0.0) == 1.0 and percentile(values, 1.0) == 4.0
+    assert percentile(values, 0.99) == pytest.approx(3.97)
+    assert percentile([], 0.5) != percentile([], 0.5)  # NaN
+
+
+def test_results_are_written_as_json_with_nan_as_null(tmp_path: Path) -> None:
+    write_result("x", {"a": float("nan"), "b": [1.5, float("inf")]}, tmp_path)
+    assert read_result("x", tmp_path) == {"a": None, "b": [1.5, None]}
+    assert read_result("missing", tmp_path) is None
+
+
+async def test_a_stream_from_vllm_is_read_whole_with_its_first_token_and_usage(
+    vllm: VLLMServer,
+) -> None:
+    connection = StreamConnection(vllm.url)
+    body = chat_request([{"role": "user", "content": "Count to ten."}], 6, logit_bias=UNENDING)
+    try:
+        first = await connection.send(body)
+        second = await connection.send(body)  # the same connection, kept alive
+    finally:
+        connection.close()
+    for answer in (first, second):
+        assert answer.ok, answer.body[:200]
+        assert answer.completion_tokens == 6
+        assert answer.ttft_s is not None and 0 < answer.ttft_s <= answer.total_s
+
+
+async def test_a_misses_spans_break_down_into_the_stages_before_the_upstream_call(
+    redis_server: RedisServer, vllm: VLLMServer, make_app: Any
+) -> None:
+    settings = make_settings(redis_server.url, vllm.url, telemetry={"capture_content": True})
+    async with make_app(settings) as harness:
+        services = harness.services
+        documents = [
+            Document("d1", "Vitamin D is made in the skin under sunlight.", "Vitamin D"),
+            Document("d2", "Bone density depends on calcium and vitamin D.", "Bones"),
+        ]
+        await services.retrieval.ingest("acme", documents)
+        key = await harness.key()
+        question = "How does the skin make vitamin D?"
+        body = chat_request([{"role": "user", "content": question}], 4)
+        response = await harness.chat(key, body, **{"Cache-Control": "no-cache, no-store"})
+        assert response.status_code == 200
+        trace_id = response.headers["x-trace-id"]
+        views = span_views(harness.exporter.get_finished_spans(), trace_id)
+
+    miss = breakdown(views, client_ttft_s=None)
+    assert {"auth", "retrieve", "generate"} <= set(miss.stages)
+    assert miss.upstream_at_ms > 0 and miss.vllm_first_chunk_ms > 0
+    # The segments are consecutive: they add up to the upstream call plus vLLM's first chunk.
+    assert sum(miss.segments.values()) == pytest.approx(
+        miss.upstream_at_ms + miss.vllm_first_chunk_ms, abs=0.01
+    )
+    assert any(name.startswith("group ") or "+" in name for name in miss.segments)
+    # The prompt the service sent, as the direct request of bench/miss_bench.py resends it.
+    assert miss.prompt is not None and miss.prompt[-1]["content"] == question
+    assert "[d1]" in miss.prompt[0]["content"]
+
+
+def test_a_trace_without_a_model_call_is_not_taken_for_a_miss() -> None:
+    with pytest.raises(ValueError, match="not a miss"):
+        breakdown([])
+
+
+@pytest.mark.parametrize("toggle", [t for t in TOGGLES if t.setting], ids=lambda t: t.name)
+def test_each_toggles_values_make_valid_settings_when_the_setting_exists(toggle: Any) -> None:
+    assert toggle.setting is not None
+    if not has_setting(toggle.setting):
+        return  # reported as not measured by the bench, until its owner adds the setting
+    for values in (
+        {toggle.setting: toggle.on, **toggle.with_on},
+        {toggle.setting: toggle.off, **toggle.with_off},
+    ):
+        Settings(environment="test", **overrides(values))
+
+
+def test_settings_are_found_by_their_dotted_names() -> None:
+    assert has_setting("retrieval.candidates") and has_setting("cache.enabled")
+    assert not has_setting("retrieval.no_such_field") and not has_setting("nothing.here")
+    assert overrides({"retrieval.candidates": 5, "cache.enabled": False}) == {
+        "retrieval": {"candidates": 5},
+        "cache": {"enabled": False},
+    }
+
+
+def test_the_throughput_prompts_are_laid_out_as_the_service_lays_out_a_retrieved_one() -> None:
+    built = prompts(3)
+    assert len(built) == 3 and len({p[-1]["content"] for p in built}) == 3
+    for messages in built:
+        system, user = messages
+        assert system["role"] == "system" and system["content"].startswith(INSTRUCTIONS)
+        assert system["content"].count("\n\n[") == 2  # two sources
+        assert user["role"] == "user"

@@ -1,0 +1,223 @@
+"""Redis stopped, slowed, cut mid-request, or its connection pool full, behind a fault proxy:
+requests are answered where they can be (the cache, the features and the rate limits degrade),
+never with a 5xx, and the service recovers without a restart. The app runs under uvicorn
+against the tests' own redis-server and the real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace
+
+from pipeline.errors import StoreBusy, StoreUnavailable
+from pipeline.store.kv import KeyValueStore
+from tests.conftest import chat_request, unique_question
+from tests.faults.service import ProxiedService, proxied_service, redis_errors, sse_events
+from tests.support.faultproxy import FaultProxy
+from tests.support.servers import wait_for
+
+# Short Redis timeouts and breaker; limits on, so the limiter talks to Redis on every request;
+# a features budget above the slowed command's 100 ms; no job workers (their blocking polls
+# are not what these tests are about), and neither the similarity guard nor the router (what
+# they embed at start-up costs seconds here, and they do not use Redis).
+SETTINGS: dict[str, dict[str, Any]] = {
+    "redis": {"timeout_seconds": 0.5, "retry_after_seconds": 0.3},
+    "limits": {"key_rpm": 100_000, "tenant_rpm": 100_000},
+    "features": {"timeout_seconds": 1.0},
+    "jobs": {"workers": 0},
+    "guard": {"similarity": False},
+    "routing": {"enabled": False},
+}
+
+
+@pytest.fixture
+def service(shared_embedder, redis_server, vllm) -> Iterator[ProxiedService]:
+    with proxied_service(shared_embedder, redis_server.url, vllm.url, **SETTINGS) as served:
+        yield served
+
+
+def explained(question: str, **extra: Any) -> dict[str, Any]:
+    return chat_request(question, rag={"explain": True}, **extra)
+
+
+def stage(response: httpx.Response, name: str) -> dict[str, Any]:
+    stages = response.json()["rag"]["explain"]["stages"]
+    found: dict[str, Any] = next(s for s in stages if s["name"] == name)
+    return found
+
+
+def warm(service: ProxiedService) -> tuple[str, dict[str, Any]]:
+    """A key, and a request whose answer is cached; both made through the proxy."""
+    key = service.key()
+    request = chat_request(unique_question())
+    assert service.chat(key, request).headers["x-cache"] == "miss"
+    assert service.chat(key, request).headers["x-cache"] == "hit"
+    return key, request
+
+
+def test_redis_stopped_requests_are_answered_and_it_recovers_without_a_restart(service) -> None:
+    key, cached = warm(service)
+    before = service.counts()
+
+    service.redis.refuse()  # new connections refused ...
+    service.redis.cut()  # ... and the open ones closed: a stopped redis-server
+    answers = [service.chat(key, explained(unique_question())) for _ in range(3)]
+    answers.append(service.chat(key, cached))
+    streamed = service.chat(key, explained(unique_question(), stream=True))
+    for answer in [*answers, streamed]:
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-cache"] == "miss"
+    for answer in answers[:3]:
+        assert answer.json()["rag"]["cache"] == "error"
+        features = stage(answer, "features")
+        assert features["status"] == "degraded", features
+        assert features["info"]["error_type"] == "StoreUnavailable"
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]" and events[-2]["rag"]["cache"] == "error"
+    assert service.client.get("/readyz").status_code == 503
+
+    service.redis.passing()
+    # Back within the breaker's 0.3 s: the cached answer is found again, no restart. Until the
+    # breaker tries again, a key whose cached record has aged out (1 s without the key
+    # channel) cannot be checked: 503 with Retry-After, which the loop waits through.
+    started = time.monotonic()
+    wait_for(lambda: service.chat(key, cached).headers.get("x-cache") == "hit", 10, "the cache")
+    recovered_s = time.monotonic() - started
+    assert recovered_s < 5.0, recovered_s
+    fresh = explained(unique_question())
+    assert service.chat(key, fresh).json()["rag"]["cache"] == "miss"
+    assert stage(service.chat(key, fresh), "cache_lookup")["info"]["cache.status"] == "hit"
+    # Readiness is checked at most once a second (the 503 above may still be the answer).
+    wait_for(lambda: service.client.get("/readyz").status_code == 200, 5, "readiness")
+    service.assert_settled(before)
+
+
+def test_redis_slowed_to_100_ms_a_command_still_serves_the_cache_and_features(service) -> None:
+    key, cached = warm(service)
+    before = service.counts()
+
+    service.redis.slow(0.1)
+    question = explained(unique_question())
+    slow = service.chat(key, question)
+    assert slow.status_code == 200, slow.text
+    assert slow.json()["rag"]["cache"] == "miss"
+    assert stage(slow, "features")["status"] == "ok"
+    assert stage(slow, "cache_lookup")["duration_ms"] >= 100  # the delay was really there
+    again = service.chat(key, question)
+    assert again.json()["rag"]["cache"] == "hit", "the slowed store still wrote the answer"
+    assert service.chat(key, cached).headers["x-cache"] == "hit"
+    assert service.breaker_closed(), "a slow Redis is not a down one"
+
+    service.redis.passing()
+    service.assert_settled(before)
+
+
+def test_redis_cut_mid_request_the_request_is_answered_and_the_next_ones_too(service) -> None:
+    key, cached = warm(service)
+    before = service.counts()
+
+    service.redis.pause()
+    with ThreadPoolExecutor(1) as sender:
+        pending = sender.submit(service.chat, key, chat_request(unique_question()))
+        assert service.redis.holding(), "the request never reached Redis"
+        assert service.redis.cut() >= 1  # the commands in flight lose their connections
+        service.redis.passing()
+        answer = pending.result(60)
+    assert answer.status_code == 200, answer.text
+    assert service.chat(key, cached).headers["x-cache"] == "hit"
+    service.assert_settled(before)
+
+
+async def test_a_full_pool_waits_then_sheds_one_command_and_keeps_the_circuit_closed(
+    redis_server,
+) -> None:
+    # Two connections, each command held 300 ms by the proxy: eight at once cannot all get one.
+    with FaultProxy(redis_server.url) as proxy:
+        proxy.slow(0.3)
+
+        async def burst(pool_wait: float) -> list[Any]:
+            kv = KeyValueStore.from_url(
+                proxy.url, trace.NoOpTracer(), timeout=2.0, max_connections=2, pool_wait=pool_wait
+            )
+            try:
+                results = await asyncio.gather(
+                    *(kv.get(f"fault-pool-{n}") for n in range(8)), return_exceptions=True
+                )
+                assert proxy.open_connections <= 2, "the pool's bound holds"
+                assert kv.available, "a full pool must not open the circuit for everyone"
+                assert await kv.get("fault-pool-after") is None, "the next command is served"
+                return results
+            finally:
+                await kv.aclose()
+
+        shed = await burst(pool_wait=0.1)
+        served = [r for r in shed if r is None]
+        refused = [r for r in shed if isinstance(r, StoreUnavailable)]
+        assert len(served) >= 2 and len(refused) >= 1, shed
+        assert all(isinstance(r, StoreBusy) and r.code == "overloaded" for r in refused), refused
+        # With a wait longer than the queue ahead of it, every command is served.
+        assert await burst(pool_wait=5.0) == [None] * 8
+
+        # A Redis that is really gone still opens it.
+        proxy.refuse()
+        kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.5)
+        try:
+            with pytest.raises(StoreUnavailable):
+                await kv.get("fault-pool-down")
+            assert not kv.available
+        finally:
+            await kv.aclose()
+            proxy.passing()
+
+
+async def test_a_full_pool_in_the_app_sheds_or_serves_hits_and_keeps_the_circuit_closed(
+    shared_embedder, redis_server, vllm
+) -> None:
+    # Three connections, each command held 200 ms, eight requests at once.
+    pool = {"max_connections": 3, "pool_wait_seconds": 0.05, "timeout_seconds": 1.0}
+    settings = {**SETTINGS, "redis": {**SETTINGS["redis"], **pool}}
+    with proxied_service(shared_embedder, redis_server.url, vllm.url, **settings) as service:
+        key, cached = warm(service)
+        before = service.counts()
+        shed, skipped = redis_errors("MaxConnectionsError"), redis_errors("circuit_open")
+        service.redis.slow(0.2)
+        async with httpx.AsyncClient(base_url=service.live.url, timeout=60) as client:
+            headers = {"Authorization": f"Bearer {key}"}
+            answers = await asyncio.gather(
+                *(
+                    client.post("/v1/chat/completions", json=cached, headers=headers)
+                    for _ in range(8)
+                )
+            )
+        # A cache lookup that finds no connection sheds its request (503 overloaded, retry);
+        # it never falls through into a generation a hit would have spared.
+        assert {a.status_code for a in answers} <= {200, 503}, [a.text for a in answers]
+        for answer in answers:
+            if answer.status_code == 503:
+                assert answer.json()["error"]["code"] == "overloaded", answer.text
+                assert int(answer.headers["retry-after"]) >= 1
+            else:
+                assert answer.headers["x-cache"] == "hit", answer.json()["rag"]
+        assert any(a.status_code == 200 for a in answers)
+        assert redis_errors("circuit_open") == skipped, "shedding must not open the circuit"
+        assert redis_errors("MaxConnectionsError") > shed, "some commands found no connection"
+        assert service.breaker_closed()
+        assert service.redis.open_connections <= 3, "the pool's bound holds"
+        service.redis.passing()
+        # The answers' own writes (the request log, the limiter's settling) drain the pool.
+        service.assert_settled(before)
+        # A hit again, once the last shed request's connections are back in the 3-slot pool.
+        again = service.chat(key, cached)
+        for _ in range(50):
+            if again.status_code != 503:
+                break
+            await asyncio.sleep(0.2)
+            again = service.chat(key, cached)
+        assert again.status_code == 200, again.text
+        assert again.headers["x-cache"] == "hit"

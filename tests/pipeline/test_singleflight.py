@@ -1,0 +1,254 @@
+"""Request coalescing's mechanism (``pipeline.store.singleflight``) against a real Redis: one
+leader per key across two replicas' flight registries, its answer to every follower (a stream
+from its first event), its error passed on, a silent leader taken over once its lock expires,
+and Redis trouble turning coalescing off. The whole service is in tests/app/test_coalescing.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from opentelemetry import trace
+
+from pipeline.answer.completion import Completion
+from pipeline.answer.events import (
+    AnswerEvent,
+    Citation,
+    CitedSource,
+    ContentDelta,
+    Finish,
+    ToolCallDelta,
+    Usage,
+)
+from pipeline.errors import ContextTooLong, DeadlineExceeded, StoreUnavailable, UpstreamBusy
+from pipeline.store.flight_entries import Entry, entry_from_wire, entry_wire
+from pipeline.store.kv import KeyValueStore
+from pipeline.store.singleflight import Leader, Shared, SingleFlight
+from tests.support.servers import free_port
+
+TRACER = trace.get_tracer("test")
+EVENTS: list[AnswerEvent] = [
+    ContentDelta("Paris", ({"token": "Paris", "logprob": -0.1},)),
+    ContentDelta(" is."),
+    Citation(0, 0, 9, True, (CitedSource(1, "d1", "d1#0", 0, 5, 0.8),)),
+    ToolCallDelta(0, "call_1", "lookup", '{"q": 1}'),
+    Finish("stop"),
+    Usage(7, 3),
+]
+ANSWER = Completion(content="Paris is.", finish_reason="stop", model="smollm2")
+
+
+@pytest.fixture
+async def kv(redis_server) -> AsyncIterator[KeyValueStore]:
+    store = KeyValueStore.from_url(redis_server.url, TRACER)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def flights() -> AsyncIterator[Callable[..., SingleFlight]]:
+    """Makes one replica's registry (``prefix`` shared: the replicas of one deployment); its
+    publishers and readers are stopped when the test ends."""
+    made: list[SingleFlight] = []
+
+    def make(kv: KeyValueStore, **options: int) -> SingleFlight:
+        made.append(SingleFlight(kv, prefix="tflight:", **options))
+        return made[-1]
+
+    yield make
+    for registry in made:
+        await registry.aclose()
+
+
+def key() -> str:
+    return f"acme:{uuid.uuid4().hex}"
+
+
+async def settled(check: Callable[[], bool], seconds: float = 15.0) -> None:
+    """Wait until ``check()`` holds (it fails the test after ``seconds``)."""
+    for _ in range(int(seconds / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("never settled")
+
+
+async def deadline(seconds: float = 20.0) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+def publish(leader: Leader, events: list[AnswerEvent], completion: Completion | None) -> None:
+    leader.lead(still_shared=lambda: True, storable=lambda c: c.finish_reason == "stop")
+    for event in events:
+        leader.event(event)
+    if completion is not None:
+        leader.ended(completion, None)
+
+
+async def drain(shared: Shared) -> list[AnswerEvent]:
+    assert shared.events is not None
+    return [event async for event in shared.events]
+
+
+def test_entries_keep_every_event_the_completion_and_the_error_class_on_the_wire() -> None:
+    events = entry_from_wire(entry_wire(Entry("events", tuple(EVENTS))))
+    assert events.events == tuple(EVENTS)
+    done = entry_from_wire(entry_wire(Entry("done", completion=ANSWER, shared=True)))
+    assert done.completion == ANSWER and done.shared and done.terminal
+    error = ContextTooLong("This model's maximum context length is 2048 tokens.")
+    failed = entry_from_wire(entry_wire(Entry("failed", error=error)))
+    assert type(failed.error) is ContextTooLong
+    assert failed.error.to_dict() == error.to_dict()
+    busy = UpstreamBusy("small", retry_after_s=3)
+    again = entry_from_wire(entry_wire(Entry("failed", error=busy))).error
+    assert isinstance(again, UpstreamBusy) and again.route == "small"
+    assert again.headers == {"Retry-After": "3"}
+
+
+async def request(replica: SingleFlight, the_key: str, joined: list[Shared], until: float) -> None:
+    """A request's part: join, and (a leader) stay alive until the test ends it, as a request
+    does while it generates (a leader's flight ends with its request)."""
+    shared = await replica.share(the_key, stream=False, deadline=until)
+    joined.append(shared)
+    if shared.role == "leader":
+        await asyncio.sleep(30)
+
+
+async def test_one_of_many_concurrent_requests_leads_and_the_others_get_its_answer(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    replicas = [flights(kv), flights(kv)]  # two replicas' registries, one Redis
+    the_key, until, joined = key(), await deadline(), []
+    requests = [
+        asyncio.create_task(request(replicas[i % 2], the_key, joined, until)) for i in range(20)
+    ]
+    await asyncio.sleep(0.3)  # every request has joined the flight
+    assert [shared.role for shared in joined] == ["leader"]
+    assert joined[0].leader is not None
+    publish(joined[0].leader, EVENTS, ANSWER)
+    await settled(lambda: len(joined) == 20)
+    assert all(f.role == "follower" and f.completion == ANSWER for f in joined[1:])
+    for task in requests:
+        task.cancel()
+
+
+async def test_a_streamed_follower_that_joins_late_gets_every_event_from_the_first(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    here, there = flights(kv), flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=True, deadline=until)
+    assert leading.leader is not None
+    publish(leading.leader, EVENTS[:2], None)  # two events out before anyone follows
+    local = await here.share(the_key, stream=True, deadline=until)
+    remote = await there.share(the_key, stream=True, deadline=until)
+    assert local.role == remote.role == "follower"
+    reading = [asyncio.create_task(drain(local)), asyncio.create_task(drain(remote))]
+    await asyncio.sleep(0.3)
+    assert not any(task.done() for task in reading)  # they follow the answer as it comes
+    for event in EVENTS[2:]:
+        leading.leader.event(event)
+    leading.leader.ended(ANSWER, None)
+    for task in reading:
+        assert await task == EVENTS
+    assert local.final is not None and local.final() == ANSWER
+
+
+async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    here, there = flights(kv), flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=False, deadline=until)
+    assert leading.leader is not None
+    waiting = [
+        asyncio.create_task(replica.share(the_key, stream=False, deadline=until))
+        for replica in (here, there)
+    ]
+    await asyncio.sleep(0.2)
+    error = ContextTooLong("This model's maximum context length is 2048 tokens.")
+    leading.leader.ended(None, error)
+    for task in waiting:
+        shared = await task
+        assert shared.role == "follower" and isinstance(shared.error, ContextTooLong)
+        assert shared.error.to_dict() == error.to_dict()
+
+
+async def test_an_answer_the_cache_would_not_store_is_not_shared_with_plain_followers(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    here = flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=False, deadline=until)
+    assert leading.leader is not None
+    waiting = asyncio.create_task(here.share(the_key, stream=False, deadline=until))
+    await asyncio.sleep(0.1)
+    filtered = Completion(content="", finish_reason="content_filter", model="smollm2")
+    publish(leading.leader, [Finish("content_filter")], filtered)
+    shared = await waiting
+    assert shared.role == "off" and shared.completion is None  # it generates alone
+
+
+async def test_a_leader_that_dies_without_a_word_is_taken_over_once_its_lock_expires(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    dead, alive = flights(kv, lock_ttl_ms=600), flights(kv, lock_ttl_ms=600)
+    the_key, until = key(), await deadline()
+    # A replica killed mid-generation: its lock stays until it expires, and its stream is empty.
+    await kv.set(dead.lock_key(the_key), b"token-of-a-dead-replica")
+    await kv.client.pexpire(dead.lock_key(the_key), 600)
+    joined: list[Shared] = []
+    requests = [asyncio.create_task(request(alive, the_key, joined, until)) for _ in range(5)]
+    await settled(lambda: bool(joined))
+    assert [shared.role for shared in joined] == ["leader"]
+    assert joined[0].leader is not None
+    publish(joined[0].leader, EVENTS, ANSWER)
+    await settled(lambda: len(joined) == 5)
+    assert [shared.completion for shared in joined[1:]] == [ANSWER] * 4
+    for task in requests:
+        task.cancel()
+
+
+async def test_a_follower_waits_no_longer_than_its_deadline(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    here = flights(kv)
+    the_key = key()
+    leading = await here.share(the_key, stream=False, deadline=await deadline())
+    assert leading.role == "leader"
+    with pytest.raises(DeadlineExceeded):
+        await here.share(the_key, stream=False, deadline=await deadline(0.3))
+
+
+async def test_a_leader_that_lets_go_before_its_answer_hands_the_flight_over(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    here, there = flights(kv), flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=False, deadline=until)
+    assert leading.leader is not None
+    waiting = asyncio.create_task(there.share(the_key, stream=False, deadline=until))
+    await asyncio.sleep(0.2)
+    leading.leader.ended(None, asyncio.CancelledError())  # its request was cancelled
+    taken = await waiting
+    assert taken.role == "leader"  # joined again and took the lock: it generates
+
+
+async def test_redis_down_turns_coalescing_off(flights: Callable[..., SingleFlight]) -> None:
+    down = KeyValueStore.from_url(f"redis://127.0.0.1:{free_port()}/0", TRACER, timeout=0.2)
+    try:
+        shared = await flights(down).share(key(), stream=False, deadline=await deadline())
+    finally:
+        await down.aclose()
+    assert shared.role == "off" and "store" in shared.detail
+    with pytest.raises(StoreUnavailable):  # the store itself is down, as it says
+        await down.get("anything")

@@ -1,0 +1,452 @@
+"""A TCP proxy that a test puts in front of Redis or vLLM and switches between faults at run time.
+
+It runs on its own event loop in a thread, so a sync test (against a ``ServiceProcess``) and an
+async one (against a ``LiveService`` or an in-process app) drive it alike; every switch returns
+once the proxy has applied it. Modes, for the bytes of every connection through it:
+
+- ``passing()``: bytes go through as they come (and a refusing proxy listens again);
+- ``pause()``: bytes are held (both ways) until the next switch; new connections are accepted;
+- ``hold_open(request)`` / ``release()``: the open connections whose last request line has
+  ``request`` in it hold their bytes (both ways) until released, while the others and new ones
+  pass (a streamed answer in flight stops, a health check goes on);
+- ``slow(seconds)``: each chunk waits that long first (requests only by default: for Redis that
+  is a delay per command, a pipeline counting as one);
+- ``refuse()``: the port stops listening (a stopped server: connection refused);
+- ``answer(response)``: each new connection gets this raw HTTP response, upstream never called;
+- ``rewrite(factory)``: each connection's upstream bytes, from its next answer on, pass through
+  a ``factory()`` of its own (``SSEEdit`` rewrites streamed answers; ``CloseAfterBytes`` hangs up);
+
+and one action, ``cut()``: close every open connection now. ``open_connections`` counts the
+connections open through it; ``held`` the chunks a pause is holding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import struct
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+T = TypeVar("T")
+REQUEST_LINE = re.compile(rb"[A-Z]+ \S+ HTTP/1\.[01]\r\n")
+
+
+class Rewriter(Protocol):
+    """Rewrites one connection's upstream-to-client bytes; ``closed``: hang up after these."""
+
+    closed: bool
+
+    def feed(self, data: bytes) -> bytes: ...
+
+
+RewriterFactory = Callable[[], Rewriter]
+
+
+class _Link:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, client: asyncio.StreamWriter, rewriter: Rewriter | None) -> None:
+        self.client = client
+        self.upstream: asyncio.StreamWriter | None = None
+        self.rewriter = rewriter
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.request = b""  # the last request line sent upstream (HTTP)
+
+    def close(self, *, reset: bool = False) -> None:
+        for writer in (self.client, self.upstream):
+            if writer is None or writer.is_closing():
+                continue
+            if reset:  # SO_LINGER 0: the close sends a RST, as a crashed peer's kernel would
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.close()
+
+    async def wait_closed(self) -> None:
+        for writer in (self.client, self.upstream):
+            if writer is not None:
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+
+
+class FaultProxy:
+    """Listens on a free loopback port and forwards to ``upstream_url``'s host and port."""
+
+    def __init__(self, upstream_url: str) -> None:
+        parts = urlsplit(upstream_url)
+        assert parts.hostname is not None and parts.port is not None, upstream_url
+        self.upstream_url = upstream_url
+        self.upstream = (parts.hostname, parts.port)
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._links: set[_Link] = set()
+        self._flowing = asyncio.Event()
+        self._delay = 0.0
+        self._delay_responses = False
+        self._answer: bytes | None = None
+        self._rewriter: RewriterFactory | None = None
+        self.accepted = 0
+        self.held = 0
+
+    # --- life ---
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        self._call(self._listen())
+        self._loop.call_soon_threadsafe(self._flowing.set)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._call(self._shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    @property
+    def url(self) -> str:
+        """``upstream_url`` with the proxy's address in place of the upstream's."""
+        parts = urlsplit(self.upstream_url)
+        netloc = f"127.0.0.1:{self.port}"
+        if "@" in parts.netloc:
+            netloc = parts.netloc.rsplit("@", 1)[0] + "@" + netloc
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._links)
+
+    # --- switches (each returns once applied) ---
+
+    def passing(self) -> None:
+        self._set(delay=0.0, delay_responses=False, answer=None, rewriter=None, flowing=True)
+        self._call(self._listen())
+
+    def pause(self) -> None:
+        self._set(flowing=False)
+
+    def slow(self, seconds: float, *, responses: bool = False) -> None:
+        self._set(delay=seconds, delay_responses=responses, flowing=True)
+
+    def refuse(self) -> None:
+        self._call(self._stop_listening())
+
+    def hold_open(self, request: bytes = b"") -> int:
+        """Hold the bytes of the open connections whose last request line has ``request`` in
+        it, until ``release()``; how many."""
+
+        async def hold() -> int:
+            held = [link for link in self._links if request in link.request]
+            for link in held:
+                link.flowing.clear()
+            return len(held)
+
+        return self._call(hold())
+
+    def release(self) -> None:
+        """Let the connections ``hold_open()`` held flow again."""
+
+        async def release() -> None:
+            for link in self._links:
+                link.flowing.set()
+
+        self._call(release())
+
+    def answer(self, response: bytes) -> None:
+        """Answer every request with ``response`` from now on; open connections are cut, so
+        a pooled one cannot reach the upstream."""
+        self._set(answer=response)
+        self.cut()
+
+    def rewrite(self, factory: RewriterFactory | None) -> None:
+        self._set(rewriter=factory)
+
+    def cut(self, *, reset: bool = False) -> int:
+        """Close every open connection (with ``reset``: a RST); the number closed."""
+
+        async def cut() -> int:
+            links = list(self._links)
+            for link in links:
+                link.close(reset=reset)
+            return len(links)
+
+        return self._call(cut())
+
+    def settled(self, count: int, timeout: float = 10.0) -> bool:
+        """Wait until at most ``count`` connections are open; whether that happened."""
+        return self._call(_until(lambda: len(self._links) <= count, timeout), timeout + 5)
+
+    def holding(self, timeout: float = 10.0) -> bool:
+        """Wait until a pause holds at least one chunk; whether that happened."""
+        return self._call(_until(lambda: self.held > 0, timeout), timeout + 5)
+
+    # --- the loop's side ---
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _set(self, *, flowing: bool | None = None, **values: Any) -> None:
+        async def apply() -> None:
+            for name, value in values.items():
+                setattr(self, f"_{name}", value)
+            if "rewriter" in values:
+                # Pooled keep-alive connections are between answers: they take it up too.
+                for link in self._links:
+                    link.rewriter = self._rewriter() if self._rewriter is not None else None
+            if flowing is True:
+                self._flowing.set()
+            elif flowing is False:
+                self._flowing.clear()
+
+        self._call(apply())
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(
+                self._accept, "127.0.0.1", self.port, reuse_address=True
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _shutdown(self) -> None:
+        await self._stop_listening()
+        for link in list(self._links):
+            link.close()
+            link.flowing.set()
+        self._flowing.set()
+        await _until(lambda: not self._links, 5.0)  # each handler has closed its sockets
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        link = _Link(writer, self._rewriter() if self._rewriter is not None else None)
+        self._links.add(link)
+        try:
+            if self._answer is not None:
+                await _answer(reader, writer, self._answer)
+                return
+            try:
+                up_reader, link.upstream = await asyncio.open_connection(*self.upstream)
+            except OSError:
+                return  # the upstream is down: the client sees its connection closed
+            await _first(
+                self._pump(reader, link.upstream, link, upstream_bound=True),
+                self._pump(up_reader, writer, link, upstream_bound=False),
+            )
+        finally:
+            link.close()
+            await link.wait_closed()
+            self._links.discard(link)
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        link: _Link,
+        *,
+        upstream_bound: bool,
+    ) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if upstream_bound and REQUEST_LINE.match(data):
+                    link.request = data.split(b"\r\n", 1)[0]
+                await self._gate(upstream_bound, link)
+                if not upstream_bound and link.rewriter is not None:
+                    data = link.rewriter.feed(data)
+                writer.write(data)
+                await writer.drain()
+                if not upstream_bound and link.rewriter is not None and link.rewriter.closed:
+                    return
+
+    async def _gate(self, upstream_bound: bool, link: _Link) -> None:
+        for flowing in (self._flowing, link.flowing):
+            if not flowing.is_set():
+                self.held += 1
+                try:
+                    await flowing.wait()
+                finally:
+                    self.held -= 1
+        if self._delay and (upstream_bound or self._delay_responses):
+            await asyncio.sleep(self._delay)
+
+
+async def _first(*coroutines: Coroutine[Any, Any, None]) -> None:
+    """Run the two directions until either ends (a peer closed); cancel the other."""
+    tasks = [asyncio.create_task(c) for c in coroutines]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _until(check: Callable[[], bool], within: float) -> bool:
+    for _ in range(int(within / 0.02)):
+        if check():
+            return True
+        await asyncio.sleep(0.02)
+    return check()
+
+
+async def _answer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: bytes
+) -> None:
+    """Read one HTTP request (head and a Content-Length body), send ``response``, hang up."""
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        head = await reader.readuntil(b"\r\n\r\n")
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                await reader.readexactly(int(value))
+        writer.write(response)
+        await writer.drain()
+
+
+def http_response(status: int, body: bytes, **headers: str) -> bytes:
+    """A whole HTTP/1.1 response that closes its connection (for ``answer``)."""
+    reason = {401: "Unauthorized", 403: "Forbidden", 429: "Too Many Requests"}.get(status, "")
+    lines = [f"HTTP/1.1 {status} {reason}", "content-type: application/json"]
+    lines += [f"content-length: {len(body)}", "connection: close"]
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class CloseAfterBytes:
+    """Lets ``count`` bytes of the upstream's answer through, then hangs up."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.closed = False
+
+    def feed(self, data: bytes) -> bytes:
+        data, self.left = data[: self.left], self.left - len(data)
+        self.closed = self.left <= 0
+        return data
+
+
+EventEdit = Callable[[int, bytes], "list[bytes] | None"]
+
+
+class SSEEdit:
+    """Rewrites the events of chunked ``text/event-stream`` answers; other answers pass as they
+    are. ``edit(number, event)`` gets each event (``data: ...``, without its blank line) with
+    its 0-based number and returns the events to send instead, or None to hang up at once
+    (mid-answer, with no terminating chunk). A connection may carry several answers."""
+
+    def __init__(self, edit: EventEdit) -> None:
+        self.edit = edit
+        self.closed = False
+        self._buffer = b""
+        self._head = True  # reading a response head
+        self._sse = False
+        self._chunk_left = -1  # -1: at a chunk-size line
+        self._events = b""
+        self._number = 0
+
+    def feed(self, data: bytes) -> bytes:
+        self._buffer += data
+        out: list[bytes] = []
+        while not self.closed:
+            if self._head:
+                head, sep, rest = self._buffer.partition(b"\r\n\r\n")
+                if not sep:
+                    break
+                out.append(head + sep)
+                self._buffer = rest
+                lowered = head.lower()
+                chunked = b"transfer-encoding: chunked" in lowered
+                self._sse = chunked and b"text/event-stream" in lowered
+                self._head = not chunked  # a Content-Length answer here is whole: pass it on
+                self._number = 0
+                if not chunked:
+                    out.append(self._buffer)
+                    self._buffer = b""
+                    break
+            elif self._chunk_left < 0:
+                line, sep, rest = self._buffer.partition(b"\r\n")
+                if not sep:
+                    break
+                self._buffer = rest
+                self._chunk_left = int(line.split(b";")[0], 16)
+                if self._chunk_left == 0:  # the last chunk (and its empty trailer line)
+                    out.append(self._flush_events(final=True))
+                    self._buffer = self._buffer.removeprefix(b"\r\n")
+                    self._chunk_left, self._head = -1, True
+            else:
+                if len(self._buffer) < self._chunk_left + 2:
+                    break
+                body = self._buffer[: self._chunk_left]
+                self._buffer = self._buffer[self._chunk_left + 2 :]
+                self._chunk_left = -1
+                if self._sse:
+                    self._events += body
+                    out.append(self._flush_events(final=False))
+                else:
+                    out.append(_chunk(body))
+        return b"".join(out)
+
+    def _flush_events(self, *, final: bool) -> bytes:
+        out: list[bytes] = []
+        *complete, self._events = self._events.split(b"\n\n")
+        for event in complete:
+            replaced = self.edit(self._number, event)
+            self._number += 1
+            if replaced is None:
+                self.closed = True
+                return b"".join(out)
+            out.extend(_chunk(item + b"\n\n") for item in replaced)
+        if final:
+            out.append(_chunk(self._events) if self._events else b"")
+            self._events = b""
+            out.append(b"0\r\n\r\n")
+        return b"".join(out)
+
+
+def _chunk(body: bytes) -> bytes:
+    return f"{len(body):x}\r\n".encode() + body + b"\r\n" if body else b""
+
+
+# --- edits of a streamed chat answer ---
+
+
+FINISH_REASON = re.compile(rb'"finish_reason": ?"[a-z_]+"')
+
+
+def _is_done(event: bytes) -> bool:
+    return event.strip() == b"data: [DONE]"
+
+
+def malformed_line(after: int = 1) -> RewriterFactory:
+    """A line that is not JSON, in place of the answer's event number ``after``."""
+    return lambda: SSEEdit(lambda n, e: [b'data: {"choices": [{"delta": '] if n == after else [e])
+
+
+def without_done() -> RewriterFactory:
+    """The answer whole, but its ``data: [DONE]`` left out (the stream ends cleanly)."""
+    return lambda: SSEEdit(lambda n, e: [] if _is_done(e) else [e])
+
+
+def without_finish_reason() -> RewriterFactory:
+    """The answer with every ``finish_reason`` made null (``[DONE]`` still sent)."""
+
+    def edit(number: int, event: bytes) -> list[bytes]:
+        return [FINISH_REASON.sub(b'"finish_reason":null', event)]
+
+    return lambda: SSEEdit(edit)
+
+
+def close_after_events(count: int) -> RewriterFactory:
+    """The first ``count`` events of each answer, then the connection closed mid-answer."""
+    return lambda: SSEEdit(lambda n, e: [e] if n < count else None)
