@@ -139,6 +139,30 @@ def test_pause_holds_bytes_until_it_ends(upstream) -> None:
         assert sock.recv(64) == b"echo held\n"
 
 
+def test_hold_open_holds_only_the_open_connections_of_the_request_it_names(upstream) -> None:
+    chat, health = b"POST /v1/chat/completions HTTP/1.1\r\n", b"PUT /health HTTP/1.1\r\n"
+    with (
+        FaultProxy(upstream.url) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as held,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as other,
+    ):
+        for sock, line in ((held, chat), (other, health)):
+            sock.sendall(line)
+            assert sock.recv(64) == b"echo " + line
+        assert proxy.hold_open(b"/v1/chat/completions") == 1
+        held.sendall(b"later\n")
+        assert proxy.holding()
+        held.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            held.recv(64)
+        other.sendall(b"still\n")  # another request's connection passes
+        assert other.recv(64) == b"echo still\n"
+        assert echo(proxy.port, b"new") == b"echo new\n"  # and so does a new one
+        proxy.release()
+        held.settimeout(5)
+        assert held.recv(64) == b"echo later\n"
+
+
 def test_slow_delays_each_request_and_cut_closes_every_connection(upstream) -> None:
     with FaultProxy(upstream.url) as proxy:
         proxy.slow(0.2)
