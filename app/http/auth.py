@@ -33,15 +33,16 @@ def token_from_headers(headers: list[tuple[bytes, bytes]]) -> str | None:
     """The bearer token of raw ASGI headers, or None."""
     for name, value in headers:
         if name == b"authorization":
-            return _bearer(value.decode("latin-1"))
+            return bearer(value.decode("latin-1"))
     return None
 
 
 def bearer_token(request: Request) -> str | None:
-    return _bearer(request.headers.get("authorization", ""))
+    return bearer(request.headers.get("authorization", ""))
 
 
-def _bearer(header: str) -> str | None:
+def bearer(header: str) -> str | None:
+    """The token of an Authorization header's value (``Bearer <token>``), or None."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None

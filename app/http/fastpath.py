@@ -45,8 +45,8 @@ import orjson
 from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.auth import _bearer, refuse
-from app.http.limits import _annotate
+from app.http.auth import bearer, refuse
+from app.http.limits import annotate_limits
 from app.http.responses import chat_completion
 from app.logs import hand_to_log, handed_context
 from app.services import Services
@@ -252,7 +252,7 @@ class CacheFastPath:
         headers: list[tuple[bytes, bytes]] = []
         if limiter is not None:
             decision = await limiter.admit(principal)  # never raises for Redis
-            _annotate(decision)
+            annotate_limits(decision)
             if not decision.admitted:
                 await refuse(send, refusal(decision, limiter.config.window_seconds))
                 self._account(scope, book, principal, None, started)
@@ -319,7 +319,7 @@ def _plain_headers(headers: list[tuple[bytes, bytes]], limit: int) -> tuple[str 
     for name, value in headers:
         if name == b"authorization" and not seen_key:
             seen_key = True  # the first one counts, as for the key check (token_from_headers)
-            token = _bearer(value.decode("latin-1"))
+            token = bearer(value.decode("latin-1"))
         elif name == b"content-length":
             length = int(value) if value.isdigit() and len(value) < 10 else -1
         elif name in (b"cache-control", b"transfer-encoding"):

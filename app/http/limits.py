@@ -36,7 +36,7 @@ class RateLimits:
             await self.app(scope, receive, send)
             return
         decision = await limiter.admit(principal)
-        _annotate(decision)
+        annotate_limits(decision)
         if not decision.admitted:
             await refuse(send, refusal(decision, limiter.config.window_seconds))
             return
@@ -53,7 +53,8 @@ class RateLimits:
         await self.app(scope, receive, send_with_limits)
 
 
-def _annotate(decision: Decision) -> None:
+def annotate_limits(decision: Decision) -> None:
+    """The limiter's decision on the request's span: degraded, what remains, what refused."""
     span = trace.get_current_span()
     if not span.is_recording():
         return
