@@ -12,6 +12,7 @@ import pytest
 
 from app.main import create_app
 from tests.conftest import chat_request, make_settings, unique_question
+from tests.pipeline.test_singleflight import settled
 from tests.support.servers import LiveService, wait_for
 
 # The default path. The group's members run concurrently.
@@ -203,7 +204,9 @@ async def test_requests_are_answered_while_redis_is_down_and_caching_resumes(
                 await asyncio.sleep(0.1)
             assert ready.status_code == 200 and ready.json()["checks"]["redis"] == "ok"
             # This Redis keeps nothing across a restart, keys included; the service, once it
-            # hears from Redis again, no longer takes a key Redis does not have.
+            # hears from Redis again (its key-change channel subscribed anew, which forgets
+            # the keys it cached), no longer takes a key Redis does not have.
+            await settled(lambda: harness.services.keys.subscribed)
             assert (await harness.chat(key, request)).status_code == 401
             key = await harness.key()
             stored = await harness.chat(key, request)

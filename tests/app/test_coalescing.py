@@ -22,6 +22,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.main import create_app
+from pipeline.stages.generate import Generate
+from pipeline.store.singleflight import SingleFlight
 from pipeline.telemetry import attributes as attr
 from tests.app.test_access import PUBLIC, SECRET, ingest
 from tests.app.test_access import key as key_with_groups
@@ -186,17 +188,34 @@ def test_streamed_followers_get_every_chunk_from_the_first(
         assert [line for line in lines if line][-1] == "data: [DONE]"
 
 
+def flights_of(harness: AppHarness) -> SingleFlight:
+    """The replica's request coalescing (its generate stage's)."""
+    found = [s.flights for s in harness.app.state.paths.chat.steps if isinstance(s, Generate)]
+    assert found and found[0] is not None, "no coalescing in this app"
+    return found[0]
+
+
+def followers_waiting(*harnesses: AppHarness) -> int:
+    """The requests that have joined a flight of these replicas and wait for its answer."""
+    return sum(f.readers for h in harnesses for f in flights_of(h)._flights.values())
+
+
 async def test_the_leaders_refusal_reaches_every_follower_as_the_same_error(
     make_app, redis_server, vllm
 ) -> None:
     with FaultProxy(vllm.url) as llm:
-        llm.slow(0.3)  # the refusal comes late enough for every request to have joined
         both = settings(redis_server.url, llm.url)
         async with make_app(both) as one, make_app(both) as two:
             key = await one.key("refused")
             # vLLM refuses a logit_bias outside the vocabulary (a 400, its first event).
             body = ask(unique_question(), logit_bias={"99999999": 5})
-            answers = await asyncio.gather(*((one, two)[i % 2].chat(key, body) for i in range(8)))
+            llm.pause()  # the refusal comes once every request has joined, however slow
+            try:
+                asking = [asyncio.create_task((one, two)[i % 2].chat(key, body)) for i in range(8)]
+                await settled(lambda: followers_waiting(one, two) == 7, seconds=120)
+            finally:
+                llm.passing()
+            answers = await asyncio.gather(*asking)
 
     assert {response.status_code for response in answers} == {400}
     assert len({response.text for response in answers}) == 1  # the same error, word for word

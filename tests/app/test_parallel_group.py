@@ -103,7 +103,13 @@ async def test_the_group_costs_its_slowest_member_not_the_sum(make_app, redis_se
         assert records["retrieve"].status == "ok" and grouped.passages
         assert [run.status for run in grouped.tool_runs] == ["ok", "ok"]
         assert isinstance(grouped.features, Features)
-        # About 150 ms (the slowest), not 250 ms (the sum): retrieval waits for the features
-        # only to merge their filter, and the two tool calls overlap as well.
-        assert together < 0.24, together
+        # The members ran at once: each started before any had ended (retrieval waits for the
+        # features only to merge their filter). So the group costs about its slowest member
+        # (150 ms), not the sum (250 ms); the times are printed, not bounded, since a busy
+        # machine stretches both.
+        members_ran = [records[name] for name in ("features", "retrieve", "tools")]
+        last_start = max(r.start_ms for r in members_ran)
+        first_end = min(r.start_ms + r.duration_ms for r in members_ran)
+        assert last_start < first_end, [(r.name, r.start_ms, r.duration_ms) for r in members_ran]
         assert one_after_another >= 0.25, one_after_another
+        print(f"group {together * 1000:.0f} ms, in a row {one_after_another * 1000:.0f} ms")

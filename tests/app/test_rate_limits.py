@@ -210,11 +210,12 @@ def get_status(port: int, key: str) -> int:
 
 
 def test_two_replicas_admit_one_budget(replicas: list[ServiceProcess]) -> None:
-    """Load spread over both replicas for two windows: no window admits more than 1.05x the
-    limit (each replica alone would admit the whole limit, so a leak shows as 2x)."""
+    """Load spread over both replicas for two windows: no window admits more than the limit
+    (the issue allows 1.05x; each replica alone would admit the whole limit, so a leak shows
+    as 2x)."""
     key = replicas[0].key(tenant="shared")
     stop = time.monotonic() + 2 * WINDOW
-    admitted: list[tuple[float, int]] = []
+    admitted: list[tuple[float, float, int]] = []  # (sent, answered, replica)
     refused = [0]
     lock = threading.Lock()
 
@@ -223,9 +224,10 @@ def test_two_replicas_admit_one_budget(replicas: list[ServiceProcess]) -> None:
         while time.monotonic() < stop:
             sent = time.monotonic()
             status = get_status(port, key)
+            answered = time.monotonic()
             with lock:
                 if status == 200:
-                    admitted.append((sent, n % 2))
+                    admitted.append((sent, answered, n % 2))
                 elif status == 429:
                     refused[0] += 1
                 else:
@@ -236,14 +238,23 @@ def test_two_replicas_admit_one_budget(replicas: list[ServiceProcess]) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    times = sorted(t for t, _ in admitted)
-    # The most admitted in any window (a little shorter than the limiter's, for the client's
-    # and the server's clocks), over the whole run.
-    most = max(sum(1 for t in times if start <= t < start + WINDOW - 0.2) for start in times)
+    times = sorted(t for t, _, _ in admitted)
+    # A request was admitted between its sending and its answer. The requests sent at or after
+    # `start` and answered before `start + WINDOW` were all admitted within one window of the
+    # limiter (however late the client or the server ran), so the limit bounds them exactly;
+    # 10 ms allows for the limiter's clock (Redis's) against this one.
+    most = max(
+        sum(
+            1
+            for sent, answered, _ in admitted
+            if start <= sent and answered < start + WINDOW - 0.01
+        )
+        for start in times
+    )
     print(f"admitted {len(times)}, refused {refused[0]}, most in one window {most}")
-    assert most <= 1.05 * PER_WINDOW, f"{most} admitted in one window, limit {PER_WINDOW}"
+    assert most <= PER_WINDOW, f"{most} admitted in one window, limit {PER_WINDOW}"
     assert len(times) >= 1.9 * PER_WINDOW  # the budget was used, not refused wholesale
-    assert {replica for _, replica in admitted} == {0, 1}
+    assert {replica for _, _, replica in admitted} == {0, 1}
     assert refused[0] > 0
 
 

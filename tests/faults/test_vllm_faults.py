@@ -73,6 +73,18 @@ def warmed(service: ProxiedService) -> str:
     return key
 
 
+def answered_within_tries(service: ProxiedService, key: str, tries: int = 5) -> None:
+    """A short answer comes back 200 within ``tries`` requests (each may meet a short
+    deadline on a busy machine: a 504 there is the deadline working, not a fault)."""
+    statuses = []
+    for _ in range(tries):
+        statuses.append(service.chat(key, ask(max_tokens=4)).status_code)
+        if statuses[-1] == 200:
+            return
+        assert statuses[-1] == 504, f"not the deadline: {statuses}"
+    raise AssertionError(f"no answer in {tries} tries: {statuses}")
+
+
 def assert_error_event(response: httpx.Response, code: str) -> list[Any]:
     """A 200 stream that ended with an OpenAI-shaped error event, no finish, no ``[DONE]``."""
     assert response.status_code == 200, response.text
@@ -158,7 +170,9 @@ def test_vllm_slower_than_the_deadline_is_a_504_at_the_deadline(
     deadline = 3.0
     settings = {**SETTINGS, "server": {"request_timeout_seconds": deadline}}
     with proxied_service(shared_embedder, redis_server.url, vllm.url, **settings) as service:
-        key = warmed(service)
+        key = service.key()
+        # A real answer within the short deadline; a busy machine may take a try or two.
+        answered_within_tries(service, key)
         before = service.counts()
         service.llm.slow(2 * deadline, responses=True)
 
@@ -177,7 +191,7 @@ def test_vllm_slower_than_the_deadline_is_a_504_at_the_deadline(
             assert deadline - 0.2 <= elapsed < deadline + 2.0, elapsed
 
         service.llm.passing()
-        assert service.chat(key, ask(max_tokens=4)).status_code == 200
+        answered_within_tries(service, key)
         service.assert_settled(before)
 
 
