@@ -6,6 +6,7 @@ behind the proxy; the proxy's rewriters make the faults it cannot be made to pro
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from tests.support.faultproxy import (
     without_finish_reason,
 )
 from tests.support.process import ServiceProcess
+from tests.support.servers import wait_for
 
 # No job workers, and neither the similarity guard nor the router: what they embed at start-up
 # costs seconds on these machines, and no fault here touches them.
@@ -109,17 +111,16 @@ def settled_census(census: Callable[[], Census], baseline: Census, within: float
     """The process's sockets once those to the model server, to clients and to anything but
     Redis are back to ``baseline``'s, or as they are after ``within`` seconds. Redis's are not
     waited for: its pool keeps what a burst opened, up to its bound (checked apart)."""
-    deadline = time.monotonic() + within
-    while True:
-        now = census()
-        back = (
-            now.upstream <= baseline.upstream
-            and now.clients <= baseline.clients
-            and now.other <= baseline.other
-        )
-        if back or time.monotonic() > deadline:
-            return now
-        time.sleep(0.1)
+    latest = [census()]
+
+    def back() -> bool:
+        now = latest[0] = census()
+        parts = ("upstream", "clients", "other")
+        return all(getattr(now, part) <= getattr(baseline, part) for part in parts)
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(back, within, "the sockets to settle")
+    return latest[0]
 
 
 def test_vllm_stopped_is_a_503_and_the_process_answers_again_when_it_is_back(
