@@ -15,6 +15,7 @@ import json
 import math
 import re
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -326,3 +327,16 @@ def build_tenant(index_dir: Path, tenant: str, documents: Sequence[Any]) -> int:
 
     store = IndexStore(index_dir, CachedEmbedder(), chunk_words=100_000, overlap_words=0)
     return store.upsert(tenant, list(documents)).total_chunks
+
+
+def scifact_tenant(
+    asked: list[tuple[str, list[str]]], extra_documents: int | None, tenant: str, name: str
+) -> tuple[Path, int, int]:
+    """A fresh index directory holding ``tenant``: the SciFact abstracts relevant to ``asked``
+    and ``extra_documents`` others (None: all of them), as ``build_tenant`` publishes them.
+    Returns the directory, the document count and the chunk count."""
+    from bench.ttft_bench import corpus_for
+
+    documents = corpus_for(asked, extra_documents if extra_documents is not None else 10**6)
+    index_dir = Path(tempfile.mkdtemp(prefix=f"rag-bench-{name}-"))
+    return index_dir, len(documents), build_tenant(index_dir, tenant, documents)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,6 @@ from bench.e2e import (
     Breakdown,
     StreamConnection,
     breakdown,
-    build_tenant,
     chat_request,
     finished_spans,
     median,
@@ -47,10 +45,11 @@ from bench.e2e import (
     median_segments,
     median_stages,
     percentile,
+    scifact_tenant,
     vllm_url,
     write_result,
 )
-from bench.ttft_bench import corpus_for, questions
+from bench.ttft_bench import questions
 from tests.support.servers import LiveService, RedisServer
 
 TENANT = "scifact"
@@ -214,11 +213,7 @@ def main() -> None:
         args.extra_documents = 300 if args.extra_documents is None else args.extra_documents
     llm = vllm_url(args.llm_url)
     asked = questions(args.questions)
-    documents = corpus_for(
-        asked, args.extra_documents if args.extra_documents is not None else 10**6
-    )
-    index_dir = Path(tempfile.mkdtemp(prefix="rag-bench-miss-"))
-    chunks = build_tenant(index_dir, TENANT, documents)
+    index_dir, documents, chunks = scifact_tenant(asked, args.extra_documents, TENANT, "miss")
     redis = RedisServer()
     redis.start()
     exporter = InMemorySpanExporter()
@@ -234,7 +229,7 @@ def main() -> None:
             )
     finally:
         redis.stop()
-    result.update(documents=len(documents), chunks=chunks, llm_url=llm, quick=args.quick)
+    result.update(documents=documents, chunks=chunks, llm_url=llm, quick=args.quick)
     path = write_result("miss", result)
     report(result)
     print(f"\nwritten: {path}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -50,16 +49,16 @@ from bench.e2e import (
     StreamConnection,
     Streamed,
     breakdown,
-    build_tenant,
     chat_request,
     finished_spans,
     median,
     ratio,
+    scifact_tenant,
     vllm_url,
     write_result,
 )
 from bench.miss_bench import service_settings
-from bench.ttft_bench import corpus_for, questions
+from bench.ttft_bench import questions
 from pipeline.runner import Concurrent, Runner
 from retrieval import Embedder
 from tests.support.servers import LiveService, RedisServer
@@ -419,11 +418,7 @@ def main() -> None:
     llm = vllm_url(args.llm_url)
     asked = questions(args.pairs * len(TOGGLES))
     pool = [q for q, _ in asked]
-    documents = corpus_for(
-        asked, args.extra_documents if args.extra_documents is not None else 10**6
-    )
-    index_dir = Path(tempfile.mkdtemp(prefix="rag-bench-stack-"))
-    chunks = build_tenant(index_dir, TENANT, documents)
+    index_dir, documents, chunks = scifact_tenant(asked, args.extra_documents, TENANT, "stack")
     redis = RedisServer()
     redis.start()
     try:
@@ -437,7 +432,7 @@ def main() -> None:
         redis.stop()
     result = {
         "toggles": toggles,
-        "documents": len(documents),
+        "documents": documents,
         "chunks": chunks,
         "pairs": args.pairs,
         "concurrency": args.concurrency,
