@@ -163,6 +163,50 @@ def test_hold_open_holds_only_the_open_connections_of_the_request_it_names(upstr
         assert held.recv(64) == b"echo later\n"
 
 
+def test_holding_requests_counts_the_held_connections_of_the_request_it_names(upstream) -> None:
+    chat, health = b"POST /v1/chat/completions HTTP/1.1\r\n", b"PUT /health HTTP/1.1\r\n"
+    with (
+        FaultProxy(upstream.url) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as first,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as other,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as second,
+    ):
+        proxy.pause()
+        first.sendall(chat)
+        other.sendall(health)
+        assert proxy.holding_requests(b"/v1/chat/completions", 1)
+        # One chat request and one other are held, never two chat requests.
+        assert not proxy.holding_requests(b"/v1/chat/completions", 2, timeout=0.3)
+        second.sendall(chat)
+        assert proxy.holding_requests(b"/v1/chat/completions", 2)
+        proxy.passing()
+        for sock, line in ((first, chat), (other, health), (second, chat)):
+            assert sock.recv(64) == b"echo " + line
+
+
+def test_pause_here_from_a_rewriter_lets_the_chunk_through_and_holds_the_next(upstream) -> None:
+    class PauseAfterFirst:
+        closed = False
+
+        def feed(self, data: bytes) -> bytes:
+            proxy.pause_here()
+            return data
+
+    with FaultProxy(upstream.url) as proxy:
+        proxy.rewrite(PauseAfterFirst)
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+            sock.sendall(b"one\n")
+            assert sock.recv(64) == b"echo one\n"
+            sock.sendall(b"two\n")
+            assert proxy.holding()
+            sock.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                sock.recv(64)
+            proxy.passing()
+            sock.settimeout(5)
+            assert sock.recv(64) == b"echo two\n"
+
+
 def test_slow_delays_each_request_and_cut_closes_every_connection(upstream) -> None:
     with FaultProxy(upstream.url) as proxy:
         proxy.slow(0.2)

@@ -57,6 +57,7 @@ class _Link:
         self.flowing = asyncio.Event()
         self.flowing.set()
         self.request = b""  # the last request line sent upstream (HTTP)
+        self.waiting = False  # a chunk of it is held at the gate now
 
     def close(self, *, reset: bool = False) -> None:
         for writer in (self.client, self.upstream):
@@ -187,6 +188,21 @@ class FaultProxy:
         """Wait until a pause holds at least one chunk; whether that happened."""
         return self._call(_until(lambda: self.held > 0, timeout), timeout + 5)
 
+    def holding_requests(self, request: bytes, count: int, timeout: float = 10.0) -> bool:
+        """Wait until a pause (or ``hold_open``) holds at least ``count`` connections whose last
+        request line has ``request`` in it, each with bytes waiting at the gate: that many such
+        requests in flight at once; whether that happened."""
+
+        def enough() -> bool:
+            return sum(1 for k in self._links if k.waiting and request in k.request) >= count
+
+        return self._call(_until(enough, timeout), timeout + 5)
+
+    def pause_here(self) -> None:
+        """``pause()`` from the proxy's own thread (a rewriter's ``feed``, an ``SSEEdit`` edit):
+        the chunk being fed still goes through, the next ones of every connection wait."""
+        self._flowing.clear()
+
     # --- the loop's side ---
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
@@ -273,10 +289,12 @@ class FaultProxy:
         for flowing in (self._flowing, link.flowing):
             if not flowing.is_set():
                 self.held += 1
+                link.waiting = True
                 try:
                     await flowing.wait()
                 finally:
                     self.held -= 1
+                    link.waiting = False
         if self._delay and (upstream_bound or self._delay_responses):
             await asyncio.sleep(self._delay)
 
