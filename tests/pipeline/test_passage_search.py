@@ -74,7 +74,12 @@ def test_a_search_is_answered_while_more_ingests_wait_than_the_loop_has_threads(
             for i in range(default_threads + 2)
         ]
         try:
-            await asyncio.sleep(0.2)
+            # The one ingest thread is inside the (closed) gate, the others queued behind it.
+            for _ in range(1000):  # up to 10 s; gated.gate.wait gives up at 30
+                if gated.inside:
+                    break
+                await asyncio.sleep(0.01)
+            assert gated.inside == 1, "no ingest reached the embedder"
             found = await asyncio.wait_for(search.search("reader", "capital of Italy", top_k=1), 10)
             running = gated.inside
         finally:
