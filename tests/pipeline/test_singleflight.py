@@ -76,6 +76,14 @@ async def settled(check: Callable[[], bool], seconds: float = 15.0) -> None:
     raise AssertionError("never settled")
 
 
+def following(key: str, *replicas: SingleFlight) -> int:
+    """How many requests wait on the key's flight as followers (in these replicas), counted in
+    each replica's registry: what a test waits for before the leader ends, where a sleep could
+    let a slow follower join only after the end (and lead a flight of its own)."""
+    flights = (replica._flights.get(key) for replica in replicas)
+    return sum(flight.readers for flight in flights if flight is not None)
+
+
 async def deadline(seconds: float = 20.0) -> float:
     return asyncio.get_running_loop().time() + seconds
 
@@ -126,7 +134,7 @@ async def test_one_of_many_concurrent_requests_leads_and_the_others_get_its_answ
     requests = [
         asyncio.create_task(request(replicas[i % 2], the_key, joined, until)) for i in range(20)
     ]
-    await asyncio.sleep(0.3)  # every request has joined the flight
+    await settled(lambda: bool(joined) and following(the_key, *replicas) == 19)  # all joined
     assert [shared.role for shared in joined] == ["leader"]
     assert joined[0].leader is not None
     publish(joined[0].leader, EVENTS, ANSWER)
@@ -171,7 +179,7 @@ async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
         asyncio.create_task(replica.share(the_key, stream=False, deadline=until))
         for replica in (here, there)
     ]
-    await asyncio.sleep(0.2)
+    await settled(lambda: following(the_key, here, there) == 2)
     error = ContextTooLong("This model's maximum context length is 2048 tokens.")
     leading.leader.ended(None, error)
     for task in waiting:
@@ -188,11 +196,11 @@ async def test_an_answer_the_cache_would_not_store_is_not_shared_with_plain_foll
     the_key, until = key(), await deadline()
     leading = await here.share(the_key, stream=False, deadline=until)
     assert leading.leader is not None
-    waiting = asyncio.create_task(here.share(the_key, stream=False, deadline=until))
-    await asyncio.sleep(0.1)
+    follower = asyncio.create_task(here.share(the_key, stream=False, deadline=until))
+    await settled(lambda: following(the_key, here) == 1)
     filtered = Completion(content="", finish_reason="content_filter", model="smollm2")
     publish(leading.leader, [Finish("content_filter")], filtered)
-    shared = await waiting
+    shared = await follower
     assert shared.role == "off" and shared.completion is None  # it generates alone
 
 
@@ -236,10 +244,10 @@ async def test_a_leader_that_lets_go_before_its_answer_hands_the_flight_over(
     the_key, until = key(), await deadline()
     leading = await here.share(the_key, stream=False, deadline=until)
     assert leading.leader is not None
-    waiting = asyncio.create_task(there.share(the_key, stream=False, deadline=until))
-    await asyncio.sleep(0.2)
+    follower = asyncio.create_task(there.share(the_key, stream=False, deadline=until))
+    await settled(lambda: following(the_key, there) == 1)  # it follows before the leader goes
     leading.leader.ended(None, asyncio.CancelledError())  # its request was cancelled
-    taken = await waiting
+    taken = await follower
     assert taken.role == "leader"  # joined again and took the lock: it generates
 
 
