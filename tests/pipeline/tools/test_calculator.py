@@ -113,7 +113,7 @@ def test_huge_results_are_refused_before_they_are_computed(expression: str) -> N
     with pytest.raises(CalculatorError, match="too large"):
         calculate(expression)
     # Generous: a computed 9**387420489 would take minutes and gigabytes; refused, microseconds.
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10.0
 
 
 @pytest.mark.parametrize(

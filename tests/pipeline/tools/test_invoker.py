@@ -77,7 +77,8 @@ async def test_failing_and_hanging_tools_do_not_fail_the_others(tracing: Tracing
     )
     started = time.perf_counter()
     runs = await invoker.run(calls("boom", "ok", "hang", "refuse", "upstream"), caller())
-    assert time.perf_counter() - started < 1.0
+    # About the hanging tool's 0.1 s timeout; without it, the hang's hour.
+    assert time.perf_counter() - started < 10.0
     by_name = {r.name: r for r in runs}
     assert by_name["ok"].status == "ok" and by_name["ok"].content == "slept 0.01"
     assert by_name["boom"].status == "error"
