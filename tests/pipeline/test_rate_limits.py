@@ -18,10 +18,15 @@ from pipeline.store.kv import KeyValueStore
 from pipeline.store.limits import Decision, LimitConfig, RateLimiter, duration, refusal
 from tests.support.servers import RedisServer, free_port
 
+# The stores' command timeout: these tests are about the limits, not about a slow Redis (the
+# default 0.5 s, met under load here, made an admit fail open: a degraded decision with
+# no headers). Redis down is its own test, on a store with the default.
+REDIS_TIMEOUT_S = 10.0
+
 
 @pytest.fixture
 async def kv(redis_server: RedisServer) -> AsyncIterator[KeyValueStore]:
-    store = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer())
+    store = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer(), timeout=REDIS_TIMEOUT_S)
     yield store
     for limits in MADE:  # their background reads end before the store closes
         await limits.aclose()
@@ -84,7 +89,10 @@ async def test_a_key_gets_exactly_its_requests_per_window(kv: KeyValueStore, pre
 async def test_replicas_share_one_budget(redis_server: RedisServer, prefix: str) -> None:
     """Four limiters, each with its own connection pool (four replicas), admit together what
     one key may: exactly the limit, however the concurrent requests are spread."""
-    stores = [KeyValueStore.from_url(redis_server.url, trace.NoOpTracer()) for _ in range(4)]
+    stores = [
+        KeyValueStore.from_url(redis_server.url, trace.NoOpTracer(), timeout=REDIS_TIMEOUT_S)
+        for _ in range(4)
+    ]
     try:
         replicas = [limiter(kv, prefix, key_rpm=1500, window_seconds=2) for kv in stores]
         who = principal()
@@ -201,7 +209,10 @@ async def test_a_change_reaches_other_key_caches_at_once(
     """Two key stores (two replicas): the key is cached in both; revoking it through one
     reaches the other in milliseconds (asserted within 10 s), long before its 30 s cache
     would expire."""
-    stores = [KeyValueStore.from_url(redis_server.url, trace.NoOpTracer()) for _ in range(2)]
+    stores = [
+        KeyValueStore.from_url(redis_server.url, trace.NoOpTracer(), timeout=REDIS_TIMEOUT_S)
+        for _ in range(2)
+    ]
     keys = [ApiKeyStore(kv, prefix=f"{prefix}apikey:", cache_ttl=30) for kv in stores]
     listeners = [asyncio.create_task(k.listen(retry_seconds=0.05)) for k in keys]
     try:
