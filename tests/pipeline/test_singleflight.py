@@ -43,7 +43,9 @@ ANSWER = Completion(content="Paris is.", finish_reason="stop", model="smollm2")
 
 @pytest.fixture
 async def kv(redis_server) -> AsyncIterator[KeyValueStore]:
-    store = KeyValueStore.from_url(redis_server.url, TRACER)
+    # A 10 s command timeout: a command slower than the default 0.5 s on a loaded machine
+    # would turn coalescing off ("off", as with Redis down, which has a test of its own).
+    store = KeyValueStore.from_url(redis_server.url, TRACER, timeout=10.0)
     yield store
     await store.aclose()
 
