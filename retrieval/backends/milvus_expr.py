@@ -127,7 +127,9 @@ def clause_expr(clause: Clause) -> str:
     if clause.op in ("$eq", "$in"):
         values = clause.operand if isinstance(clause.operand, tuple) else (clause.operand,)
         if not values:
-            return "false"
+            # `$in: []` matches nothing; Milvus has no `false` literal, and no chunk holds this
+            # digest (its type tag is none of ours).
+            return f"array_contains_any({EQ_FIELD}, {_hex_list([_digest('nothing')])})"
         digests = sorted({term_digest(clause.key, v) for v in values})
         return f"array_contains_any({EQ_FIELD}, {_hex_list(digests)})"
     op = _OPS.get(clause.op)
