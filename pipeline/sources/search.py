@@ -218,3 +218,4 @@ class PassageSearch:
         await self.queries.aclose()
         self._searches.shutdown(wait=False)
         self._writes.shutdown(wait=False)
+        self.backends.close()

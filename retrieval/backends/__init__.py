@@ -106,5 +106,9 @@ class RetrievalBackend(Protocol):
         """Index already made chunks and vectors, replacing their documents' chunks."""
         ...
 
+    def close(self) -> None:
+        """Release connections (and, for Milvus Lite, its embedded server)."""
+        ...
+
 
 __all__ = ["BackendStats", "ChunkBatch", "RetrievalBackend"]

@@ -107,6 +107,9 @@ class EmbeddedBackend:
     def import_chunks(self, tenant: str, batch: ChunkBatch) -> IngestResult:
         return self.store.import_chunks(tenant, batch.chunks, batch.vectors)
 
+    def close(self) -> None:
+        """Nothing to release: snapshots are files."""
+
 
 def _batch(records: Any, vectors: FloatArray, rows: list[int]) -> ChunkBatch:
     chunks = [

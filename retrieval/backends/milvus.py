@@ -122,12 +122,26 @@ def connect(uri: str, timeout_s: float = 30.0) -> Any:
             "pymilvus is not installed: run `make install` (it installs pymilvus and milvus-lite)"
         ) from exc
     try:
-        return MilvusClient(uri, timeout=timeout_s)
+        client = MilvusClient(uri, timeout=timeout_s)
     except Exception as exc:
         raise MilvusUnavailable(
             f"Milvus at {uri!r} could not be reached or started ({type(exc).__name__}: {exc}); "
-            "for a file path, milvus-lite 2.5 must be installed: run `make install`"
+            "for a file path, milvus-lite 2.5 must be installed (run `make install`), and no "
+            "other process may have the file open"
         ) from exc
+    if not uri.startswith(("http://", "https://", "tcp://", "unix:")):
+        client._lite_path = uri  # for close(): stop the embedded server
+    return client
+
+
+def close(client: Any) -> None:
+    """Close `client`; for Milvus Lite, also stop the embedded server of its file."""
+    path = getattr(client, "_lite_path", None)
+    client.close()
+    if path is not None:
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(path)
 
 
 def _digest(*parts: str) -> str:
@@ -543,7 +557,12 @@ class MilvusBackend:
         )
 
     def close(self) -> None:
-        self.client.close()
+        """Close the client, and stop Milvus Lite if this client started it (one process at a
+        time may hold a Milvus Lite database file)."""
+        close(self.client)
+        closer = getattr(self.versions, "close", None)
+        if closer is not None:
+            closer()
 
 
 def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:

@@ -102,6 +102,12 @@ class BackendRouter:
     def for_tenant(self, tenant: str) -> RetrievalBackend:
         return self.backends[self.name_for(tenant)]
 
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
+        if isinstance(self.overrides, RedisOverrides):
+            self.overrides.close()
+
     def record(self, tenant: str, backend: str) -> None:
         """Send `tenant` to `backend` from now on (every process reading the same overrides)."""
         if backend not in self.backends:
