@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import logging
 import sys
 import threading
 import time
@@ -89,6 +90,24 @@ class MilvusUnavailable(RuntimeError):
     """Milvus (or Milvus Lite) could not be started or reached."""
 
 
+class _EmptyResultNoise(logging.Filter):
+    """Drops pymilvus's ERROR records of Milvus Lite's empty-result error (`_EMPTY_RESULT`),
+    which the backend reads as "no rows", and the client's "Failed to query" record that
+    follows each (it names no cause; a real failure still reaches the caller as the exception
+    it re-raises). Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return _EMPTY_RESULT not in message and not message.startswith("Failed to query")
+
+
+def _quiet_empty_results() -> None:
+    for name in ("pymilvus.decorators", "pymilvus.milvus_client.milvus_client"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _EmptyResultNoise) for f in logger.filters):
+            logger.addFilter(_EmptyResultNoise())
+
+
 def _provide_pkg_resources() -> None:
     """milvus-lite 2.5.1 imports `pkg_resources` (for its own version only), which setuptools
     82 removed. Where it is missing, give it the two names it uses, from importlib.metadata."""
@@ -115,6 +134,7 @@ def connect(uri: str, timeout_s: float = 30.0) -> Any:
     """A MilvusClient for `uri`: a file path starts Milvus Lite on it, `http://host:19530` is a
     server. MilvusUnavailable, saying how to install it, when it cannot start."""
     _provide_pkg_resources()
+    _quiet_empty_results()
     try:
         from pymilvus import MilvusClient
     except ImportError as exc:
@@ -432,10 +452,10 @@ class MilvusBackend:
         while True:
             expr = f'tenant == "{check_tenant(tenant)}" and pk > "{last}"'
             page = self._query(expr, ["pk", *fields], limit=batch)
-            if not page:
-                return
             page.sort(key=lambda row: str(row["pk"]))
             yield from page
+            if len(page) < batch:
+                return
             last = str(page[-1]["pk"])
 
     def export(self, tenant: str, batch: int = 500) -> Iterator[ChunkBatch]:
@@ -524,6 +544,8 @@ class MilvusBackend:
         keys = {_doc_key(tenant, d): d for d in document_ids}
         found: set[str] = set()
         for part in _parts(sorted(keys), 500):
+            if not self._count(f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'):
+                continue
             rows = self._query(
                 f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]', ["doc_key"]
             )
