@@ -298,7 +298,9 @@ def test_exported_chunks_import_into_the_other_backend_unchanged(
     backend: RetrievalBackend, embedder: Embedder, tenant: str, tmp_path: Path,
     redis_server: RedisServer,
 ) -> None:  # fmt: skip
-    backend.upsert(tenant, [*CORPUS, Document("long", " ".join(["glacier ice"] * 300))])
+    board = AccessList(frozenset({"board"}), frozenset({'al"ice'}))
+    hidden = Document("hidden", "Board minutes.", "Minutes", {"k": ["a", "b"]}, access=board)
+    backend.upsert(tenant, [*CORPUS, Document("long", " ".join(["glacier ice"] * 300)), hidden])
     batches = list(backend.export(tenant, batch=4))
     chunks = [c for b in batches for c in b.chunks]
     assert len(chunks) == backend.stats(tenant).chunks
@@ -314,3 +316,8 @@ def test_exported_chunks_import_into_the_other_backend_unchanged(
     assert target.stats(tenant).chunks == len(chunks)
     query = "does aspirin prevent heart attacks"
     assert search(target, embedder, tenant, query, top_k=1).hits[0].chunk_id == "aspirin#0"
+    (copied,) = [c for c in chunks if c.document_id == "hidden"]
+    assert (copied.access, copied.metadata, copied.title) == (board, {"k": ["a", "b"]}, "Minutes")
+    viewer = Viewer("bob", frozenset({"board"}))
+    assert "hidden" in documents(search(target, embedder, tenant, "minutes", viewer=viewer))
+    assert "hidden" not in documents(search(target, embedder, tenant, "minutes"))
