@@ -74,3 +74,11 @@ def test_a_backend_named_in_settings_but_not_built_is_a_settings_error(
     with pytest.raises(ValueError, match="not configured"):
         BackendRouter({"embedded": EmbeddedBackend(store, HybridRetriever(store))}, "milvus")
     assert issubclass(SettingsError, ValueError)
+
+
+def test_a_milvus_that_cannot_be_reached_is_an_error_saying_how_to_install_it() -> None:
+    from retrieval.backends.milvus import MilvusUnavailable, connect
+    from tests.support.servers import free_port
+
+    with pytest.raises(MilvusUnavailable, match="make install"):
+        connect(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
