@@ -41,6 +41,9 @@ from pipeline.tools.invoker import ToolInvoker
 from pipeline.tools.loop import Invoker
 from pipeline.tools.registry import ToolRegistry
 from retrieval import Embedder, HybridRetriever, IndexStore, QueryBatcher, make_embedder
+from retrieval.backends import RetrievalBackend
+from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.router import BackendRouter, RedisOverrides
 from retrieval.files import ConverterPool, ZipLimits
 
 
@@ -351,6 +354,54 @@ def build_converter(settings: Settings) -> ConverterPool:
     )
 
 
+def build_milvus(settings: Settings, embedder: Embedder) -> RetrievalBackend:
+    """The Milvus backend of the settings (Milvus Lite for a file path); its index versions
+    are counters in the settings' Redis, which the app and `rag` share."""
+    from retrieval.backends.milvus import MilvusBackend, connect
+    from retrieval.backends.versions import RedisVersions
+
+    config = settings.retrieval
+    versions = RedisVersions(
+        settings.redis.url,
+        settings.redis.key_prefix,
+        timeout_s=max(settings.redis.timeout_seconds, 0.5),
+    )
+    client = connect(config.milvus_location(), config.milvus_timeout_seconds)
+    options: dict[str, Any] = {"candidates": config.candidates} if config.candidates else {}
+    return MilvusBackend(
+        client,
+        config.milvus_collection,
+        embedder,
+        versions,
+        chunk_words=config.chunk_words,
+        overlap_words=config.overlap_words,
+        max_document_chars=config.max_document_chars,
+        timeout_s=config.milvus_timeout_seconds,
+        **options,
+    )
+
+
+def build_backends(
+    settings: Settings, store: IndexStore, retriever: HybridRetriever, embedder: Embedder
+) -> BackendRouter:
+    """The backends and which tenant uses which: the embedded one always; Milvus when the
+    settings name it (or give its URI), with run-time overrides (`rag backend move`) in Redis."""
+    config = settings.retrieval
+    backends: dict[str, RetrievalBackend] = {"embedded": EmbeddedBackend(store, retriever)}
+    overrides = None
+    if config.uses_milvus:
+        backends["milvus"] = build_milvus(settings, embedder)
+        overrides = RedisOverrides(
+            settings.redis.url,
+            settings.redis.key_prefix,
+            timeout_s=max(settings.redis.timeout_seconds, 0.5),
+        )
+    try:
+        return BackendRouter(backends, config.backend, config.tenant_backends, overrides)
+    except ValueError as exc:
+        raise SettingsError(f"RAG_RETRIEVAL: {exc}") from None
+
+
 def build_search(
     settings: Settings, tracer: trace.Tracer, query_embedder: Embedder, ingest_embedder: Embedder
 ) -> PassageSearch:
@@ -378,6 +429,7 @@ def build_search(
         ingest_torch_threads=(
             config.ingest_torch_threads if ingest_embedder.backend == "torch" else 0
         ),
+        backends=build_backends(settings, store, retriever, ingest_embedder),
     )
 
 

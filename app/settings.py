@@ -228,6 +228,9 @@ class LogSettings(BaseModel):
     requests: bool = Field(True, description="One line per HTTP request (logger rag.request).")
 
 
+RetrievalBackendName = Literal["embedded", "milvus"]
+
+
 class RetrievalSettings(Durations):
     renamed_ms = ("query_batch_window",)
 
@@ -278,6 +281,35 @@ class RetrievalSettings(Durations):
         le=1.0,
         description="Passages less relevant than this stay out of the prompt (0: no gate).",
     )
+    backend: RetrievalBackendName = Field(
+        "embedded",
+        description="Where tenants' indexes live by default: embedded (snapshots loaded by each "
+        "replica) or milvus (one Milvus collection, for tenants that outgrow a replica).",
+    )
+    tenant_backends: dict[str, RetrievalBackendName] = Field(
+        default_factory=dict,
+        description='Per-tenant backend, e.g. {"big": "milvus"}. `rag backend move` records '
+        "its own override in Redis, which wins over this.",
+    )
+    milvus_uri: str | None = Field(
+        None,
+        description="Milvus: a file path runs Milvus Lite on it, http://host:19530 a server. "
+        "Default, when a tenant uses Milvus: $RAG_HOME/milvus.db.",
+    )
+    milvus_collection: str = Field(
+        "rag_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$", description="One per deployment."
+    )
+    milvus_timeout_seconds: float = Field(30.0, gt=0)
+
+    @property
+    def uses_milvus(self) -> bool:
+        """Whether a Milvus backend is to be built (a default or an override names it, or a
+        URI is set so that tenants can be moved to it)."""
+        named = {self.backend, *self.tenant_backends.values()}
+        return "milvus" in named or self.milvus_uri is not None
+
+    def milvus_location(self) -> str:
+        return self.milvus_uri or str(default_home() / "milvus.db")
 
 
 class FileSettings(BaseModel):

@@ -223,6 +223,30 @@ class IndexStore:
             len(index),
         )
 
+    def import_chunks(
+        self, tenant: str, chunks: Sequence[Chunk], vectors: FloatArray
+    ) -> IngestResult:
+        """Index chunks already made and embedded (a move from another backend: the same
+        passages and vectors), replacing every chunk of their documents; one new version."""
+        started = time.perf_counter()
+        if not chunks:
+            return self._unchanged(tenant, started)
+        if len(vectors) != len(chunks):
+            raise ValueError("one vector per chunk is needed")
+        documents = {c.document_id for c in chunks}
+        tokens = [tokenize(c.indexed_text) for c in chunks]
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32)
+        with self._writer(tenant) as old:
+            index = self._publish(tenant, old, documents, list(chunks), tokens, matrix)
+        return IngestResult(
+            index.version,
+            len(documents),
+            len(chunks),
+            time.perf_counter() - started,
+            index.documents,
+            len(index),
+        )
+
     def _unchanged(self, tenant: str, started: float) -> IngestResult:
         """The result of a call that changed nothing (no version is published)."""
         index = self.current(tenant)

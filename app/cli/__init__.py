@@ -12,6 +12,10 @@ rag ingest PATH --tenant T [--batch N] [--quiet]   (--quiet: nothing printed but
                             (PATH: a .jsonl, a PDF/DOCX/PPTX/HTML/Markdown/text file, or a
                             folder of them; each bad file is skipped with its reason)
 rag delete --tenant T ID...   (an id the tenant does not have is reported; exit status 1)
+rag backend show|move ...     (app.cli.backend: which backend holds a tenant; move it)
+
+Ingest and delete go through the tenant's retrieval backend (retrieval.backends), as the app's
+requests do.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from pathlib import Path
 
 from opentelemetry import trace
 
+from app.cli.backend import add_commands as add_backend_commands
+from app.cli.backend import backend_router
 from app.cli.features import add_commands as add_feature_commands
 from app.cli.ingest_files import FileReader, Skipped, read_documents
 from app.cli.jobs import add_commands as add_job_commands
 from app.jobs import job_queue
-from app.services import build_converter, build_index_store, build_key_store
+from app.services import build_converter, build_key_store
 from app.settings import get_settings
 from pipeline.errors import StoreUnavailable
 from pipeline.store.keys import (
@@ -40,7 +46,10 @@ from pipeline.store.keys import (
     validate_scopes,
 )
 from pipeline.store.kv import KeyValueStore
-from retrieval import Document, DocumentError, IndexStore, make_embedder
+from retrieval import Document, DocumentError
+from retrieval.backends import RetrievalBackend
+from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.store import IngestResult
 
 
 def _key_store() -> ApiKeyStore:
@@ -210,9 +219,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 3  # 3: uvicorn's status when the app failed to start
 
 
-def _index_store() -> IndexStore:
-    config = get_settings().retrieval
-    return build_index_store(config, make_embedder(config.embeddings))
+def _backend(tenant: str) -> RetrievalBackend:
+    """The backend that holds `tenant`'s index, chosen as the app chooses it."""
+    return backend_router().for_tenant(tenant)
+
+
+def _upsert(
+    backend: RetrievalBackend, tenant: str, docs: list[Document], progress: bool
+) -> IngestResult:
+    if isinstance(backend, EmbeddedBackend):
+        return backend.store.upsert(tenant, docs, progress=progress)  # with its progress bar
+    return backend.upsert(tenant, docs)
 
 
 def _quiet() -> None:
@@ -231,7 +248,7 @@ def _ingest(args: argparse.Namespace) -> int:
         raise ValueError(f"{path} does not exist")
     if args.quiet:
         _quiet()
-    store = _index_store()
+    store = _backend(args.tenant)
     skipped = Skipped()
     documents = chunks = 0
     batch: list[Document] = []
@@ -241,7 +258,7 @@ def _ingest(args: argparse.Namespace) -> int:
         bad one is skipped (with its own reason) and the rest go in."""
         nonlocal documents, chunks
         try:
-            result = store.upsert(args.tenant, docs, progress=not args.quiet)
+            result = _upsert(store, args.tenant, docs, progress=not args.quiet)
         except DocumentError as exc:
             if len(docs) == 1:
                 skipped.add(docs[0].id, str(exc))
@@ -288,10 +305,10 @@ def _ingest(args: argparse.Namespace) -> int:
 def _delete(args: argparse.Namespace) -> int:
     """Like ``DELETE /v1/documents/{id}``: an id the tenant does not have is an error (exit 1),
     reported after the ids it does have are deleted."""
-    store = _index_store()
+    store = _backend(args.tenant)
     wanted = list(dict.fromkeys(args.document_ids))
-    index = store.current(args.tenant)
-    missing = [d for d in wanted if index is None or d not in index.rows_by_document]
+    present = store.document_ids(args.tenant)
+    missing = [d for d in wanted if d not in present]
     if len(missing) < len(wanted):
         result = store.delete(args.tenant, wanted)
         print(
@@ -383,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--tenant", required=True)
     delete.add_argument("document_ids", nargs="+")
     delete.set_defaults(run=_delete, sync=True)
+    add_backend_commands(commands)
     add_feature_commands(commands)
     add_job_commands(commands)
     return parser

@@ -35,8 +35,10 @@ from retrieval import (
     parse_filters,
 )
 from retrieval.access import Viewer
+from retrieval.backends import RetrievalBackend
+from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.router import BackendRouter
 from retrieval.embeddings import embedding_executor
-from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray
 
 T = TypeVar("T")
@@ -67,6 +69,10 @@ class PassageSearch:
     threads, and a search never waits for one of them. The ingest threads run torch with
     ``ingest_torch_threads`` threads (see ``retrieval.embeddings.embedding_executor``), so an
     ingest's batch of passages leaves cores to the queries' embeddings.
+
+    Which index serves a tenant is ``backends``' choice (``retrieval.backends.router``): the
+    embedded snapshots of ``store`` (searched by ``retriever``) unless settings or a move sent
+    the tenant elsewhere (Milvus). Every method here goes through the tenant's backend.
     """
 
     def __init__(
@@ -79,9 +85,11 @@ class PassageSearch:
         search_threads: int = 4,
         ingest_threads: int = 1,
         ingest_torch_threads: int = 0,
+        backends: BackendRouter | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
+        self.backends = backends or BackendRouter({"embedded": EmbeddedBackend(store, retriever)})
         self.queries = queries
         self.tracer = tracer
         self._searches = ThreadPoolExecutor(search_threads, thread_name_prefix="search")
@@ -94,29 +102,31 @@ class PassageSearch:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(pool, call)
 
+    def backend(self, tenant: str) -> RetrievalBackend:
+        """The backend that holds ``tenant``'s index."""
+        return self.backends.for_tenant(tenant)
+
     def version(self, tenant: str) -> str:
-        return self.store.version(tenant)
+        return self.backend(tenant).version(tenant)
 
     def idf(self, principal: Principal, query: str) -> dict[str, float]:
         """The IDF of the query's terms (what compression weighs words by) in the tenant's
         index as ``principal`` may see it: hidden chunks weigh nothing (the view is the one the
-        retrieval of the same request built)."""
-        index = self.store.current(principal.tenant)
-        if index is None:
-            return {}
-        return index.visible_to(viewer_of(principal)).bm25.idf_of(tokenize(query))
+        retrieval of the same request built). Empty for a backend that does not expose its
+        statistics (Milvus): compression then uses its own estimate."""
+        tenant = principal.tenant
+        return self.backend(tenant).idf(tenant, viewer_of(principal), query)
 
     def has_index(self, tenant: str) -> bool:
-        return self.store.current(tenant) is not None
+        return self.backend(tenant).has_index(tenant)
 
     def access_scope(self, principal: Principal) -> tuple[str, dict[str, Any] | None]:
-        """The version of the tenant's index and, read from that same snapshot, what of the
-        principal decides which of its chunks the principal sees (``AccessColumns.scope``:
-        None when the index has no access lists). Both go into the cache key."""
-        index = self.store.current(principal.tenant)
-        if index is None:
-            return self.store.version(principal.tenant), None
-        return index.version, index.access.scope(viewer_of(principal))
+        """The version of the tenant's index and what of the principal decides which of its
+        chunks the principal sees (``AccessColumns.scope`` for the embedded index, read from
+        the same snapshot; None when the index has no access lists). Both go into the cache
+        key."""
+        tenant = principal.tenant
+        return self.backend(tenant).access_scope(tenant, viewer_of(principal))
 
     async def embed(self, query: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop).
@@ -157,7 +167,7 @@ class PassageSearch:
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await self._off_loop(
                 self._searches,
-                self.retriever.search,
+                self._search,
                 tenant,
                 query,
                 vector,
@@ -182,20 +192,30 @@ class PassageSearch:
             )
         return result
 
+    def _search(self, tenant: str, *args: Any, **kwargs: Any) -> SearchResult:
+        """The backend's search; a filter it cannot express is the caller's error (400)."""
+        try:
+            return self.backend(tenant).search(tenant, *args, **kwargs)
+        except FilterError as exc:
+            raise InvalidRequest(f"Invalid filters: {exc}", param="filters") from exc
+
     async def ingest(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
         with self.tracer.start_as_current_span(
             f"ingest {tenant}",
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
-            return await self._off_loop(self._writes, self.store.upsert, tenant, list(documents))
+            backend = self.backend(tenant)
+            return await self._off_loop(self._writes, backend.upsert, tenant, list(documents))
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         with self.tracer.start_as_current_span(
             f"delete {tenant}", attributes={attr.TENANT: tenant}
         ):
-            return await self._off_loop(self._writes, self.store.delete, tenant, list(document_ids))
+            backend = self.backend(tenant)
+            return await self._off_loop(self._writes, backend.delete, tenant, list(document_ids))
 
     async def aclose(self) -> None:
         await self.queries.aclose()
         self._searches.shutdown(wait=False)
         self._writes.shutdown(wait=False)
+        self.backends.close()

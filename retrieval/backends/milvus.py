@@ -1,0 +1,647 @@
+"""The Milvus backend: every tenant of a deployment in one collection, searched with the same
+cascade as the embedded index (BM25 candidates, their vectors, the same fusion).
+
+Schema (`COLLECTION_FIELDS`): `pk` (a digest of tenant and chunk id), `tenant` (an ordinary
+VARCHAR every query filters on: a partition key misbehaved in Milvus Lite 2.5), chunk and
+document ids, `doc_key` (a digest of tenant and document id, what writes delete by), `indexed`
+(title, headings and text: what BM25 reads, through Milvus's English analyzer and its BM25
+function into `sparse`), `text`, `title`, `dense` (384-d, FLAT index, inner product over the
+normalised embeddings), `metadata` (JSON), `eq_terms` (digests of metadata values, for equality
+filters: retrieval.backends.milvus_expr), `access` (JSON) with `public` and `access_terms`.
+
+A search: (1) BM25 top `candidates` inside Milvus, the tenant, the viewer's access and both
+filters applied by the server; when every allowed chunk fits in `candidates` and a query vector
+is given, all allowed chunks are candidates (as `select_candidates` does); (2) the candidates'
+stored vectors scored against the query; (3) `retrieval.fusion.fuse` and
+`retrieval.hybrid.top_positions`, the embedded index's own code.
+
+Differences from the embedded index, each cheap there and dear here:
+- BM25 statistics are Milvus's, over the whole collection, not per viewer; `bm25_norm` and
+  `relevance` are None (Milvus gives no attainable maximum), so the relevance gate keeps hits.
+- `context_terms` (a conversation's earlier turns at a lower weight) are not used.
+- `idf` is empty: compression falls back to IDF over the passages it compresses.
+- A range filter compares scalar values only (not the elements of a list-valued field).
+- Upserts delete a document's old chunks and then insert the new ones: a search in between may
+  see the document missing, never half old and half new.
+
+Milvus calls block: PassageSearch runs them in its search and ingest thread pools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from retrieval.access import Viewer, access_from_json
+from retrieval.backends import BackendStats, ChunkBatch
+from retrieval.backends.milvus_expr import (
+    access_digests,
+    filter_expr,
+    metadata_digests,
+    scoped_expr,
+)
+from retrieval.backends.versions import VersionCounter
+from retrieval.documents import (
+    DEFAULT_MAX_WORDS,
+    DEFAULT_OVERLAP_WORDS,
+    Chunk,
+    Document,
+    DocumentError,
+    chunk_document,
+)
+from retrieval.embeddings import Embedder
+from retrieval.filters import Filter
+from retrieval.fusion import FusionMethod, fuse
+from retrieval.hybrid import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_FUSION,
+    DEFAULT_RRF_K,
+    DEFAULT_VECTOR_WEIGHT,
+    Hit,
+    SearchResult,
+    top_positions,
+)
+from retrieval.store import IngestResult, check_tenant
+from retrieval.vectors import FloatArray
+from retrieval.versions import NO_VERSION
+
+MAX_TEXT_BYTES = 65_535
+MAX_ID_BYTES = 2048
+MAX_EQ_TERMS = 4096
+MAX_ACCESS_TERMS = 64
+_OUTPUT = ["chunk_id", "document_id", "text", "title", "metadata", "dense"]
+_EXPORT = ["chunk_id", "document_id", "text", "title", "metadata", "access", "dense", "position"]
+# Milvus Lite 2.5.1 answers a query whose result is empty with this error (it cannot type the
+# output columns of no rows): seen for a tenant with no chunk, a value no row holds, a JSON path
+# no row has. It means "no rows".
+_EMPTY_RESULT = "Unsupported data type: 0"
+
+
+class MilvusUnavailable(RuntimeError):
+    """Milvus (or Milvus Lite) could not be started or reached."""
+
+
+class _EmptyResultNoise(logging.Filter):
+    """Drops pymilvus's ERROR records of Milvus Lite's empty-result error (`_EMPTY_RESULT`),
+    which the backend reads as "no rows", and the client's "Failed to query" record that
+    follows each (it names no cause; a real failure still reaches the caller as the exception
+    it re-raises). Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return _EMPTY_RESULT not in message and not message.startswith("Failed to query")
+
+
+def _quiet_empty_results() -> None:
+    for name in ("pymilvus.decorators", "pymilvus.milvus_client.milvus_client"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _EmptyResultNoise) for f in logger.filters):
+            logger.addFilter(_EmptyResultNoise())
+
+
+def _provide_pkg_resources() -> None:
+    """milvus-lite 2.5.1 imports `pkg_resources` (for its own version only), which setuptools
+    82 removed. Where it is missing, give it the two names it uses, from importlib.metadata."""
+    try:
+        import pkg_resources  # noqa: F401
+    except ImportError:
+        module = types.ModuleType("pkg_resources")
+
+        class DistributionNotFound(Exception):
+            pass
+
+        def get_distribution(name: str) -> Any:
+            try:
+                return types.SimpleNamespace(version=importlib.metadata.version(name))
+            except importlib.metadata.PackageNotFoundError as exc:
+                raise DistributionNotFound(name) from exc
+
+        module.DistributionNotFound = DistributionNotFound  # type: ignore[attr-defined]
+        module.get_distribution = get_distribution  # type: ignore[attr-defined]
+        sys.modules["pkg_resources"] = module
+
+
+def connect(uri: str, timeout_s: float = 30.0) -> Any:
+    """A MilvusClient for `uri`: a file path starts Milvus Lite on it, `http://host:19530` is a
+    server. MilvusUnavailable, saying how to install it, when it cannot start."""
+    _provide_pkg_resources()
+    _quiet_empty_results()
+    try:
+        from pymilvus import MilvusClient
+    except ImportError as exc:
+        raise MilvusUnavailable(
+            "pymilvus is not installed: run `make install` (it installs pymilvus and milvus-lite)"
+        ) from exc
+    try:
+        client = MilvusClient(uri, timeout=timeout_s)
+    except Exception as exc:
+        raise MilvusUnavailable(
+            f"Milvus at {uri!r} could not be reached or started ({type(exc).__name__}: {exc}); "
+            "for a file path, milvus-lite 2.5 must be installed (run `make install`), and no "
+            "other process may have the file open"
+        ) from exc
+    if not uri.startswith(("http://", "https://", "tcp://", "unix:")):
+        client._lite_path = uri  # for close(): stop the embedded server
+    return client
+
+
+def close(client: Any) -> None:
+    """Close `client`; for Milvus Lite, also stop the embedded server of its file."""
+    path = getattr(client, "_lite_path", None)
+    client.close()
+    if path is not None:
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(path)
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.blake2b("\x00".join(parts).encode(), digest_size=16).hexdigest()
+
+
+def _doc_key(tenant: str, document_id: str) -> str:
+    return _digest("d", tenant, document_id)
+
+
+class MilvusBackend:
+    """Tenants' chunks in the Milvus `collection` at `client`; `embedder` embeds at ingest;
+    `versions` holds each tenant's index version (RedisVersions)."""
+
+    name = "milvus"
+
+    def __init__(
+        self,
+        client: Any,
+        collection: str,
+        embedder: Embedder,
+        versions: VersionCounter,
+        *,
+        candidates: int = DEFAULT_CANDIDATES,
+        fusion: FusionMethod = DEFAULT_FUSION,
+        vector_weight: float = DEFAULT_VECTOR_WEIGHT,
+        rrf_k: float = DEFAULT_RRF_K,
+        chunk_words: int = DEFAULT_MAX_WORDS,
+        overlap_words: int = DEFAULT_OVERLAP_WORDS,
+        max_document_chars: int = 1_000_000,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.collection = collection
+        self.embedder = embedder
+        self.versions = versions
+        self.candidates = candidates
+        self.fusion = fusion
+        self.vector_weight = vector_weight
+        self.rrf_k = rrf_k
+        self.chunk_words = chunk_words
+        self.overlap_words = overlap_words
+        self.max_document_chars = max_document_chars
+        self.timeout_s = timeout_s
+        # Writes of one tenant are serialised in this process (delete-then-insert of a document
+        # must not interleave with another write of it); across processes, Milvus's own order.
+        self._write_locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.ensure_collection()
+
+    # -- the collection ----------------------------------------------------------------------
+
+    def ensure_collection(self) -> None:
+        """Create and load the collection when it does not exist yet."""
+        if self.client.has_collection(self.collection):
+            self.client.load_collection(self.collection)
+            return
+        from pymilvus import DataType, Function, FunctionType, MilvusClient
+
+        schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=64)
+        schema.add_field("tenant", DataType.VARCHAR, max_length=64)
+        schema.add_field("chunk_id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
+        schema.add_field("document_id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
+        schema.add_field("doc_key", DataType.VARCHAR, max_length=64)
+        schema.add_field("position", DataType.INT64)
+        schema.add_field(
+            "indexed",
+            DataType.VARCHAR,
+            max_length=MAX_TEXT_BYTES,
+            enable_analyzer=True,
+            analyzer_params={"type": "english"},
+        )
+        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+        schema.add_field("title", DataType.VARCHAR, max_length=4096)
+        schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=self.embedder.dimension)
+        schema.add_field("metadata", DataType.JSON)
+        schema.add_field("access", DataType.JSON)  # Milvus Lite: no nullable fields
+        schema.add_field("public", DataType.BOOL)
+        schema.add_field(
+            "eq_terms",
+            DataType.ARRAY,
+            element_type=DataType.VARCHAR,
+            max_capacity=MAX_EQ_TERMS,
+            max_length=32,
+        )
+        schema.add_field(
+            "access_terms",
+            DataType.ARRAY,
+            element_type=DataType.VARCHAR,
+            max_capacity=MAX_ACCESS_TERMS,
+            max_length=32,
+        )
+        schema.add_function(
+            Function(
+                name="bm25",
+                function_type=FunctionType.BM25,
+                input_field_names=["indexed"],
+                output_field_names=["sparse"],
+            )
+        )
+        index = self.client.prepare_index_params()
+        index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+        # Milvus Lite 2.5 has only FLAT; the embeddings are normalised, so IP is cosine.
+        index.add_index("dense", index_type="FLAT", metric_type="IP")
+        self.client.create_collection(self.collection, schema=schema, index_params=index)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _query(self, expr: str, fields: list[str], limit: int | None = None) -> list[Any]:
+        """Rows matching `expr` ([] where Milvus Lite reports an empty result as an error)."""
+        options: dict[str, Any] = {} if limit is None else {"limit": limit}
+        try:
+            return list(
+                self.client.query(
+                    self.collection,
+                    filter=expr,
+                    output_fields=fields,
+                    timeout=self.timeout_s,
+                    **options,
+                )
+            )
+        except Exception as exc:
+            if _EMPTY_RESULT in str(exc):
+                return []
+            raise
+
+    def _count(self, expr: str) -> int:
+        rows = self._query(expr, ["count(*)"])
+        return int(rows[0]["count(*)"]) if rows else 0
+
+    def search(
+        self,
+        tenant: str,
+        query: str,
+        query_vector: FloatArray | None,
+        *,
+        top_k: int = 5,
+        filters: Filter | None = None,
+        defaults: Filter | None = None,
+        viewer: Viewer | None = None,
+        context_terms: Sequence[tuple[str, float]] = (),
+    ) -> SearchResult:
+        """See the module docstring; `context_terms` are not used."""
+        started = time.perf_counter()
+        version = self.version(tenant)
+        caller, narrower = filter_expr(filters), filter_expr(defaults)
+        visible = self._count(scoped_expr(tenant, viewer))
+        if visible == 0:
+            return SearchResult([], 0, 0, _timings(), version)
+        requested = self._count(scoped_expr(tenant, viewer, caller)) if caller else visible
+        expr = scoped_expr(tenant, viewer, caller, narrower)
+        allowed = self._count(expr) if narrower else requested
+        timings = {"filter": _ms(started)}
+        rows, bm25, matched = self._candidates(query, expr, allowed, query_vector is not None)
+        timings["bm25"] = _ms(started) - timings["filter"]
+        step = time.perf_counter()
+        vector = None
+        if query_vector is not None and rows:
+            dense = np.asarray([r["dense"] for r in rows], dtype=np.float32)
+            vector = dense @ query_vector.astype(np.float32, copy=False)
+        timings["vector"] = _ms(step)
+        step = time.perf_counter()
+        hits = self._ranked(rows, bm25, matched, vector, top_k)
+        timings["fusion"] = _ms(step)
+        return SearchResult(
+            hits,
+            len(rows),
+            allowed,
+            timings,
+            version,
+            excluded_by_filters=visible - requested,
+            excluded_by_defaults=requested - allowed,
+        )
+
+    def _candidates(
+        self, query: str, expr: str, allowed: int, by_vector: bool
+    ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
+        """Candidate rows with their BM25 scores and whether they hold a query term."""
+        if allowed == 0:
+            return [], np.zeros(0, np.float32), np.zeros(0, np.bool_)
+        found = self._bm25(query, expr, min(allowed, self.candidates))
+        if by_vector and allowed <= self.candidates:
+            rows = self._query(expr, ["pk", *_OUTPUT], limit=allowed)
+        else:
+            rows = [hit["entity"] | {"pk": hit["id"]} for hit in found]
+        scores = {hit["id"]: float(hit["distance"]) for hit in found}
+        bm25 = np.array([scores.get(r["pk"], 0.0) for r in rows], dtype=np.float32)
+        matched = np.array([r["pk"] in scores for r in rows], dtype=np.bool_)
+        return rows, bm25, matched
+
+    def _bm25(self, query: str, expr: str, limit: int) -> list[dict[str, Any]]:
+        if not query.strip():
+            return []
+        try:
+            result = self.client.search(
+                self.collection,
+                data=[query],
+                anns_field="sparse",
+                limit=limit,
+                filter=expr,
+                output_fields=_OUTPUT,
+                search_params={"metric_type": "BM25"},
+                timeout=self.timeout_s,
+            )
+        except Exception as exc:
+            if _EMPTY_RESULT in str(exc):
+                return []
+            raise
+        # A hit with no query term scores 0 (the BM25 function's sparse dot product).
+        return [hit for hit in result[0] if float(hit["distance"]) > 0.0]
+
+    def _ranked(
+        self,
+        rows: list[dict[str, Any]],
+        bm25: np.ndarray,
+        matched: np.ndarray,
+        vector: np.ndarray | None,
+        top_k: int,
+    ) -> list[Hit]:
+        if not rows:
+            return []
+        if vector is None:
+            fused: np.ndarray = bm25
+        else:
+            fused = fuse(
+                bm25,
+                matched,
+                vector,
+                method=self.fusion,
+                vector_weight=self.vector_weight,
+                rrf_k=self.rrf_k,
+            )
+        # Ties go to the lower chunk id, as the embedded index's go to the lower row.
+        order = np.argsort(np.argsort([r["chunk_id"] for r in rows])).astype(np.int64)
+        hits = []
+        for i in top_positions(fused, top_k, order):
+            row = rows[int(i)]
+            hits.append(
+                Hit(
+                    chunk_id=row["chunk_id"],
+                    document_id=row["document_id"],
+                    score=float(fused[i]),
+                    text=row["text"],
+                    title=row["title"],
+                    metadata=dict(row["metadata"] or {}),
+                    bm25_score=float(bm25[i]) if matched[i] else None,
+                    vector_score=None if vector is None else float(vector[i]),
+                )
+            )
+        return hits
+
+    def version(self, tenant: str) -> str:
+        return self.versions.get(check_tenant(tenant))
+
+    def stats(self, tenant: str) -> BackendStats:
+        chunks = self._count(f'tenant == "{check_tenant(tenant)}"')
+        return BackendStats(self.name, self.version(tenant), len(self.document_ids(tenant)), chunks)
+
+    def has_index(self, tenant: str) -> bool:
+        """Whether the tenant was ever written to (its version counter exists): no Milvus call
+        on the event loop."""
+        return self.version(tenant) != NO_VERSION
+
+    def document_ids(self, tenant: str) -> set[str]:
+        return {row["document_id"] for row in self._iterate(tenant, ["document_id"])}
+
+    def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]:
+        """Empty: Milvus does not expose its BM25 statistics; compression then weighs words
+        by an IDF over the passages it compresses (pipeline.sources.compress)."""
+        return {}
+
+    def access_scope(self, tenant: str, viewer: Viewer | None) -> tuple[str, dict[str, Any] | None]:
+        """The whole viewer: which of its groups some list names is not known cheaply here, so
+        answers are shared only between viewers with the same user and groups."""
+        version = self.version(tenant)
+        if viewer is None:
+            return version, {"groups": [], "user": None}
+        return version, {"groups": sorted(viewer.groups), "user": viewer.user}
+
+    def _iterate(
+        self, tenant: str, fields: list[str], batch: int = 1000
+    ) -> Iterator[dict[str, Any]]:
+        """Every chunk of the tenant, in pages ordered by primary key (our own hex digests, so
+        the paging clause holds nothing of the caller's)."""
+        last = ""
+        while True:
+            expr = f'tenant == "{check_tenant(tenant)}" and pk > "{last}"'
+            page = self._query(expr, ["pk", *fields], limit=batch)
+            page.sort(key=lambda row: str(row["pk"]))
+            yield from page
+            if len(page) < batch:
+                return
+            last = str(page[-1]["pk"])
+
+    def export(self, tenant: str, batch: int = 500) -> Iterator[ChunkBatch]:
+        """Whole documents per batch (an import replaces its documents' chunks)."""
+        by_document: dict[str, list[dict[str, Any]]] = {}
+        for row in self._iterate(tenant, _EXPORT):
+            by_document.setdefault(row["document_id"], []).append(row)
+        rows: list[dict[str, Any]] = []
+        for document_rows in by_document.values():
+            rows.extend(sorted(document_rows, key=lambda r: int(r["position"])))
+            if len(rows) >= batch:
+                yield _chunk_batch(rows)
+                rows = []
+        if rows:
+            yield _chunk_batch(rows)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _lock(self, tenant: str) -> threading.Lock:
+        with self._guard:
+            return self._write_locks.setdefault(tenant, threading.Lock())
+
+    def upsert(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
+        """Chunk and embed, then replace each document's chunks (delete by document, insert)."""
+        started = time.perf_counter()
+        check_tenant(tenant)
+        latest = {d.id: d for d in documents}
+        chunks: list[Chunk] = []
+        for doc in latest.values():
+            chunks.extend(
+                chunk_document(
+                    doc,
+                    max_words=self.chunk_words,
+                    overlap_words=self.overlap_words,
+                    max_chars=self.max_document_chars,
+                )
+            )
+        if not chunks:
+            return self._result(tenant, started, 0, 0, self.version(tenant))
+        texts = [c.indexed_text for c in chunks]
+        vectors = np.concatenate(
+            [self.embedder.embed(texts[i : i + 64]) for i in range(0, len(texts), 64)]
+        )
+        return self._write(tenant, chunks, vectors, set(latest), started)
+
+    def import_chunks(self, tenant: str, batch: ChunkBatch) -> IngestResult:
+        started = time.perf_counter()
+        check_tenant(tenant)
+        if not batch.chunks:
+            return self._result(tenant, started, 0, 0, self.version(tenant))
+        documents = {c.document_id for c in batch.chunks}
+        return self._write(tenant, batch.chunks, batch.vectors, documents, started)
+
+    def _write(
+        self,
+        tenant: str,
+        chunks: Sequence[Chunk],
+        vectors: FloatArray,
+        documents: set[str],
+        started: float,
+    ) -> IngestResult:
+        rows = [_row(tenant, c, v) for c, v in zip(chunks, vectors, strict=True)]
+        with self._lock(tenant):
+            self._delete_documents(tenant, documents)
+            for start in range(0, len(rows), 500):
+                self.client.insert(
+                    self.collection, rows[start : start + 500], timeout=self.timeout_s
+                )
+            version = self.versions.bump(tenant)
+        return self._result(tenant, started, len(documents), len(rows), version)
+
+    def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
+        """Remove every chunk of each document; a new version only when one was there."""
+        started = time.perf_counter()
+        check_tenant(tenant)
+        wanted = set(document_ids)
+        with self._lock(tenant):
+            present = self._present(tenant, wanted)
+            if not present:
+                return self._result(tenant, started, 0, 0, self.version(tenant))
+            removed = self._delete_documents(tenant, present)
+            version = self.versions.bump(tenant)
+        return self._result(tenant, started, len(present), removed, version)
+
+    def _present(self, tenant: str, document_ids: set[str]) -> set[str]:
+        keys = {_doc_key(tenant, d): d for d in document_ids}
+        found: set[str] = set()
+        for part in _parts(sorted(keys), 500):
+            if not self._count(f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'):
+                continue
+            rows = self._query(
+                f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]', ["doc_key"]
+            )
+            found.update(keys[r["doc_key"]] for r in rows)
+        return found
+
+    def _delete_documents(self, tenant: str, document_ids: set[str]) -> int:
+        """Delete every chunk of `document_ids`; how many there were (counted first: Milvus
+        Lite's delete does not say)."""
+        removed = 0
+        keys = sorted(_doc_key(tenant, d) for d in document_ids)
+        for part in _parts(keys, 500):
+            expr = f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'
+            count = self._count(expr)
+            if count:
+                self.client.delete(self.collection, filter=expr, timeout=self.timeout_s)
+            removed += count
+        return removed
+
+    def _result(
+        self, tenant: str, started: float, documents: int, chunks: int, version: str
+    ) -> IngestResult:
+        total = self._count(f'tenant == "{tenant}"')
+        return IngestResult(
+            version,
+            documents,
+            chunks,
+            time.perf_counter() - started,
+            len(self.document_ids(tenant)) if total else 0,
+            total,
+        )
+
+    def close(self) -> None:
+        """Close the client, and stop Milvus Lite if this client started it (one process at a
+        time may hold a Milvus Lite database file)."""
+        close(self.client)
+        closer = getattr(self.versions, "close", None)
+        if closer is not None:
+            closer()
+
+
+def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:
+    for name, value in (("text", chunk.indexed_text), ("id", chunk.chunk_id)):
+        limit = MAX_TEXT_BYTES if name == "text" else MAX_ID_BYTES
+        if len(value.encode("utf-8")) > limit:
+            raise DocumentError(f"document {chunk.document_id!r}: a passage's {name} is too long")
+    terms = metadata_digests(chunk.metadata)
+    if len(terms) > MAX_EQ_TERMS:
+        raise DocumentError(f"document {chunk.document_id!r}: too many metadata values")
+    return {
+        "pk": _digest("c", tenant, chunk.chunk_id),
+        "tenant": tenant,
+        "chunk_id": chunk.chunk_id,
+        "document_id": chunk.document_id,
+        "doc_key": _doc_key(tenant, chunk.document_id),
+        "position": int(chunk.chunk_id.rsplit("#", 1)[-1]),
+        "indexed": chunk.indexed_text,
+        "text": chunk.text,
+        "title": chunk.title,
+        "dense": np.asarray(vector, dtype=np.float32).tolist(),
+        "metadata": chunk.metadata,
+        "access": chunk.access.to_json() if chunk.access is not None else {},
+        "public": chunk.access is None,
+        "eq_terms": terms,
+        "access_terms": access_digests(chunk.access),
+    }
+
+
+def _chunk_batch(rows: list[dict[str, Any]]) -> ChunkBatch:
+    chunks = [
+        Chunk(
+            chunk_id=r["chunk_id"],
+            document_id=r["document_id"],
+            text=r["text"],
+            title=r["title"],
+            metadata=dict(r["metadata"] or {}),
+            access=access_from_json(r["access"] or None),
+        )
+        for r in rows
+    ]
+    return ChunkBatch(chunks, np.asarray([r["dense"] for r in rows], dtype=np.float32))
+
+
+def _parts(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _quoted(digests: list[str]) -> str:
+    # Our own hex digests only: nothing of the caller's is in them.
+    return ", ".join(f'"{d}"' for d in digests)
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000.0
+
+
+def _timings() -> dict[str, float]:
+    return {"filter": 0.0, "bm25": 0.0, "vector": 0.0, "fusion": 0.0}

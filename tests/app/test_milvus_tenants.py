@@ -1,0 +1,71 @@
+"""A tenant routed to Milvus (Milvus Lite) through the HTTP API: ingest, search, filters,
+delete and the index version, beside a tenant on the embedded index, in one app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.app.test_errors import assert_openai_error
+from tests.app.test_retrieval_api import DOCS, auth, ingest, search
+from tests.conftest import make_settings
+from tests.support.servers import free_port
+
+
+@pytest.fixture
+async def harness(make_app, redis_server, tmp_path: Path):
+    settings = make_settings(
+        redis_server.url,
+        f"http://127.0.0.1:{free_port()}",
+        retrieval={"tenant_backends": {"big": "milvus"}, "milvus_uri": str(tmp_path / "m.db")},
+    )
+    async with make_app(settings) as h:
+        yield h
+
+
+async def test_a_milvus_tenant_is_served_by_milvus_and_an_embedded_one_by_its_snapshots(
+    harness,
+) -> None:
+    big = await harness.key(tenant="big", scopes="retrieve,ingest")
+    small = await harness.key(tenant="small", scopes="retrieve,ingest")
+    search_service = harness.services.retrieval
+    assert search_service.backend("big").name == "milvus"
+    assert search_service.backend("small").name == "embedded"
+    empty = await search(harness, big, "flightless bird")
+    assert empty["data"] == [] and empty["index_version"] == "0"
+    result = await ingest(harness, big, DOCS)
+    assert result["documents"] == 3 and result["total_documents"] == 3
+    await ingest(harness, small, DOCS[:1])
+    found = await search(harness, big, "flightless bird from New Zealand", top_k=2)
+    assert found["data"][0]["document_id"] == "kiwi-1"
+    assert found["index_version"] == result["version"] != "0"
+    assert search_service.backend("small").document_ids("small") == {"kiwi-1"}
+    assert search_service.backend("big").document_ids("big") == {d["id"] for d in DOCS}
+    food = await search(harness, big, "kiwi", top_k=10, filters={"topic": "food"})
+    assert [hit["document_id"] for hit in food["data"]] == ["kiwi-fruit-3"]
+    recent = await search(harness, big, "kiwi", top_k=10, filters={"year": {"$gte": 2021}})
+    assert {hit["document_id"] for hit in recent["data"]} == {"kiwi-fruit-3"}
+
+    deleted = await harness.client.delete("/v1/documents/fjord-2", headers=auth(big))
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    after = await search(harness, big, "fjord glacier inlet", top_k=10)
+    assert "fjord-2" not in {hit["document_id"] for hit in after["data"]}
+    assert after["index_version"] != found["index_version"]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {'year") or tenant == "small': {"$gte": 1}},
+        {"year": {"$lt": "2020\x00"}},
+        {"a.b": {"$gt": 1}},
+    ],
+)
+async def test_a_filter_milvus_cannot_express_is_a_400_not_a_500(harness, filters) -> None:
+    big = await harness.key(tenant="big", scopes="retrieve,ingest")
+    await ingest(harness, big, DOCS[:1])
+    response = await harness.client.post(
+        "/v1/retrieve", json={"query": "kiwi", "filters": filters}, headers=auth(big)
+    )
+    assert_openai_error(response, 400, "invalid_request_error")

@@ -1,0 +1,28 @@
+"""Fixtures' helpers for the backend tests: a Milvus Lite backend that fails loudly (never
+skips) when it cannot start, and unique tenant names on a shared collection."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrieval.backends.milvus import MilvusBackend, MilvusUnavailable, connect
+from retrieval.backends.versions import RedisVersions
+from retrieval.embeddings import Embedder
+
+
+def milvus_backend(path: Path, embedder: Embedder, redis_url: str, **options: Any) -> MilvusBackend:
+    """A Milvus Lite backend on a database file under `path`, versions in the tests' Redis."""
+    try:
+        client = connect(str(path / "milvus.db"))
+    except MilvusUnavailable as exc:
+        pytest.fail(f"Milvus Lite did not start: {exc}. Install it with `make install`.")
+    versions = RedisVersions(redis_url, f"t{uuid.uuid4().hex[:8]}:", reload_interval_s=0.0)
+    return MilvusBackend(client, "contract", embedder, versions, **options)
+
+
+def new_tenant(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,84 @@
+"""Which backend serves a tenant: the default, settings' per-tenant overrides, and run-time
+overrides in Redis (what `rag backend move` records), which win."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from app.services import build_backends
+from app.settings import SettingsError
+from retrieval import Embedder, HybridRetriever, IndexStore
+from retrieval.backends import RetrievalBackend
+from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.router import BackendRouter, RedisOverrides
+from retrieval.backends.versions import RedisVersions
+from tests.conftest import make_settings
+from tests.support.servers import RedisServer
+
+
+class Named(EmbeddedBackend):
+    def __init__(self, name: str, store: IndexStore) -> None:
+        super().__init__(store, HybridRetriever(store))
+        self.name = name
+
+
+def backends(tmp_path: Path, embedder: Embedder) -> dict[str, RetrievalBackend]:
+    store = IndexStore(tmp_path, embedder)
+    return {"embedded": Named("embedded", store), "milvus": Named("milvus", store)}
+
+
+def test_settings_overrides_and_recorded_moves_decide_in_that_order(
+    tmp_path: Path, embedder: Embedder, redis_server: RedisServer
+) -> None:
+    prefix = f"r{uuid.uuid4().hex[:6]}:"
+    overrides = RedisOverrides(redis_server.url, prefix, reload_interval_s=0.0)
+    router = BackendRouter(backends(tmp_path, embedder), "embedded", {"big": "milvus"}, overrides)
+    assert router.name_for("small") == "embedded" and router.name_for("big") == "milvus"
+    router.record("small", "milvus")
+    router.record("big", "embedded")
+    # Another process (another replica) reads the same record.
+    other = RedisOverrides(redis_server.url, prefix, reload_interval_s=0.0)
+    follower = BackendRouter(backends(tmp_path, embedder), "embedded", {"big": "milvus"}, other)
+    assert (follower.name_for("small"), follower.name_for("big")) == ("milvus", "embedded")
+    with pytest.raises(KeyError):
+        router.record("small", "elsewhere")
+
+
+def test_redis_down_keeps_the_last_override_and_versions_seen(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    server = RedisServer()
+    server.start()
+    try:
+        overrides = RedisOverrides(server.url, "x:", reload_interval_s=0.0, timeout_s=0.2)
+        versions = RedisVersions(server.url, "x:", reload_interval_s=0.0, timeout_s=0.2)
+        overrides.set("t", "milvus")
+        assert versions.bump("t") == "1" and versions.bump("t") == "2"
+    finally:
+        server.stop()
+    assert overrides.get("t") == "milvus"
+    assert versions.get("t") == "2"
+    assert versions.get("never-seen") == "0"
+
+
+def test_a_backend_named_in_settings_but_not_built_is_a_settings_error(
+    tmp_path: Path, embedder: Embedder, redis_server: RedisServer
+) -> None:
+    store = IndexStore(tmp_path, embedder)
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9")
+    router = build_backends(settings, store, HybridRetriever(store), embedder)
+    assert set(router.backends) == {"embedded"} and router.overrides is None
+    with pytest.raises(ValueError, match="not configured"):
+        BackendRouter({"embedded": EmbeddedBackend(store, HybridRetriever(store))}, "milvus")
+    assert issubclass(SettingsError, ValueError)
+
+
+def test_a_milvus_that_cannot_be_reached_is_an_error_saying_how_to_install_it() -> None:
+    from retrieval.backends.milvus import MilvusUnavailable, connect
+    from tests.support.servers import free_port
+
+    with pytest.raises(MilvusUnavailable, match="make install"):
+        connect(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
