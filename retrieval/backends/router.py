@@ -1,20 +1,22 @@
 """Which backend serves a tenant: a default, per-tenant overrides from settings, and overrides
 recorded at run time by `rag backend move` (an `OverrideStore`, in Redis), which win.
 
-The run-time override is read through a short cache (`reload_interval_s`), so every replica
-follows a move within that interval without a restart.
+The run-time overrides are read once at start and then every `reload_interval_s` by a thread
+of their own, so every replica follows a move within that interval without a restart, and the
+request path (which asks on the event loop) never waits on Redis. With `reload_interval_s` 0
+every read goes to Redis (short-lived processes such as `rag`).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from typing import Protocol
 
 import redis
 
 from retrieval.backends import RetrievalBackend
+from retrieval.backends.versions import Poller
 from retrieval.store import check_tenant
 
 
@@ -25,7 +27,9 @@ class OverrideStore(Protocol):
 
 
 class RedisOverrides:
-    """Run-time overrides as one Redis hash (`<prefix>retrieval-backend`: tenant -> name)."""
+    """Run-time overrides as one Redis hash (`<prefix>retrieval-backend`: tenant -> name).
+    On a Redis failure the last overrides seen stay in force (a move is rare, and a search must
+    not fail for want of it)."""
 
     def __init__(
         self,
@@ -41,24 +45,23 @@ class RedisOverrides:
         self.key = f"{prefix}retrieval-backend"
         self.reload_interval_s = reload_interval_s
         self._seen: dict[str, str] = {}
-        self._checked = -1e18
         self._lock = threading.Lock()
+        self._poller = Poller("backend-overrides", reload_interval_s, self._refresh)
+        if reload_interval_s > 0:
+            self._refresh()
+            self._poller.start()
+
+    def _refresh(self) -> None:
+        try:
+            raw = self.client.hgetall(self.key)
+        except redis.RedisError:
+            return
+        with self._lock:
+            self._seen = {_text(k): _text(v) for k, v in raw.items()}
 
     def get(self, tenant: str) -> str | None:
-        """The tenant's override; on a Redis failure the last one seen (a move is rare, and a
-        search must not fail for want of it)."""
-        now = time.monotonic()
-        if now - self._checked >= self.reload_interval_s:
-            try:
-                raw = self.client.hgetall(self.key)
-            except redis.RedisError:
-                raw = None
-            with self._lock:
-                # A failure waits the interval too: Redis down must not cost every request a
-                # connect timeout.
-                self._checked = now
-                if raw is not None:
-                    self._seen = {_text(k): _text(v) for k, v in raw.items()}
+        if self.reload_interval_s <= 0:
+            self._refresh()
         return self._seen.get(tenant)
 
     def set(self, tenant: str, backend: str) -> None:
@@ -67,6 +70,7 @@ class RedisOverrides:
             self._seen[tenant] = backend
 
     def close(self) -> None:
+        self._poller.stop()
         self.client.close()
 
 

@@ -1,17 +1,20 @@
 """Index versions of tenants whose index is not a snapshot (Milvus): a counter per tenant in
 Redis, INCR-ed after every write, so every replica's cache keys change with every write.
 
-Reads are cached for `reload_interval_s` (as IndexStore re-reads its CURRENT pointer), and the
-writer's own process sees its new value at once. A replica may thus serve an answer keyed on
-the previous version for at most that interval after another process wrote; the same bound
-holds for the embedded index. When Redis cannot be reached the last value seen is kept: the
+Reads are served from memory, refreshed every `reload_interval_s` by a thread of its own (one
+MGET of every tenant seen), so the request path, which asks for a version on the event loop to
+build its cache key, never waits on Redis except for the first read of a tenant in a process.
+The writer's own process sees its new value at once; another replica may serve an answer keyed
+on the previous version for about that interval after a write (the same bound as the embedded
+index's CURRENT pointer). When Redis cannot be reached the last value seen is kept: the
 response cache lives in that Redis too, so no stale answer can be served from it meanwhile.
+With `reload_interval_s` 0 every read goes to Redis (short-lived processes such as `rag`).
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from typing import Protocol
 
 import redis
@@ -26,9 +29,37 @@ class VersionCounter(Protocol):
     def bump(self, tenant: str) -> str: ...
 
 
+class Poller:
+    """Calls `refresh` every `interval_s` in a daemon thread, from `start()` until `stop()`;
+    a failing refresh is the caller's to absorb (it is called again next time)."""
+
+    def __init__(self, name: str, interval_s: float, refresh: Callable[[], None]) -> None:
+        self.interval_s = interval_s
+        self._refresh = refresh
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._started:
+            self._thread.join(5)
+
+
 class RedisVersions:
-    """Per-tenant counters under `prefix` in the Redis at `url` (blocking client: the backend
-    calls it from its thread pools; `get` from the loop is one cached GET at most per interval)."""
+    """Per-tenant counters under `prefix` in the Redis at `url` (a blocking client, used from
+    the backend's thread pools and from the poller's thread; see the module docstring)."""
 
     def __init__(
         self,
@@ -43,35 +74,53 @@ class RedisVersions:
         )
         self.prefix = f"{prefix}index-version:"
         self.reload_interval_s = reload_interval_s
-        self._seen: dict[str, tuple[str, float]] = {}
+        self._seen: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._poller = Poller("index-versions", reload_interval_s, self._refresh)
 
     def _key(self, tenant: str) -> str:
         return self.prefix + check_tenant(tenant)
 
     def get(self, tenant: str) -> str:
-        now = time.monotonic()
         seen = self._seen.get(tenant)
-        if seen is not None and now - seen[1] < self.reload_interval_s:
-            return seen[0]
+        if seen is not None and self.reload_interval_s > 0:
+            return seen
         try:
             raw = self.client.get(self._key(tenant))
         except redis.RedisError:
-            return seen[0] if seen is not None else NO_VERSION
-        value = raw.decode() if isinstance(raw, bytes) else NO_VERSION
-        self._remember(tenant, value)
-        return value
+            value = seen if seen is not None else NO_VERSION
+        else:
+            value = _version(raw)
+        with self._lock:
+            self._seen.setdefault(tenant, value)  # a bump meanwhile wins
+        if self.reload_interval_s > 0:
+            self._poller.start()
+        return self._seen[tenant]
+
+    def _refresh(self) -> None:
+        tenants = list(self._seen)
+        if not tenants:
+            return
+        try:
+            values = self.client.mget([self._key(t) for t in tenants])
+        except redis.RedisError:
+            return  # keep what was seen; the next round tries again
+        with self._lock:
+            for tenant, raw in zip(tenants, values, strict=True):
+                self._seen[tenant] = _version(raw)
 
     def bump(self, tenant: str) -> str:
         """Atomically the next version (INCR); raises redis.RedisError when Redis is down, so a
         write is never reported done with the cache keys unchanged."""
         value = str(self.client.incr(self._key(tenant)))
-        self._remember(tenant, value)
+        with self._lock:
+            self._seen[tenant] = value
         return value
 
-    def _remember(self, tenant: str, value: str) -> None:
-        with self._lock:
-            self._seen[tenant] = (value, time.monotonic())
-
     def close(self) -> None:
+        self._poller.stop()
         self.client.close()
+
+
+def _version(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else NO_VERSION

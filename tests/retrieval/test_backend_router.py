@@ -16,7 +16,7 @@ from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.router import BackendRouter, RedisOverrides
 from retrieval.backends.versions import RedisVersions
 from tests.conftest import make_settings
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, wait_for
 
 
 class Named(EmbeddedBackend):
@@ -82,3 +82,49 @@ def test_a_milvus_that_cannot_be_reached_is_an_error_saying_how_to_install_it() 
 
     with pytest.raises(MilvusUnavailable, match="make install"):
         connect(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
+
+
+def test_versions_and_overrides_are_read_from_memory_and_follow_other_processes(
+    redis_server: RedisServer,
+) -> None:
+    """The request path asks for a tenant's version and backend on the event loop: after the
+    first read of a tenant, neither waits on Redis; a poller thread follows other processes'
+    writes within its interval."""
+    prefix = f"p{uuid.uuid4().hex[:6]}:"
+    versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0.05)
+    overrides = RedisOverrides(redis_server.url, prefix, reload_interval_s=0.05)
+    writer = RedisVersions(redis_server.url, prefix, reload_interval_s=0.0)
+    mover = RedisOverrides(redis_server.url, prefix, reload_interval_s=0.0)
+    try:
+        assert versions.get("t") == "0"  # never written: the first read goes to Redis
+        reads: list[str] = []
+        real_get = versions.client.get
+        versions.client.get = lambda key: reads.append(key) or real_get(key)  # type: ignore[method-assign]
+        assert writer.bump("t") == "1"
+        mover.set("t", "milvus")
+        wait_for(lambda: versions.get("t") == "1", 10, "the poller's read of another's bump")
+        wait_for(lambda: overrides.get("t") == "milvus", 10, "the poller's read of a move")
+        assert reads == [], "a known tenant's version was read from Redis on the caller's thread"
+        assert versions.bump("t") == "2" and versions.get("t") == "2"  # its own write at once
+    finally:
+        for closing in (versions, overrides, writer, mover):
+            closing.close()
+
+
+def test_with_redis_down_a_known_tenants_version_is_answered_without_waiting_on_it() -> None:
+    server = RedisServer()
+    server.start()
+    versions = RedisVersions(server.url, "d:", reload_interval_s=0.05, timeout_s=5.0)
+    try:
+        assert versions.bump("t") == "1" and versions.get("t") == "1"
+    finally:
+        server.stop()
+    try:
+        # A read that went to the stopped Redis would raise or wait out its 5 s timeout inside
+        # get(); from memory it returns the last value seen, whatever the poller meets.
+        reads: list[str] = []
+        versions.client.get = lambda key: reads.append(key)  # type: ignore[method-assign]
+        assert [versions.get("t") for _ in range(100)] == ["1"] * 100
+        assert reads == []
+    finally:
+        versions.close()
