@@ -486,3 +486,30 @@ def test_the_scale_override_runs_replicas_behind_the_load_balancer() -> None:
     assert worker["extends"] == {"file": "compose.yaml", "service": "app"}
     assert worker["command"] == ["rag", "worker"]
     assert worker["healthcheck"] == {"disable": True}
+
+
+def test_the_milvus_profile_runs_milvus_with_its_stores_on_the_compose_network_only(
+    merged: dict[str, Any],
+) -> None:
+    services = merged["services"]
+    milvus, minio = services["milvus"], services["milvus-minio"]
+    for name in ("milvus", "milvus-etcd", "milvus-minio"):
+        assert services[name]["profiles"] == ["milvus"], name
+        assert not services[name].get("ports"), f"{name} is published"
+    assert set(milvus["depends_on"]) == {"milvus-etcd", "milvus-minio"}
+    assert all(d["condition"] == "service_healthy" for d in milvus["depends_on"].values())
+    # Milvus signs in to MinIO with the MinIO's own credentials, and its endpoints are the
+    # services' names on the compose network.
+    env, store = milvus["environment"], minio["environment"]
+    given = {**SECRETS, "MILVUS_MINIO_PASSWORD": "5e0d" * 8}
+    env_given = compose_config([COMPOSE], given)["services"]
+    assert env_given["milvus"]["environment"]["MINIO_SECRET_ACCESS_KEY"] == "5e0d" * 8
+    assert env_given["milvus-minio"]["environment"]["MINIO_ROOT_PASSWORD"] == "5e0d" * 8
+    assert env["MINIO_ACCESS_KEY_ID"] == store["MINIO_ROOT_USER"]
+    assert env["ETCD_ENDPOINTS"] == "milvus-etcd:2379"
+    assert env["MINIO_ADDRESS"] == "milvus-minio:9000"
+    # The app waits for Milvus when the profile runs it, and starts without it otherwise.
+    waits = services["app"]["depends_on"]["milvus"]
+    assert (waits["condition"], waits["required"]) == ("service_healthy", False)
+    # Nothing connects to Milvus unless a URI is given: not in compose's own wiring.
+    assert "RAG_RETRIEVAL__MILVUS_URI" not in app_env(merged)

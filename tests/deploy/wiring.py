@@ -357,7 +357,8 @@ def compose_config(
     argv = [str(COMPOSE_BINARY), "--project-directory", str(ROOT)]
     for path in files:
         argv += ["-f", str(path)]
-    argv += ["--env-file", str(env_file or os.devnull), "--profile", "gpu", "--profile", "cpu"]
+    argv += ["--env-file", str(env_file or os.devnull)]
+    argv += ["--profile", "gpu", "--profile", "cpu", "--profile", "milvus"]
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"), **variables}
     done = subprocess.run(
         [*argv, "config", "--format", "json"], capture_output=True, text=True, env=env, timeout=60
