@@ -9,7 +9,7 @@ import pytest
 
 from tests.app.test_errors import assert_openai_error
 from tests.app.test_retrieval_api import DOCS, auth, ingest, search
-from tests.conftest import make_settings
+from tests.conftest import chat_request, make_settings
 from tests.support.servers import free_port
 
 
@@ -69,3 +69,28 @@ async def test_a_filter_milvus_cannot_express_is_a_400_not_a_500(harness, filter
         "/v1/retrieve", json={"query": "kiwi", "filters": filters}, headers=auth(big)
     )
     assert_openai_error(response, 400, "invalid_request_error")
+
+
+async def test_a_milvus_tenants_chat_is_grounded_in_its_passages_and_cached_per_index_version(
+    make_app, redis_server, vllm, tmp_path: Path
+) -> None:
+    settings = make_settings(
+        redis_server.url,
+        vllm.url,
+        retrieval={"tenant_backends": {"big": "milvus"}, "milvus_uri": str(tmp_path / "m.db")},
+    )
+    async with make_app(settings) as harness:
+        key = await harness.key(tenant="big", scopes="chat,ingest")
+        await ingest(harness, key, DOCS)
+        body = chat_request("Which flightless bird lives in New Zealand?", max_tokens=8)
+        first = await harness.chat(key, body)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-cache"] == "miss"
+        sources = [s["document_id"] for s in first.json()["rag"]["sources"]]
+        assert sources and sources[0] == "kiwi-1", sources
+        assert (await harness.chat(key, body)).headers["x-cache"] == "hit"
+        # A write bumps the tenant's version in Redis: the cached answer is not served again.
+        await ingest(harness, key, [{"id": "moa-4", "text": "The moa was a flightless bird."}])
+        again = await harness.chat(key, body)
+        assert again.status_code == 200 and again.headers["x-cache"] == "miss"
+        assert {s["document_id"] for s in again.json()["rag"]["sources"]} & {"kiwi-1", "moa-4"}
