@@ -9,14 +9,13 @@ every read goes to Redis (short-lived processes such as `rag`).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Protocol
 
 import redis
 
 from retrieval.backends import RetrievalBackend
-from retrieval.backends.versions import Poller
+from retrieval.backends.versions import PolledRedis
 from retrieval.store import check_tenant
 
 
@@ -26,7 +25,7 @@ class OverrideStore(Protocol):
     def set(self, tenant: str, backend: str) -> None: ...
 
 
-class RedisOverrides:
+class RedisOverrides(PolledRedis):
     """Run-time overrides as one Redis hash (`<prefix>retrieval-backend`: tenant -> name).
     On a Redis failure the last overrides seen stay in force (a move is rare, and a search must
     not fail for want of it)."""
@@ -39,14 +38,8 @@ class RedisOverrides:
         timeout_s: float = 0.5,
         reload_interval_s: float = 1.0,
     ) -> None:
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        super().__init__(url, "backend-overrides", timeout_s, reload_interval_s)
         self.key = f"{prefix}retrieval-backend"
-        self.reload_interval_s = reload_interval_s
-        self._seen: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._poller = Poller("backend-overrides", reload_interval_s, self._refresh)
         if reload_interval_s > 0:
             self._refresh()
             self._poller.start()
@@ -68,10 +61,6 @@ class RedisOverrides:
         self.client.hset(self.key, check_tenant(tenant), backend)
         with self._lock:
             self._seen[tenant] = backend
-
-    def close(self) -> None:
-        self._poller.stop()
-        self.client.close()
 
 
 class BackendRouter:

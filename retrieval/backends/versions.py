@@ -57,9 +57,30 @@ class Poller:
             self._thread.join(5)
 
 
-class RedisVersions:
-    """Per-tenant counters under `prefix` in the Redis at `url` (a blocking client, used from
-    the backend's thread pools and from the poller's thread; see the module docstring)."""
+class PolledRedis:
+    """A blocking Redis client (for thread pools and the poller's thread, never the event
+    loop) and what was last read through it, which a `Poller` refreshes (`_refresh`) every
+    `reload_interval_s`."""
+
+    def __init__(self, url: str, name: str, timeout_s: float, reload_interval_s: float) -> None:
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self.reload_interval_s = reload_interval_s
+        self._seen: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._poller = Poller(name, reload_interval_s, self._refresh)
+
+    def _refresh(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._poller.stop()
+        self.client.close()
+
+
+class RedisVersions(PolledRedis):
+    """Per-tenant counters under `prefix` in the Redis at `url` (see the module docstring)."""
 
     def __init__(
         self,
@@ -69,14 +90,8 @@ class RedisVersions:
         timeout_s: float = 0.5,
         reload_interval_s: float = 0.2,
     ) -> None:
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        super().__init__(url, "index-versions", timeout_s, reload_interval_s)
         self.prefix = f"{prefix}index-version:"
-        self.reload_interval_s = reload_interval_s
-        self._seen: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._poller = Poller("index-versions", reload_interval_s, self._refresh)
 
     def _key(self, tenant: str) -> str:
         return self.prefix + check_tenant(tenant)
@@ -116,10 +131,6 @@ class RedisVersions:
         with self._lock:
             self._seen[tenant] = value
         return value
-
-    def close(self) -> None:
-        self._poller.stop()
-        self.client.close()
 
 
 def _version(raw: object) -> str:
