@@ -179,6 +179,8 @@ def test_holding_requests_counts_the_held_connections_of_the_request_it_names(up
         assert not proxy.holding_requests(b"/v1/chat/completions", 2, timeout=0.3)
         second.sendall(chat)
         assert proxy.holding_requests(b"/v1/chat/completions", 2)
+        assert proxy.requests_open(b"/v1/chat/completions") == 2
+        assert proxy.requests_open(b"/health") == 1
         proxy.passing()
         for sock, line in ((first, chat), (other, health), (second, chat)):
             assert sock.recv(64) == b"echo " + line
@@ -202,9 +204,15 @@ def test_pause_here_from_a_rewriter_lets_the_chunk_through_and_holds_the_next(up
             sock.settimeout(0.3)
             with pytest.raises(TimeoutError):
                 sock.recv(64)
-            proxy.passing()
+            proxy.resume()  # the rewriter stays: it pauses again after this answer
             sock.settimeout(5)
             assert sock.recv(64) == b"echo two\n"
+            sock.sendall(b"three\n")
+            assert proxy.holding()
+            proxy.passing()  # the rewriter goes too
+            assert sock.recv(64) == b"echo three\n"
+            sock.sendall(b"four\n")
+            assert sock.recv(64) == b"echo four\n"
 
 
 def test_slow_delays_each_request_and_cut_closes_every_connection(upstream) -> None:

@@ -6,6 +6,7 @@ once the proxy has applied it. Modes, for the bytes of every connection through 
 
 - ``passing()``: bytes go through as they come (and a refusing proxy listens again);
 - ``pause()``: bytes are held (both ways) until the next switch; new connections are accepted;
+  ``resume()`` ends it and changes nothing else;
 - ``hold_open(request)`` / ``release()``: the open connections whose last request line has
   ``request`` in it hold their bytes (both ways) until released, while the others and new ones
   pass (a streamed answer in flight stops, a health check goes on);
@@ -133,6 +134,10 @@ class FaultProxy:
     def pause(self) -> None:
         self._set(flowing=False)
 
+    def resume(self) -> None:
+        """End a pause and nothing else (``passing()`` also drops a rewriter, a delay...)."""
+        self._set(flowing=True)
+
     def slow(self, seconds: float, *, responses: bool = False) -> None:
         self._set(delay=seconds, delay_responses=responses, flowing=True)
 
@@ -187,6 +192,15 @@ class FaultProxy:
     def holding(self, timeout: float = 10.0) -> bool:
         """Wait until a pause holds at least one chunk; whether that happened."""
         return self._call(_until(lambda: self.held > 0, timeout), timeout + 5)
+
+    def requests_open(self, request: bytes) -> int:
+        """The open connections whose last request line has ``request`` in it (sent upstream,
+        held or not)."""
+
+        async def count() -> int:
+            return sum(1 for link in self._links if request in link.request)
+
+        return self._call(count())
 
     def holding_requests(self, request: bytes, count: int, timeout: float = 10.0) -> bool:
         """Wait until a pause (or ``hold_open``) holds at least ``count`` connections whose last
