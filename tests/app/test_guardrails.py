@@ -5,7 +5,7 @@ input-token limit, blocked output terms ending the stream, and text no check may
 from __future__ import annotations
 
 import json
-import time
+import threading
 from typing import Any
 
 import httpx
@@ -17,6 +17,7 @@ from app.main import create_app
 from tests.app.test_chat import sse_events
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import chat_request, make_settings, unique_question
+from tests.support.faultproxy import FaultProxy, SSEEdit
 from tests.support.fuzzing import examples
 from tests.support.servers import LiveService
 
@@ -157,31 +158,70 @@ async def test_a_blocked_term_ends_the_stream_and_the_answer_is_not_cached(
         assert again.headers["x-cache"] == "miss", "a filtered answer is never cached"
 
 
+HELD_AFTER = 12  # the model's content events let through before the proxy holds the rest
+
+
 def test_the_first_chunk_comes_long_before_the_answer_ends(redis_server, vllm) -> None:
-    app = create_app(make_settings(redis_server.url, vllm.url))
-    with LiveService(app) as live:
-        key = live.run(app.state.services.keys.create("stream", "sam"))
-        request = body("Write a long story about a lighthouse keeper.", max_tokens=96)
-        arrivals: list[float] = []
-        started = time.perf_counter()
-        with httpx.stream(
-            "POST",
-            f"{live.url}/v1/chat/completions",
-            json={**request, "stream": True},
-            headers={"Authorization": f"Bearer {key}", "Cache-Control": "no-cache"},
-            timeout=120,
-        ) as response:
-            for line in response.iter_lines():
-                if (
-                    line.startswith("data: {")
-                    and '"content":"' in line
-                    and '"content":""' not in line
-                ):
-                    arrivals.append(time.perf_counter() - started)
-        # The output guard holds back only a short tail: text flows while the model writes.
-        assert len(arrivals) > 10
-        total = time.perf_counter() - started
-        assert arrivals[0] < total / 2, (arrivals[0], total)
+    """The output guard holds back only a short tail: text flows while the model writes. The
+    proxy in front of the model server holds the model's answer after its first few words, so
+    the answer cannot end until the test lets it: a first chunk that reaches the client while
+    it is held came before the end (a guard that buffered the whole answer could send none)."""
+    held, done = threading.Event(), threading.Event()
+    seen = 0
+
+    def edit(number: int, event: bytes) -> list[bytes]:
+        nonlocal seen
+        if event.strip() == b"data: [DONE]":
+            done.set()
+        elif event.startswith(b"data: {"):
+            choices = json.loads(event[len(b"data: ") :]).get("choices") or [{}]
+            if choices[0].get("finish_reason"):
+                done.set()  # set before the service can read it: the answer's end
+            seen += bool((choices[0].get("delta") or {}).get("content"))
+            if seen == HELD_AFTER:
+                llm.pause_here()  # this event goes through; the rest of the answer waits
+                held.set()
+        return [event]
+
+    with FaultProxy(vllm.url) as llm:
+        llm.rewrite(lambda: SSEEdit(edit))
+        # The request's deadline far past the safety net below, so that only the model's end
+        # (not the deadline's) can let a buffering guard send its words.
+        settings = make_settings(redis_server.url, llm.url, server={"request_timeout_seconds": 300})
+        app = create_app(settings)
+        # A safety net, before the model client's 60 s read timeout: a guard that waits for
+        # the end would otherwise wait for ever (the first words pass in milliseconds).
+        release = threading.Timer(30, llm.resume)
+        with LiveService(app) as live:
+            key = live.run(app.state.services.keys.create("stream", "sam"))
+            request = body("Write a long story about a lighthouse keeper.", max_tokens=96)
+            arrivals: list[bool] = []  # per content chunk: did the model's answer end before it
+            release.start()
+            try:
+                with httpx.stream(
+                    "POST",
+                    f"{live.url}/v1/chat/completions",
+                    json={**request, "stream": True},
+                    headers={"Authorization": f"Bearer {key}", "Cache-Control": "no-cache"},
+                    timeout=120,
+                ) as response:
+                    for line in response.iter_lines():
+                        if (
+                            line.startswith("data: {")
+                            and '"content":"' in line
+                            and '"content":""' not in line
+                        ):
+                            arrivals.append(done.is_set())
+                            if len(arrivals) == 1:
+                                # The model has more to send: let it once it is held.
+                                assert held.wait(30), "the model wrote too few words to hold"
+                                llm.resume()
+            finally:
+                release.cancel()
+                llm.resume()
+    assert arrivals, "no content reached the client"
+    assert not arrivals[0], "the first words reached the client only after the answer ended"
+    assert len(arrivals) > 10
 
 
 TEXT = st.text(
