@@ -18,6 +18,7 @@ from app.services import Services
 from pipeline.telemetry import attributes as attr
 from retrieval import Embedder
 from tests.conftest import chat_request, make_settings
+from tests.support.faultproxy import FaultProxy
 
 
 def routing(url: str, small_limit: int = 1, large_limit: int = 4) -> dict[str, Any]:
@@ -184,18 +185,41 @@ async def two_at_once(harness: Any, route: str) -> list[tuple[float, float]]:
     return sorted(first_chunk_and_end(s) for s in spans)
 
 
-async def test_each_route_has_its_own_client_and_concurrency_bound(harness) -> None:
-    routes = harness.services.routes
-    assert routes.get("small").client is not routes.get("large").client
-    assert routes.get("small").client.client is not routes.get("large").client.client
+async def test_each_route_has_its_own_client_and_concurrency_bound(
+    make_app, redis_server, vllm
+) -> None:
+    with FaultProxy(vllm.url) as llm:
+        settings = make_settings(redis_server.url, vllm.url, routing=routing(llm.url))
+        async with make_app(settings) as harness:
+            routes = harness.services.routes
+            assert routes.get("small").client is not routes.get("large").client
+            assert routes.get("small").client.client is not routes.get("large").client.client
 
-    # small allows one request at a time: the second one's stream starts after the first ends.
-    (_, first_end), (second_first_chunk, _) = await two_at_once(harness, "small")
-    assert second_first_chunk >= first_end, "two requests ran at once on a route bounded to 1"
+            # small allows one request at a time: the second one's stream starts after the
+            # first ends (the slot is given back before the second can reach the model).
+            (_, first_end), (second_first_chunk, _) = await two_at_once(harness, "small")
+            assert second_first_chunk >= first_end, "two requests ran at once on a route of 1"
 
-    # large allows four: both streams are open at the same time.
-    (first_chunk_a, end_a), (first_chunk_b, end_b) = await two_at_once(harness, "large")
-    assert max(first_chunk_a, first_chunk_b) < min(end_a, end_b), "large serialised its requests"
+            # large allows four: with the model server's side of the proxy paused, neither
+            # request can end, so both held there at once is two in flight at once (a route
+            # that serialised them would never send the second: the wait below times out).
+            key = await harness.key()
+            llm.pause()
+            try:
+                asks = [
+                    asyncio.create_task(
+                        harness.chat(key, body(f"Dragons? ({ref()})", route="large"))
+                    )
+                    for _ in range(2)
+                ]
+                both = await asyncio.to_thread(
+                    llm.holding_requests, b"/v1/chat/completions", 2, 60.0
+                )
+            finally:
+                llm.passing()
+            responses = await asyncio.gather(*asks)
+            assert both, "large serialised its requests: the second never reached the model"
+            assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
 
 
 def built(settings: Any) -> Services:
