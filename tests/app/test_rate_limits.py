@@ -258,7 +258,9 @@ def test_two_replicas_admit_one_budget(replicas: list[ServiceProcess]) -> None:
     assert refused[0] > 0
 
 
-def test_revocation_reaches_every_replica_within_a_second(replicas: list[ServiceProcess]) -> None:
+def test_revocation_reaches_every_replica_through_the_change_channel(
+    replicas: list[ServiceProcess],
+) -> None:
     key = replicas[0].key(tenant="revoked")
     for replica in replicas:  # now cached in both processes (for 30 s by default)
         assert get_status(replica.port, key) == 200
@@ -269,6 +271,8 @@ def test_revocation_reaches_every_replica_within_a_second(replicas: list[Service
         text=True,
     )
     assert changed.returncode == 0, changed.stderr
+    # The change channel brings it in milliseconds; a replica that missed the message would
+    # keep its cached copy for 30 s. 10 s tells them apart however loaded the machine.
     done = time.monotonic()
     for replica in replicas:
         while True:
@@ -277,7 +281,7 @@ def test_revocation_reaches_every_replica_within_a_second(replicas: list[Service
             )
             if answer.headers.get("x-ratelimit-limit-requests") == "30":
                 break
-            assert time.monotonic() - done < 1.0, "the new limit did not reach a replica in 1 s"
+            assert time.monotonic() - done < 10.0, "the new limit did not reach a replica in 10 s"
             time.sleep(0.02)
     revoked = subprocess.run(
         [str(BIN / "rag"), "keys", "revoke", key], env=replicas[0].env, capture_output=True
@@ -286,7 +290,7 @@ def test_revocation_reaches_every_replica_within_a_second(replicas: list[Service
     done = time.monotonic()
     for replica in replicas:
         while get_status(replica.port, key) != 401:
-            assert time.monotonic() - done < 1.0, "a replica still took the key after 1 s"
+            assert time.monotonic() - done < 10.0, "a replica still took the key after 10 s"
             time.sleep(0.02)
 
 
