@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import sys
 import threading
@@ -59,7 +60,7 @@ from retrieval.documents import (
     chunk_document,
 )
 from retrieval.embeddings import Embedder
-from retrieval.filters import Filter
+from retrieval.filters import Filter, FilterError
 from retrieval.fusion import FusionMethod, fuse
 from retrieval.hybrid import (
     DEFAULT_CANDIDATES,
@@ -420,12 +421,18 @@ class MilvusBackend:
 
     def stats(self, tenant: str) -> BackendStats:
         chunks = self._count(f'tenant == "{check_tenant(tenant)}"')
-        return BackendStats(self.name, self.version(tenant), len(self.document_ids(tenant)), chunks)
+        return BackendStats(self.name, self.version(tenant), self._documents(tenant), chunks)
 
     def has_index(self, tenant: str) -> bool:
         """Whether the tenant was ever written to (its version counter exists): no Milvus call
         on the event loop."""
         return self.version(tenant) != NO_VERSION
+
+    def _documents(self, tenant: str) -> int:
+        """How many documents the tenant has, counted by the server: every document has
+        exactly one chunk numbered 0 (`f"{document_id}#0"`, retrieval.documents), so this
+        costs one count, not a listing of the tenant (which a write would pay for each time)."""
+        return self._count(f'tenant == "{check_tenant(tenant)}" and position == 0')
 
     def document_ids(self, tenant: str) -> set[str]:
         return {row["document_id"] for row in self._iterate(tenant, ["document_id"])}
@@ -495,6 +502,8 @@ class MilvusBackend:
             )
         if not chunks:
             return self._result(tenant, started, 0, 0, self.version(tenant))
+        for chunk in chunks:
+            _checked_terms(chunk)
         texts = [c.indexed_text for c in chunks]
         vectors = np.concatenate(
             [self.embedder.embed(texts[i : i + 64]) for i in range(0, len(texts), 64)]
@@ -574,7 +583,7 @@ class MilvusBackend:
             documents,
             chunks,
             time.perf_counter() - started,
-            len(self.document_ids(tenant)) if total else 0,
+            self._documents(tenant) if total else 0,
             total,
         )
 
@@ -587,14 +596,36 @@ class MilvusBackend:
             closer()
 
 
-def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:
-    for name, value in (("text", chunk.indexed_text), ("id", chunk.chunk_id)):
-        limit = MAX_TEXT_BYTES if name == "text" else MAX_ID_BYTES
-        if len(value.encode("utf-8")) > limit:
+def _checked_terms(chunk: Chunk) -> list[str]:
+    """The chunk's `eq_terms`; DocumentError for anything Milvus (or the embedder) would
+    refuse, checked before anything is embedded or deleted (a write deletes the document's old
+    chunks before it inserts the new ones)."""
+    metadata = json.dumps(chunk.metadata, ensure_ascii=False)
+    for name, value in (
+        ("text", chunk.indexed_text),
+        ("id", chunk.chunk_id),
+        ("metadata", metadata),
+    ):
+        limit = MAX_ID_BYTES if name == "id" else MAX_TEXT_BYTES
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate (JSON allows "\ud800")
+            raise DocumentError(
+                f"document {chunk.document_id!r}: its {name} is not UTF-8"
+            ) from None
+        if size > limit:
             raise DocumentError(f"document {chunk.document_id!r}: a passage's {name} is too long")
-    terms = metadata_digests(chunk.metadata)
+    try:
+        terms = metadata_digests(chunk.metadata)
+    except FilterError as exc:
+        raise DocumentError(f"document {chunk.document_id!r}: metadata: {exc}") from None
     if len(terms) > MAX_EQ_TERMS:
         raise DocumentError(f"document {chunk.document_id!r}: too many metadata values")
+    return terms
+
+
+def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:
+    terms = _checked_terms(chunk)
     return {
         "pk": _digest("c", tenant, chunk.chunk_id),
         "tenant": tenant,
@@ -602,7 +633,8 @@ def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:
         "document_id": chunk.document_id,
         "doc_key": _doc_key(tenant, chunk.document_id),
         "position": int(chunk.chunk_id.rsplit("#", 1)[-1]),
-        "indexed": chunk.indexed_text,
+        # Milvus's analyzer stops at a NUL (a C string): the rest would be missing from BM25.
+        "indexed": chunk.indexed_text.replace("\x00", " "),
         "text": chunk.text,
         "title": chunk.title,
         "dense": np.asarray(vector, dtype=np.float32).tolist(),
