@@ -40,6 +40,7 @@ METADATA_FIELD = "metadata"
 TENANT_FIELD = "tenant"
 MAX_STRING_BOUND = 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _digest(*parts: str) -> str:
@@ -52,7 +53,11 @@ def _typed(value: Scalar) -> tuple[str, str]:
     if isinstance(value, bool):
         return "b", "true" if value else "false"
     if isinstance(value, int | float):
-        return "n", repr(float(value))
+        try:
+            number = float(value)
+        except OverflowError:
+            raise FilterError("a number is too large (beyond a float's range)") from None
+        return "n", repr(number + 0.0)  # -0.0 + 0.0 is 0.0: `0` matches `-0.0`, as in Python
     return "s", value
 
 
@@ -97,6 +102,8 @@ def string_literal(value: str) -> str:
         raise FilterError(f"a string bound is at most {MAX_STRING_BOUND} characters")
     if _CONTROL.search(value):
         raise FilterError("a string bound may not hold control characters")
+    if _SURROGATE.search(value):
+        raise FilterError("a string bound may not hold a lone surrogate (it is not UTF-8)")
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 
@@ -104,9 +111,13 @@ def string_literal(value: str) -> str:
 def number_literal(value: int | float) -> str:
     """A finite number as Milvus reads it (always with a decimal point or exponent, so that an
     int and a float bound compare alike)."""
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise FilterError("a number bound must be finite") from None
+    if not math.isfinite(number):
         raise FilterError("a number bound must be finite")
-    return repr(float(value))
+    return repr(number)
 
 
 def check_key(key: str) -> str:
