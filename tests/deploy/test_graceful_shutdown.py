@@ -289,10 +289,20 @@ def test_what_would_outlast_the_grace_period_ends_cleanly(
             )
         )
 
-    with image_server(redis_server, vllm, tmp_path, grace=grace) as served:
+    with (
+        FaultProxy(vllm.url) as llm,
+        image_server(redis_server, vllm, tmp_path, grace=grace, llm_url=llm.url) as served,
+    ):
         waiting = threading.Thread(target=plain_request)
         waiting.start()
-        time.sleep(0.5)  # the plain request is in flight before the signal
+        # The plain request is in flight before the signal: its model call has been sent (a
+        # sleep of 0.5 s hoped so; a loaded machine can take longer to get it that far).
+        wait_for(
+            lambda: llm.requests_open(b"/v1/chat/completions") >= 1,
+            60,
+            "the plain request's model call",
+            step=0.02,
+        )
         drained = stream_and_terminate(served, counting(1500))
         waiting.join(30)
         assert served.process.wait(timeout=30) in (0, -signal.SIGTERM)
