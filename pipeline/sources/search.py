@@ -35,7 +35,7 @@ from retrieval import (
     parse_filters,
 )
 from retrieval.access import Viewer
-from retrieval.backends import RetrievalBackend
+from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.router import BackendRouter
 from retrieval.embeddings import embedding_executor
@@ -195,7 +195,7 @@ class PassageSearch:
     def _search(self, tenant: str, *args: Any, **kwargs: Any) -> SearchResult:
         """The backend's search; a filter it cannot express is the caller's error (400)."""
         try:
-            return self.backend(tenant).search(tenant, *args, **kwargs)
+            return _answered(self.backend(tenant).search, tenant, *args, **kwargs)
         except FilterError as exc:
             raise InvalidRequest(f"Invalid filters: {exc}", param="filters") from exc
 
@@ -205,17 +205,29 @@ class PassageSearch:
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
             backend = self.backend(tenant)
-            return await self._off_loop(self._writes, backend.upsert, tenant, list(documents))
+            return await self._off_loop(
+                self._writes, _answered, backend.upsert, tenant, list(documents)
+            )
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         with self.tracer.start_as_current_span(
             f"delete {tenant}", attributes={attr.TENANT: tenant}
         ):
             backend = self.backend(tenant)
-            return await self._off_loop(self._writes, backend.delete, tenant, list(document_ids))
+            return await self._off_loop(
+                self._writes, _answered, backend.delete, tenant, list(document_ids)
+            )
 
     async def aclose(self) -> None:
         await self.queries.aclose()
         self._searches.shutdown(wait=False)
         self._writes.shutdown(wait=False)
         self.backends.close()
+
+
+def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call``, with a backend whose store did not answer reported as a 503."""
+    try:
+        return call(*args, **kwargs)
+    except BackendUnavailable as exc:
+        raise ServiceUnavailable(str(exc), code="retrieval_unavailable") from exc

@@ -27,6 +27,11 @@ from retrieval.store import IngestResult
 from retrieval.vectors import FloatArray
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend's store (a Milvus server, the Redis that keeps index versions) did not answer
+    or refused a call: the request path answers 503, not 500 (pipeline.sources.search)."""
+
+
 @dataclass(frozen=True)
 class BackendStats:
     """What a tenant's index holds."""

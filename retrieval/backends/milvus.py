@@ -29,21 +29,24 @@ Milvus calls block: PassageSearch runs them in its search and ingest thread pool
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
 import logging
+import math
 import sys
 import threading
 import time
 import types
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
+import redis
 
 from retrieval.access import Viewer, access_from_json
-from retrieval.backends import BackendStats, ChunkBatch
+from retrieval.backends import BackendStats, BackendUnavailable, ChunkBatch
 from retrieval.backends.milvus_expr import (
     access_digests,
     filter_expr,
@@ -81,6 +84,24 @@ MAX_EQ_TERMS = 4096
 MAX_ACCESS_TERMS = 64
 _OUTPUT = ["chunk_id", "document_id", "text", "title", "metadata", "dense"]
 _EXPORT = ["chunk_id", "document_id", "text", "title", "metadata", "access", "dense", "position"]
+# What an insert writes (`_row`); `sparse` is the BM25 function's, computed by Milvus.
+_STORED_FIELDS = (
+    "pk",
+    "tenant",
+    "chunk_id",
+    "document_id",
+    "doc_key",
+    "position",
+    "indexed",
+    "text",
+    "title",
+    "dense",
+    "metadata",
+    "access",
+    "public",
+    "eq_terms",
+    "access_terms",
+)
 # Milvus Lite 2.5.1 answers a query whose result is empty with this error (it cannot type the
 # output columns of no rows): seen for a tenant with no chunk, a value no row holds, a JSON path
 # no row has. It means "no rows".
@@ -89,6 +110,37 @@ _EMPTY_RESULT = "Unsupported data type: 0"
 
 class MilvusUnavailable(RuntimeError):
     """Milvus (or Milvus Lite) could not be started or reached."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+# What a failing store raises through pymilvus (its MilvusException, gRPC's errors, sockets)
+# and through redis-py; the caller's own errors (DocumentError, FilterError) pass as they are.
+_STORE_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, ConnectionError, TimeoutError)
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from pymilvus.exceptions import MilvusException
+    except ImportError:
+        return _STORE_ERRORS
+    return (*_STORE_ERRORS, MilvusException)
+
+
+def unavailable_on_store_failure(method: F) -> F:
+    """Turns a store's failure inside `method` into BackendUnavailable (503 on the request
+    path), naming what failed."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except _store_errors() as exc:
+            store = "Redis (index versions)" if isinstance(exc, redis.RedisError) else "Milvus"
+            raise BackendUnavailable(
+                f"The retrieval backend's store did not answer: {store} ({type(exc).__name__})."
+            ) from exc
+
+    return wrapper  # type: ignore[return-value]
 
 
 class _EmptyResultNoise(logging.Filter):
@@ -206,7 +258,9 @@ class MilvusBackend:
         self.chunk_words = chunk_words
         self.overlap_words = overlap_words
         self.max_document_chars = max_document_chars
-        self.timeout_s = timeout_s
+        # pymilvus bounds its retries of a failing call by `timeout` only when it is an int (a
+        # float is ignored, and a stopped server is then retried 75 times: minutes per call).
+        self.timeout_s = max(1, math.ceil(timeout_s))
         # Writes of one tenant are serialised in this process (delete-then-insert of a document
         # must not interleave with another write of it); across processes, Milvus's own order.
         self._write_locks: dict[str, threading.Lock] = {}
@@ -295,6 +349,7 @@ class MilvusBackend:
         rows = self._query(expr, ["count(*)"])
         return int(rows[0]["count(*)"]) if rows else 0
 
+    @unavailable_on_store_failure
     def search(
         self,
         tenant: str,
@@ -419,6 +474,7 @@ class MilvusBackend:
     def version(self, tenant: str) -> str:
         return self.versions.get(check_tenant(tenant))
 
+    @unavailable_on_store_failure
     def stats(self, tenant: str) -> BackendStats:
         chunks = self._count(f'tenant == "{check_tenant(tenant)}"')
         return BackendStats(self.name, self.version(tenant), self._documents(tenant), chunks)
@@ -434,6 +490,7 @@ class MilvusBackend:
         costs one count, not a listing of the tenant (which a write would pay for each time)."""
         return self._count(f'tenant == "{check_tenant(tenant)}" and position == 0')
 
+    @unavailable_on_store_failure
     def document_ids(self, tenant: str) -> set[str]:
         return {row["document_id"] for row in self._iterate(tenant, ["document_id"])}
 
@@ -485,6 +542,7 @@ class MilvusBackend:
         with self._guard:
             return self._write_locks.setdefault(tenant, threading.Lock())
 
+    @unavailable_on_store_failure
     def upsert(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
         """Chunk and embed, then replace each document's chunks (delete by document, insert)."""
         started = time.perf_counter()
@@ -510,6 +568,7 @@ class MilvusBackend:
         )
         return self._write(tenant, chunks, vectors, set(latest), started)
 
+    @unavailable_on_store_failure
     def import_chunks(self, tenant: str, batch: ChunkBatch) -> IngestResult:
         started = time.perf_counter()
         check_tenant(tenant)
@@ -528,14 +587,50 @@ class MilvusBackend:
     ) -> IngestResult:
         rows = [_row(tenant, c, v) for c, v in zip(chunks, vectors, strict=True)]
         with self._lock(tenant):
+            # Redis must answer before anything changes: a write it could not version (cache
+            # keys unchanged) is refused whole, not done and then reported failed.
+            self.versions.check()
+            # Nothing stored may be lost: the documents' current chunks are kept, to be put
+            # back if the new ones cannot be inserted after the old ones were deleted.
+            previous = self._stored_rows(tenant, documents)
             self._delete_documents(tenant, documents)
-            for start in range(0, len(rows), 500):
-                self.client.insert(
-                    self.collection, rows[start : start + 500], timeout=self.timeout_s
-                )
+            try:
+                self._insert(rows)
+            except BaseException:
+                self._put_back(tenant, documents, previous)
+                raise
             version = self.versions.bump(tenant)
         return self._result(tenant, started, len(documents), len(rows), version)
 
+    def _insert(self, rows: Sequence[dict[str, Any]]) -> None:
+        for start in range(0, len(rows), 500):
+            self.client.insert(self.collection, rows[start : start + 500], timeout=self.timeout_s)
+
+    def _stored_rows(self, tenant: str, document_ids: set[str]) -> list[dict[str, Any]]:
+        """Every stored field of the documents' chunks (all but the BM25 function's output),
+        as an insert takes them."""
+        keys = sorted(_doc_key(tenant, d) for d in document_ids)
+        stored: list[dict[str, Any]] = []
+        for part in _parts(keys, 500):
+            expr = f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'
+            stored += self._query(expr, list(_STORED_FIELDS))
+        return [{name: row[name] for name in _STORED_FIELDS} for row in stored]
+
+    def _put_back(self, tenant: str, document_ids: set[str], rows: list[dict[str, Any]]) -> None:
+        """After a failed insert: the documents as they were (whatever of the new chunks went
+        in removed first). Best effort: if Milvus refuses this too, the failure is logged and
+        the insert's error is the one raised."""
+        try:
+            self._delete_documents(tenant, document_ids)
+            self._insert(rows)
+        except Exception:
+            logging.getLogger(__name__).exception(
+                "milvus: could not put back %d chunks of tenant %s after a failed write",
+                len(rows),
+                tenant,
+            )
+
+    @unavailable_on_store_failure
     def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         """Remove every chunk of each document; a new version only when one was there."""
         started = time.perf_counter()
@@ -545,6 +640,7 @@ class MilvusBackend:
             present = self._present(tenant, wanted)
             if not present:
                 return self._result(tenant, started, 0, 0, self.version(tenant))
+            self.versions.check()  # as a write: refused whole while Redis cannot version it
             removed = self._delete_documents(tenant, present)
             version = self.versions.bump(tenant)
         return self._result(tenant, started, len(present), removed, version)

@@ -28,6 +28,10 @@ class VersionCounter(Protocol):
 
     def bump(self, tenant: str) -> str: ...
 
+    def check(self) -> None:
+        """Raise if a bump could not be made now (a write checks before it changes anything)."""
+        ...
+
 
 class Poller:
     """Calls `refresh` every `interval_s` in a daemon thread, from `start()` until `stop()`;
@@ -123,6 +127,10 @@ class RedisVersions(PolledRedis):
         with self._lock:
             for tenant, raw in zip(tenants, values, strict=True):
                 self._seen[tenant] = _version(raw)
+
+    def check(self) -> None:
+        """redis.RedisError unless Redis answers now."""
+        self.client.ping()
 
     def bump(self, tenant: str) -> str:
         """Atomically the next version (INCR); raises redis.RedisError when Redis is down, so a

@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from app.cli import backend as backend_cli
 from retrieval.access import AccessList, Viewer
-from retrieval.backends import ChunkBatch
+from retrieval.backends import BackendUnavailable, ChunkBatch
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.milvus import MilvusBackend
 from retrieval.backends.router import BackendRouter, RedisOverrides
@@ -249,11 +248,19 @@ def test_a_write_while_redis_is_down_fails_loudly_and_reads_do_not_wait(
         tenant = new_tenant()
         backend.upsert(tenant, [Document("doc", "Written while Redis is up.")])
         server.stop()
-        with pytest.raises(redis.RedisError):  # never reported done with the version unchanged
-            backend.upsert(tenant, [Document("doc", "Written while Redis is down.")])
+        # Refused whole (503 on the request path): never done with the version unchanged.
+        for write in (
+            lambda: backend.upsert(tenant, [Document("doc", "Written while Redis is down.")]),
+            lambda: backend.delete(tenant, ["doc"]),
+        ):
+            with pytest.raises(BackendUnavailable, match="Redis"):
+                write()
         started = time.perf_counter()
         assert backend.version(tenant) == "1"  # the last seen, at once
         assert found(backend, tenant, "written redis") == {"doc"}
+        assert [text for text, _, _ in rows(backend, tenant).values()] == [
+            "Written while Redis is up."
+        ]
         assert time.perf_counter() - started < 5
         assert backend.version(new_tenant()) == "0"
     finally:
@@ -262,16 +269,16 @@ def test_a_write_while_redis_is_down_fails_loudly_and_reads_do_not_wait(
 
 
 class _CutShort:
-    """A target that fails on its `after`-th import (a move killed midway)."""
+    """A target's import that fails on its `after`-th call (a move killed midway)."""
 
-    def __init__(self, target: MilvusBackend, after: int) -> None:
-        self.target, self.after, self.calls = target, after, 0
+    def __init__(self, real: Callable[[str, ChunkBatch], IngestResult], after: int) -> None:
+        self.real, self.after, self.calls = real, after, 0
 
     def import_chunks(self, tenant: str, batch: ChunkBatch) -> IngestResult:
         self.calls += 1
         if self.calls == self.after:
             raise ConnectionError("killed")
-        return self.target.import_chunks(tenant, batch)
+        return self.real(tenant, batch)
 
 
 def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
@@ -294,7 +301,7 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     args = argparse.Namespace(tenant=tenant, to="milvus", batch=2)
 
     real = milvus.import_chunks
-    cut = _CutShort(milvus, after=3)
+    cut = _CutShort(real, after=3)
     monkeypatch.setattr(milvus, "import_chunks", cut.import_chunks)
     with pytest.raises(ConnectionError):
         backend_cli._move(args)
@@ -302,6 +309,11 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     assert embedded.document_ids(tenant) == {d.id for d in docs}
 
     monkeypatch.setattr(milvus, "import_chunks", real)
+    # Meanwhile the source lost a document the cut-short copy had already put in the target.
+    copied = milvus.document_ids(tenant)
+    assert "d0" in copied and copied < {d.id for d in docs}
+    embedded.delete(tenant, ["d0"])
+    docs = docs[1:]
     assert backend_cli._move(args) == 0
     assert router.name_for(tenant) == "milvus"
     assert milvus.document_ids(tenant) == {d.id for d in docs}
@@ -313,3 +325,31 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     assert backend_cli._move(args) == 0  # run twice: already there, nothing changes
     assert milvus.stats(tenant).chunks == len(docs)
     overrides.close()
+
+
+def test_a_write_whose_insert_fails_puts_the_stored_document_back(
+    milvus: MilvusBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Milvus deletes a document's old chunks before it inserts the new ones; an insert that
+    fails then (a fault the engine cannot be made to produce on demand: a refused or timed-out
+    call) must not lose what was stored."""
+    tenant = new_tenant()
+    words = " ".join(f"tide{i}" for i in range(400))
+    milvus.upsert(tenant, [Document("doc", f"Stored first. {words}", metadata={"v": 1})])
+    before = rows(milvus, tenant)
+    assert len(before) == 3
+    real_insert = milvus.client.insert
+    calls: list[int] = []
+
+    def failing_insert(collection: str, data: list[Any], **options: Any) -> Any:
+        calls.append(len(data))
+        if len(calls) == 1:  # the new chunks' insert; the putting back goes through
+            raise ConnectionError("the insert was cut")
+        return real_insert(collection, data, **options)
+
+    monkeypatch.setattr(milvus.client, "insert", failing_insert)
+    with pytest.raises(BackendUnavailable, match="Milvus"):
+        milvus.upsert(tenant, [Document("doc", "Replacement, never stored.", metadata={"v": 2})])
+    monkeypatch.setattr(milvus.client, "insert", real_insert)
+    assert rows(milvus, tenant) == before
+    assert found(milvus, tenant, "stored first tide7", filters=parse_filters({"v": 1})) == {"doc"}
