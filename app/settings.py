@@ -299,7 +299,12 @@ class RetrievalSettings(Durations):
     milvus_collection: str = Field(
         "rag_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$", description="One per deployment."
     )
-    milvus_timeout_seconds: float = Field(30.0, gt=0)
+    milvus_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Each Milvus call, its retries included (rounded up to whole seconds): "
+        "past it the request gets a 503 retrieval_unavailable.",
+    )
 
     @property
     def uses_milvus(self) -> bool:

@@ -61,6 +61,11 @@ def _move(args: argparse.Namespace) -> int:
         print(f"tenant {args.tenant} is already on {args.to}")
         return 0
     target = router.backends[args.to]
+    # What an earlier move cut short left in the target, of documents the source has deleted
+    # since, would never match the source's count: the copy starts from the source's documents.
+    stale = target.document_ids(args.tenant) - source.document_ids(args.tenant)
+    if stale:
+        target.delete(args.tenant, sorted(stale))
     expected = source.stats(args.tenant).chunks
     copied = 0
     for batch in source.export(args.tenant, batch=args.batch):

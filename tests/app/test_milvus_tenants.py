@@ -94,3 +94,39 @@ async def test_a_milvus_tenants_chat_is_grounded_in_its_passages_and_cached_per_
         again = await harness.chat(key, body)
         assert again.status_code == 200 and again.headers["x-cache"] == "miss"
         assert {s["document_id"] for s in again.json()["rag"]["sources"]} & {"kiwi-1", "moa-4"}
+
+
+async def test_a_milvus_that_stops_answering_is_a_503_for_its_tenant_only(
+    make_app, redis_server, tmp_path: Path
+) -> None:
+    # Each Milvus call waits (and pymilvus retries) up to the timeout: a short one here.
+    settings = make_settings(
+        redis_server.url,
+        f"http://127.0.0.1:{free_port()}",
+        retrieval={
+            "tenant_backends": {"big": "milvus"},
+            "milvus_uri": str(tmp_path / "m.db"),
+            "milvus_timeout_seconds": 1.0,
+        },
+    )
+    async with make_app(settings) as harness:
+        await _milvus_stops(harness)
+
+
+async def _milvus_stops(harness) -> None:
+    big = await harness.key(tenant="big", scopes="retrieve,ingest")
+    small = await harness.key(tenant="small", scopes="retrieve,ingest")
+    await ingest(harness, big, DOCS[:1])
+    await ingest(harness, small, DOCS[:1])
+    from milvus_lite.server_manager import server_manager_instance
+
+    milvus = harness.services.retrieval.backend("big")
+    server_manager_instance.release_server(milvus.client._lite_path)  # Milvus Lite stops
+    refused = await harness.client.post("/v1/retrieve", json={"query": "kiwi"}, headers=auth(big))
+    error = assert_openai_error(refused, 503, "service_unavailable")
+    assert error["code"] == "retrieval_unavailable" and "Milvus" in error["message"]
+    written = await harness.client.post(
+        "/v1/documents", json={"documents": DOCS[1:2]}, headers=auth(big)
+    )
+    assert_openai_error(written, 503, "service_unavailable")
+    assert (await search(harness, small, "kiwi"))["data"][0]["document_id"] == "kiwi-1"
