@@ -16,8 +16,11 @@ stored vectors scored against the query; (3) `retrieval.fusion.fuse` and
 `retrieval.hybrid.top_positions`, the embedded index's own code.
 
 Differences from the embedded index, each cheap there and dear here:
-- BM25 statistics are Milvus's, over the whole collection, not per viewer; `bm25_norm` and
-  `relevance` are None (Milvus gives no attainable maximum), so the relevance gate keeps hits.
+- BM25 statistics are Milvus's, over the whole collection, not per viewer; `bm25_norm` is None
+  (Milvus gives no attainable maximum). `relevance` is the same model's score where the model
+  does not weigh BM25 (the tuned default reads the cosine only, so the relevance gate decides
+  exactly as on the embedded index); with a model that weighs BM25 it is None and the gate keeps
+  the hit.
 - `context_terms` (a conversation's earlier turns at a lower weight) are not used.
 - `idf` is empty: compression falls back to IDF over the passages it compresses.
 - A range filter compares scalar values only (not the elements of a list-valued field).
@@ -74,6 +77,7 @@ from retrieval.hybrid import (
     SearchResult,
     top_positions,
 )
+from retrieval.relevance import DEFAULT_MODEL, RelevanceModel
 from retrieval.store import IngestResult, check_tenant
 from retrieval.vectors import FloatArray
 from retrieval.versions import NO_VERSION
@@ -246,6 +250,7 @@ class MilvusBackend:
         overlap_words: int = DEFAULT_OVERLAP_WORDS,
         max_document_chars: int = 1_000_000,
         timeout_s: float = 30.0,
+        relevance: RelevanceModel = DEFAULT_MODEL,
     ) -> None:
         self.client = client
         self.collection = collection
@@ -261,6 +266,7 @@ class MilvusBackend:
         # pymilvus bounds its retries of a failing call by `timeout` only when it is an int (a
         # float is ignored, and a stopped server is then retried 75 times: minutes per call).
         self.timeout_s = max(1, math.ceil(timeout_s))
+        self.relevance = relevance
         # Writes of one tenant are serialised in this process (delete-then-insert of a document
         # must not interleave with another write of it); across processes, Milvus's own order.
         self._write_locks: dict[str, threading.Lock] = {}
@@ -467,9 +473,17 @@ class MilvusBackend:
                     metadata=dict(row["metadata"] or {}),
                     bm25_score=float(bm25[i]) if matched[i] else None,
                     vector_score=None if vector is None else float(vector[i]),
+                    relevance=self._relevance(None if vector is None else float(vector[i])),
                 )
             )
         return hits
+
+    def _relevance(self, cosine: float | None) -> float | None:
+        """The relevance model's score when it needs only the cosine (see the module
+        docstring), else None."""
+        if cosine is None or self.relevance.bm25_weight != 0.0:
+            return None
+        return self.relevance.score(0.0, cosine)
 
     def version(self, tenant: str) -> str:
         return self.versions.get(check_tenant(tenant))

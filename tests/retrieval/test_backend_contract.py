@@ -18,6 +18,7 @@ from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.filters import FilterError, parse_filters
 from retrieval.hybrid import HybridRetriever, SearchResult
+from retrieval.relevance import DEFAULT_MODEL, DEFAULT_THRESHOLD
 from retrieval.store import IndexStore
 from tests.retrieval.backends_support import milvus_backend, new_tenant
 from tests.retrieval.conftest import CORPUS
@@ -321,3 +322,17 @@ def test_exported_chunks_import_into_the_other_backend_unchanged(
     viewer = Viewer("bob", frozenset({"board"}))
     assert "hidden" in documents(search(target, embedder, tenant, "minutes", viewer=viewer))
     assert "hidden" not in documents(search(target, embedder, tenant, "minutes"))
+
+
+def test_hits_carry_the_relevance_the_gate_reads_on_either_backend(
+    backend: RetrievalBackend, embedder: Embedder, tenant: str
+) -> None:
+    """The relevance gate drops passages that are not about the question at all; a backend
+    whose hits had no relevance would let every one into the prompt."""
+    backend.upsert(tenant, CORPUS)
+    on_topic = search(backend, embedder, tenant, "what causes ocean tides", top_k=1).hits[0]
+    off_topic = search(backend, embedder, tenant, "best pizza recipe with basil", top_k=1).hits[0]
+    for hit in (on_topic, off_topic):
+        assert hit.relevance is not None and hit.vector_score is not None
+        assert hit.relevance == pytest.approx(DEFAULT_MODEL.score(0.0, hit.vector_score))
+    assert on_topic.relevance >= DEFAULT_THRESHOLD > off_topic.relevance
