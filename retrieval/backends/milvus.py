@@ -21,7 +21,8 @@ Differences from the embedded index, each cheap there and dear here:
   does not weigh BM25 (the tuned default reads the cosine only, so the relevance gate decides
   exactly as on the embedded index); with a model that weighs BM25 it is None and the gate keeps
   the hit.
-- `context_terms` (a conversation's earlier turns at a lower weight) are not used.
+- `context_terms` (a conversation's earlier turns at a lower weight) are one more BM25 search
+  each, their scores added at their weight to the candidates they found (`_candidates`).
 - `idf` is empty: compression falls back to IDF over the passages it compresses.
 - A range filter compares scalar values only (not the elements of a list-valued field).
 - Upserts delete a document's old chunks and then insert the new ones: a search in between may
@@ -368,7 +369,7 @@ class MilvusBackend:
         viewer: Viewer | None = None,
         context_terms: Sequence[tuple[str, float]] = (),
     ) -> SearchResult:
-        """See the module docstring; `context_terms` are not used."""
+        """See the module docstring."""
         started = time.perf_counter()
         version = self.version(tenant)
         caller, narrower = filter_expr(filters), filter_expr(defaults)
@@ -379,7 +380,9 @@ class MilvusBackend:
         expr = scoped_expr(tenant, viewer, caller, narrower)
         allowed = self._count(expr) if narrower else requested
         timings = {"filter": _ms(started)}
-        rows, bm25, matched = self._candidates(query, expr, allowed, query_vector is not None)
+        rows, bm25, matched = self._candidates(
+            query, expr, allowed, query_vector is not None, context_terms
+        )
         timings["bm25"] = _ms(started) - timings["filter"]
         step = time.perf_counter()
         vector = None
@@ -401,17 +404,34 @@ class MilvusBackend:
         )
 
     def _candidates(
-        self, query: str, expr: str, allowed: int, by_vector: bool
+        self,
+        query: str,
+        expr: str,
+        allowed: int,
+        by_vector: bool,
+        context_terms: Sequence[tuple[str, float]] = (),
     ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
-        """Candidate rows with their BM25 scores and whether they hold a query term."""
+        """Candidate rows with their BM25 scores and whether they hold a query term.
+
+        BM25 is a sum over the query's terms, so the embedded index's weighted context terms
+        (a conversation's earlier turns, `retrieval.hybrid.query_terms`) are each context
+        text's own BM25 search, its scores times its weight added to the query's; a chunk
+        outside a context search's top `candidates` gets none of that text's share (the one
+        approximation)."""
         if allowed == 0:
             return [], np.zeros(0, np.float32), np.zeros(0, np.bool_)
-        found = self._bm25(query, expr, min(allowed, self.candidates))
+        limit = min(allowed, self.candidates)
+        scores: dict[str, float] = {}
+        entities: dict[str, dict[str, Any]] = {}
+        for text, weight in [(query, 1.0), *context_terms]:
+            for hit in self._bm25(text, expr, limit):
+                scores[hit["id"]] = scores.get(hit["id"], 0.0) + weight * float(hit["distance"])
+                entities.setdefault(hit["id"], hit["entity"])
         if by_vector and allowed <= self.candidates:
             rows = self._query(expr, ["pk", *_OUTPUT], limit=allowed)
         else:
-            rows = [hit["entity"] | {"pk": hit["id"]} for hit in found]
-        scores = {hit["id"]: float(hit["distance"]) for hit in found}
+            best = sorted(scores, key=lambda pk: -scores[pk])[:limit]
+            rows = [entities[pk] | {"pk": pk} for pk in best]
         bm25 = np.array([scores.get(r["pk"], 0.0) for r in rows], dtype=np.float32)
         matched = np.array([r["pk"] in scores for r in rows], dtype=np.bool_)
         return rows, bm25, matched

@@ -336,3 +336,21 @@ def test_hits_carry_the_relevance_the_gate_reads_on_either_backend(
         assert hit.relevance is not None and hit.vector_score is not None
         assert hit.relevance == pytest.approx(DEFAULT_MODEL.score(0.0, hit.vector_score))
     assert on_topic.relevance >= DEFAULT_THRESHOLD > off_topic.relevance
+
+
+def test_a_follow_ups_earlier_turns_weigh_in_at_their_weight_on_either_backend(
+    backend: RetrievalBackend, embedder: Embedder, tenant: str
+) -> None:
+    """A conversation's earlier turns go to BM25 at a lower weight (issue 17's follow-up
+    retrieval); the follow-up alone names nothing of what it asks about."""
+    backend.upsert(tenant, CORPUS)
+    follow_up = "and what makes that happen"
+    for earlier, expected in [
+        ("tell me about sourdough bread", "sourdough"),
+        ("how do volcanoes like Vesuvius work", "volcano"),
+    ]:
+        result = backend.search(tenant, follow_up, None, top_k=1, context_terms=[(earlier, 0.5)])
+        assert [hit.document_id for hit in result.hits] == [expected], earlier
+    # At a weight that dwarfs the follow-up's own words, the earlier turn decides alone.
+    alone = backend.search(tenant, "rise", None, top_k=3, context_terms=[("Vesuvius", 50.0)])
+    assert alone.hits[0].document_id == "volcano"
