@@ -377,6 +377,8 @@ def build_milvus(settings: Settings, embedder: Embedder) -> RetrievalBackend:
         overlap_words=config.overlap_words,
         max_document_chars=config.max_document_chars,
         timeout_s=config.milvus_timeout_seconds,
+        typed_fields=config.milvus_typed_fields,
+        tenant_collections=config.milvus_tenant_collections,
         **options,
     )
 

@@ -25,8 +25,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.production import unsafe_for_production
 from pipeline.jobs.secret_box import parse_keys
+from retrieval.backends.milvus_expr import TypedKind, check_collection, check_key
 from retrieval.embeddings import Backend
 from retrieval.relevance import DEFAULT_THRESHOLD
+from retrieval.store import check_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +231,8 @@ class LogSettings(BaseModel):
 
 
 RetrievalBackendName = Literal["embedded", "milvus"]
+# What README's filters range over, and the page numbers file ingestion adds.
+DEFAULT_TYPED_FIELDS: dict[str, TypedKind] = {"year": "number", "date": "string", "page": "number"}
 
 
 class RetrievalSettings(Durations):
@@ -305,6 +309,31 @@ class RetrievalSettings(Durations):
         description="Each Milvus call, its retries included (rounded up to whole seconds): "
         "past it the request gets a 503 retrieval_unavailable.",
     )
+    milvus_typed_fields: dict[str, TypedKind] = Field(
+        default_factory=lambda: dict(DEFAULT_TYPED_FIELDS),
+        description="Metadata keys a new Milvus collection gets typed, indexed columns for "
+        "(ranges on them read the column, not the JSON). Fixed when a collection is created.",
+    )
+    milvus_tenant_collections: dict[str, str] = Field(
+        default_factory=dict,
+        description='A collection of its own for a very large tenant, e.g. {"big": "rag_big"}. '
+        "Set it before the tenant's first write to Milvus (its chunks are not moved).",
+    )
+
+    @field_validator("milvus_typed_fields", mode="after")
+    @classmethod
+    def _typed_keys(cls, value: dict[str, TypedKind]) -> dict[str, TypedKind]:
+        for key in value:
+            check_key(key)  # a FilterError is a ValueError
+        return value
+
+    @field_validator("milvus_tenant_collections", mode="after")
+    @classmethod
+    def _collections(cls, value: dict[str, str]) -> dict[str, str]:
+        for tenant, name in value.items():
+            check_tenant(tenant)
+            check_collection(name)
+        return value
 
     @property
     def uses_milvus(self) -> bool:

@@ -43,7 +43,8 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -52,10 +53,18 @@ import redis
 from retrieval.access import Viewer, access_from_json
 from retrieval.backends import BackendStats, BackendUnavailable, ChunkBatch
 from retrieval.backends.milvus_expr import (
+    NO_TYPED_FIELDS,
+    TypedFields,
+    TypedKind,
     access_digests,
+    check_collection,
+    check_key,
     filter_expr,
     metadata_digests,
+    present_column,
     scoped_expr,
+    typed_column,
+    typed_value,
 )
 from retrieval.backends.versions import VersionCounter
 from retrieval.documents import (
@@ -230,9 +239,22 @@ def _doc_key(tenant: str, document_id: str) -> str:
     return _digest("d", tenant, document_id)
 
 
+@dataclass(frozen=True)
+class Collection:
+    """A collection as this backend writes it: its name and its typed metadata columns (as
+    the collection has them: they are fixed when it is created)."""
+
+    name: str
+    typed: dict[str, TypedKind]
+
+
 class MilvusBackend:
-    """Tenants' chunks in the Milvus `collection` at `client`; `embedder` embeds at ingest;
-    `versions` holds each tenant's index version (RedisVersions)."""
+    """Tenants' chunks in the Milvus `collection` at `client`, or, for the tenants
+    `tenant_collections` names, in a collection of their own (a very large tenant: its
+    searches and statistics then touch none of the others' rows; the tenant clause is still
+    written into every expression); `embedder` embeds at ingest; `versions` holds each
+    tenant's index version (RedisVersions). `typed_fields` are the metadata keys a new
+    collection gets typed columns for (`retrieval.backends.milvus_expr`)."""
 
     name = "milvus"
 
@@ -252,9 +274,15 @@ class MilvusBackend:
         max_document_chars: int = 1_000_000,
         timeout_s: float = 30.0,
         relevance: RelevanceModel = DEFAULT_MODEL,
+        typed_fields: TypedFields = NO_TYPED_FIELDS,
+        tenant_collections: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
-        self.collection = collection
+        self.collection = check_collection(collection)
+        self.tenant_collections = {
+            check_tenant(t): check_collection(c) for t, c in (tenant_collections or {}).items()
+        }
+        self.typed_fields = {check_key(k): kind for k, kind in typed_fields.items()}
         self.embedder = embedder
         self.versions = versions
         self.candidates = candidates
@@ -272,15 +300,33 @@ class MilvusBackend:
         # must not interleave with another write of it); across processes, Milvus's own order.
         self._write_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self.ensure_collection()
+        names = {self.collection, *self.tenant_collections.values()}
+        self._collections = {name: self.ensure_collection(name) for name in sorted(names)}
 
     # -- the collection ----------------------------------------------------------------------
 
-    def ensure_collection(self) -> None:
-        """Create and load the collection when it does not exist yet."""
-        if self.client.has_collection(self.collection):
-            self.client.load_collection(self.collection)
-            return
+    def collection_of(self, tenant: str) -> Collection:
+        """The collection that holds `tenant`'s chunks."""
+        return self._collections[self.tenant_collections.get(tenant, self.collection)]
+
+    def ensure_collection(self, name: str) -> Collection:
+        """Create the collection `name` when it does not exist yet, and load it. An existing
+        collection keeps the typed columns it was created with; where they differ from
+        `typed_fields` a warning says so (ranges on a key without a column read the JSON path:
+        the same answer, unindexed)."""
+        if self.client.has_collection(name):
+            self.client.load_collection(name)
+            typed = _typed_columns_of(self.client.describe_collection(name))
+            if typed != self.typed_fields:
+                logging.getLogger(__name__).warning(
+                    "milvus: collection %s has typed columns %s, the settings ask for %s; a "
+                    "collection's columns are fixed when it is created (to change them, move "
+                    "its tenants to a new collection)",
+                    name,
+                    typed,
+                    self.typed_fields,
+                )
+            return Collection(name, typed)
         from pymilvus import DataType, Function, FunctionType, MilvusClient
 
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -318,6 +364,12 @@ class MilvusBackend:
             max_capacity=MAX_ACCESS_TERMS,
             max_length=32,
         )
+        for key, kind in self.typed_fields.items():
+            if kind == "number":
+                schema.add_field(typed_column(key), DataType.DOUBLE)
+            else:
+                schema.add_field(typed_column(key), DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+            schema.add_field(present_column(key), DataType.BOOL)
         schema.add_function(
             Function(
                 name="bm25",
@@ -330,17 +382,26 @@ class MilvusBackend:
         index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
         # Milvus Lite 2.5 has only FLAT; the embeddings are normalised, so IP is cosine.
         index.add_index("dense", index_type="FLAT", metric_type="IP")
-        self.client.create_collection(self.collection, schema=schema, index_params=index)
+        # Scalar indexes: a Milvus server reads them for the clauses every search has (the
+        # tenant) and for typed ranges; Milvus Lite accepts them (INVERTED is its only kind).
+        index.add_index("tenant", index_type="INVERTED")
+        for key in self.typed_fields:
+            index.add_index(typed_column(key), index_type="INVERTED")
+        self.client.create_collection(name, schema=schema, index_params=index)
+        return Collection(name, dict(self.typed_fields))
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _query(self, expr: str, fields: list[str], limit: int | None = None) -> list[Any]:
-        """Rows matching `expr` ([] where Milvus Lite reports an empty result as an error)."""
+    def _query(
+        self, tenant: str, expr: str, fields: list[str], limit: int | None = None
+    ) -> list[Any]:
+        """Rows of `tenant`'s collection matching `expr` (which names the tenant) ([] where
+        Milvus Lite reports an empty result as an error)."""
         options: dict[str, Any] = {} if limit is None else {"limit": limit}
         try:
             return list(
                 self.client.query(
-                    self.collection,
+                    self.collection_of(tenant).name,
                     filter=expr,
                     output_fields=fields,
                     timeout=self.timeout_s,
@@ -352,8 +413,8 @@ class MilvusBackend:
                 return []
             raise
 
-    def _count(self, expr: str) -> int:
-        rows = self._query(expr, ["count(*)"])
+    def _count(self, tenant: str, expr: str) -> int:
+        rows = self._query(tenant, expr, ["count(*)"])
         return int(rows[0]["count(*)"]) if rows else 0
 
     @unavailable_on_store_failure
@@ -372,16 +433,17 @@ class MilvusBackend:
         """See the module docstring."""
         started = time.perf_counter()
         version = self.version(tenant)
-        caller, narrower = filter_expr(filters), filter_expr(defaults)
-        visible = self._count(scoped_expr(tenant, viewer))
+        typed = self.collection_of(tenant).typed
+        caller, narrower = filter_expr(filters, typed), filter_expr(defaults, typed)
+        visible = self._count(tenant, scoped_expr(tenant, viewer))
         if visible == 0:
             return SearchResult([], 0, 0, _timings(), version)
-        requested = self._count(scoped_expr(tenant, viewer, caller)) if caller else visible
+        requested = self._count(tenant, scoped_expr(tenant, viewer, caller)) if caller else visible
         expr = scoped_expr(tenant, viewer, caller, narrower)
-        allowed = self._count(expr) if narrower else requested
+        allowed = self._count(tenant, expr) if narrower else requested
         timings = {"filter": _ms(started)}
         rows, bm25, matched = self._candidates(
-            query, expr, allowed, query_vector is not None, context_terms
+            tenant, query, expr, allowed, query_vector is not None, context_terms
         )
         timings["bm25"] = _ms(started) - timings["filter"]
         step = time.perf_counter()
@@ -405,6 +467,7 @@ class MilvusBackend:
 
     def _candidates(
         self,
+        tenant: str,
         query: str,
         expr: str,
         allowed: int,
@@ -424,11 +487,11 @@ class MilvusBackend:
         scores: dict[str, float] = {}
         entities: dict[str, dict[str, Any]] = {}
         for text, weight in [(query, 1.0), *context_terms]:
-            for hit in self._bm25(text, expr, limit):
+            for hit in self._bm25(tenant, text, expr, limit):
                 scores[hit["id"]] = scores.get(hit["id"], 0.0) + weight * float(hit["distance"])
                 entities.setdefault(hit["id"], hit["entity"])
         if by_vector and allowed <= self.candidates:
-            rows = self._query(expr, ["pk", *_OUTPUT], limit=allowed)
+            rows = self._query(tenant, expr, ["pk", *_OUTPUT], limit=allowed)
         else:
             best = sorted(scores, key=lambda pk: -scores[pk])[:limit]
             rows = [entities[pk] | {"pk": pk} for pk in best]
@@ -436,12 +499,12 @@ class MilvusBackend:
         matched = np.array([r["pk"] in scores for r in rows], dtype=np.bool_)
         return rows, bm25, matched
 
-    def _bm25(self, query: str, expr: str, limit: int) -> list[dict[str, Any]]:
+    def _bm25(self, tenant: str, query: str, expr: str, limit: int) -> list[dict[str, Any]]:
         if not query.strip():
             return []
         try:
             result = self.client.search(
-                self.collection,
+                self.collection_of(tenant).name,
                 data=[query],
                 anns_field="sparse",
                 limit=limit,
@@ -510,7 +573,7 @@ class MilvusBackend:
 
     @unavailable_on_store_failure
     def stats(self, tenant: str) -> BackendStats:
-        chunks = self._count(f'tenant == "{check_tenant(tenant)}"')
+        chunks = self._count(tenant, f'tenant == "{check_tenant(tenant)}"')
         return BackendStats(self.name, self.version(tenant), self._documents(tenant), chunks)
 
     def has_index(self, tenant: str) -> bool:
@@ -522,7 +585,7 @@ class MilvusBackend:
         """How many documents the tenant has, counted by the server: every document has
         exactly one chunk numbered 0 (`f"{document_id}#0"`, retrieval.documents), so this
         costs one count, not a listing of the tenant (which a write would pay for each time)."""
-        return self._count(f'tenant == "{check_tenant(tenant)}" and position == 0')
+        return self._count(tenant, f'tenant == "{check_tenant(tenant)}" and position == 0')
 
     @unavailable_on_store_failure
     def document_ids(self, tenant: str) -> set[str]:
@@ -549,7 +612,7 @@ class MilvusBackend:
         last = ""
         while True:
             expr = f'tenant == "{check_tenant(tenant)}" and pk > "{last}"'
-            page = self._query(expr, ["pk", *fields], limit=batch)
+            page = self._query(tenant, expr, ["pk", *fields], limit=batch)
             page.sort(key=lambda row: str(row["pk"]))
             yield from page
             if len(page) < batch:
@@ -619,7 +682,8 @@ class MilvusBackend:
         documents: set[str],
         started: float,
     ) -> IngestResult:
-        rows = [_row(tenant, c, v) for c, v in zip(chunks, vectors, strict=True)]
+        typed = self.collection_of(tenant).typed
+        rows = [_row(tenant, c, v, typed) for c, v in zip(chunks, vectors, strict=True)]
         with self._lock(tenant):
             # Redis must answer before anything changes: a write it could not version (cache
             # keys unchanged) is refused whole, not done and then reported failed.
@@ -629,26 +693,28 @@ class MilvusBackend:
             previous = self._stored_rows(tenant, documents)
             self._delete_documents(tenant, documents)
             try:
-                self._insert(rows)
+                self._insert(tenant, rows)
             except BaseException:
                 self._put_back(tenant, documents, previous)
                 raise
             version = self.versions.bump(tenant)
         return self._result(tenant, started, len(documents), len(rows), version)
 
-    def _insert(self, rows: Sequence[dict[str, Any]]) -> None:
+    def _insert(self, tenant: str, rows: Sequence[dict[str, Any]]) -> None:
+        name = self.collection_of(tenant).name
         for start in range(0, len(rows), 500):
-            self.client.insert(self.collection, rows[start : start + 500], timeout=self.timeout_s)
+            self.client.insert(name, rows[start : start + 500], timeout=self.timeout_s)
 
     def _stored_rows(self, tenant: str, document_ids: set[str]) -> list[dict[str, Any]]:
         """Every stored field of the documents' chunks (all but the BM25 function's output),
         as an insert takes them."""
         keys = sorted(_doc_key(tenant, d) for d in document_ids)
+        fields = [*_STORED_FIELDS, *typed_columns(self.collection_of(tenant).typed)]
         stored: list[dict[str, Any]] = []
         for part in _parts(keys, 500):
             expr = f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'
-            stored += self._query(expr, list(_STORED_FIELDS))
-        return [{name: row[name] for name in _STORED_FIELDS} for row in stored]
+            stored += self._query(tenant, expr, fields)
+        return [{name: row[name] for name in fields} for row in stored]
 
     def _put_back(self, tenant: str, document_ids: set[str], rows: list[dict[str, Any]]) -> None:
         """After a failed insert: the documents as they were (whatever of the new chunks went
@@ -656,7 +722,7 @@ class MilvusBackend:
         the insert's error is the one raised."""
         try:
             self._delete_documents(tenant, document_ids)
-            self._insert(rows)
+            self._insert(tenant, rows)
         except Exception:
             logging.getLogger(__name__).exception(
                 "milvus: could not put back %d chunks of tenant %s after a failed write",
@@ -683,11 +749,10 @@ class MilvusBackend:
         keys = {_doc_key(tenant, d): d for d in document_ids}
         found: set[str] = set()
         for part in _parts(sorted(keys), 500):
-            if not self._count(f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'):
+            expr = f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'
+            if not self._count(tenant, expr):
                 continue
-            rows = self._query(
-                f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]', ["doc_key"]
-            )
+            rows = self._query(tenant, expr, ["doc_key"])
             found.update(keys[r["doc_key"]] for r in rows)
         return found
 
@@ -698,16 +763,18 @@ class MilvusBackend:
         keys = sorted(_doc_key(tenant, d) for d in document_ids)
         for part in _parts(keys, 500):
             expr = f'tenant == "{tenant}" and doc_key in [{_quoted(part)}]'
-            count = self._count(expr)
+            count = self._count(tenant, expr)
             if count:
-                self.client.delete(self.collection, filter=expr, timeout=self.timeout_s)
+                self.client.delete(
+                    self.collection_of(tenant).name, filter=expr, timeout=self.timeout_s
+                )
             removed += count
         return removed
 
     def _result(
         self, tenant: str, started: float, documents: int, chunks: int, version: str
     ) -> IngestResult:
-        total = self._count(f'tenant == "{tenant}"')
+        total = self._count(tenant, f'tenant == "{tenant}"')
         return IngestResult(
             version,
             documents,
@@ -724,6 +791,24 @@ class MilvusBackend:
         closer = getattr(self.versions, "close", None)
         if closer is not None:
             closer()
+
+
+def _typed_columns_of(description: Mapping[str, Any]) -> dict[str, TypedKind]:
+    """The typed metadata columns (`f_<key>`) a described collection has, by key."""
+    from pymilvus import DataType
+
+    kinds: dict[Any, TypedKind] = {DataType.DOUBLE: "number", DataType.VARCHAR: "string"}
+    typed: dict[str, TypedKind] = {}
+    for field in description.get("fields", []):
+        name = str(field.get("name", ""))
+        if name.startswith("f_") and field.get("type") in kinds:
+            typed[name[2:]] = kinds[field["type"]]
+    return typed
+
+
+def typed_columns(typed: TypedFields) -> list[str]:
+    """Every column the typed fields `typed` add to a row."""
+    return [column for key in typed for column in (typed_column(key), present_column(key))]
 
 
 def _checked_terms(chunk: Chunk) -> list[str]:
@@ -754,9 +839,9 @@ def _checked_terms(chunk: Chunk) -> list[str]:
     return terms
 
 
-def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:
+def _row(tenant: str, chunk: Chunk, vector: FloatArray, typed: TypedFields) -> dict[str, Any]:
     terms = _checked_terms(chunk)
-    return {
+    row = {
         "pk": _digest("c", tenant, chunk.chunk_id),
         "tenant": tenant,
         "chunk_id": chunk.chunk_id,
@@ -774,6 +859,11 @@ def _row(tenant: str, chunk: Chunk, vector: FloatArray) -> dict[str, Any]:
         "eq_terms": terms,
         "access_terms": access_digests(chunk.access),
     }
+    for key, kind in typed.items():
+        row[present_column(key)], row[typed_column(key)] = typed_value(
+            kind, chunk.metadata.get(key)
+        )
+    return row
 
 
 def _chunk_batch(rows: list[dict[str, Any]]) -> ChunkBatch:

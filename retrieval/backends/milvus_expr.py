@@ -14,6 +14,12 @@ comparisons do not: a list-valued field matches when it contains the value, `1` 
 but never `true`, and a key no chunk has matches nothing (Milvus Lite answers "Unsupported data
 type" for a JSON path no row has; see `MilvusBackend`).
 
+Range bounds on a key the collection declares typed (`TypedFields`: a DOUBLE or VARCHAR column
+per key, `typed_column`, with a BOOL beside it saying whether the chunk's value is in it,
+`present_column`) compare that column, which a Milvus server indexes (INVERTED), instead of the
+JSON path, which it scans; both hold the same values (a scalar of the bound's kind), so the
+answer is the same. A bound of the other kind falls back to the JSON path.
+
 Pymilvus 2.5's expression templates (`filter_params`) would be the cleaner way to pass values,
 but the engine embedded in milvus-lite 2.5.1 does not parse them (`{name}` is a token error).
 """
@@ -23,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Literal
 
 from retrieval.access import AccessList, Viewer
 from retrieval.documents import Metadata
@@ -39,6 +46,9 @@ PUBLIC_FIELD = "public"
 METADATA_FIELD = "metadata"
 TENANT_FIELD = "tenant"
 MAX_STRING_BOUND = 1024
+TypedKind = Literal["number", "string"]
+TypedFields = Mapping[str, TypedKind]
+NO_TYPED_FIELDS: TypedFields = {}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -130,11 +140,52 @@ def check_key(key: str) -> str:
     return key
 
 
+def typed_column(key: str) -> str:
+    """The typed scalar column of metadata `key` (a key matching `KEY_PATTERN`)."""
+    return f"f_{check_key(key)}"
+
+
+def present_column(key: str) -> str:
+    """The BOOL column saying whether a chunk's value of `key` is in `typed_column(key)`."""
+    return f"h_{check_key(key)}"
+
+
+def typed_value(kind: TypedKind, value: object) -> tuple[bool, float | str]:
+    """What a chunk whose metadata holds `value` stores in a `kind` column: (True, the value)
+    for a scalar of that kind (a number that is not a bool, finite; a string), else (False, a
+    filler no range reads: `present_column` is false)."""
+    if kind == "number":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:
+                return False, 0.0
+            if math.isfinite(number):
+                return True, number
+        return False, 0.0
+    if isinstance(value, str):
+        return True, value
+    return False, ""
+
+
+COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+
+
+def check_collection(name: str) -> str:
+    """`name` if Milvus accepts it as a collection name, else ValueError."""
+    if not isinstance(name, str) or not COLLECTION_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a Milvus collection name (it matches {COLLECTION_NAME.pattern})"
+        )
+    return name
+
+
 _OPS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 
-def clause_expr(clause: Clause) -> str:
-    """One clause as an expression (see the module docstring for how values travel)."""
+def clause_expr(clause: Clause, typed: TypedFields = NO_TYPED_FIELDS) -> str:
+    """One clause as an expression (see the module docstring for how values travel); a range
+    on a key `typed` declares, with a bound of its kind, reads the typed column."""
     if clause.op in ("$eq", "$in"):
         values = clause.operand if isinstance(clause.operand, tuple) else (clause.operand,)
         if not values:
@@ -151,14 +202,16 @@ def clause_expr(clause: Clause) -> str:
     if isinstance(bound, bool | tuple):
         raise FilterError(f"filter {clause.key!r} {clause.op}: a bound is a number or a string")
     literal = string_literal(bound) if isinstance(bound, str) else number_literal(bound)
+    if typed.get(key) == ("string" if isinstance(bound, str) else "number"):
+        return f"{present_column(key)} == true and {typed_column(key)} {op} {literal}"
     return f'{METADATA_FIELD}["{key}"] {op} {literal}'
 
 
-def filter_expr(filters: Filter | None) -> str | None:
+def filter_expr(filters: Filter | None, typed: TypedFields = NO_TYPED_FIELDS) -> str | None:
     """The AND of a filter's clauses; None when it allows everything."""
     if filters is None or not filters.clauses:
         return None
-    return " and ".join(f"({clause_expr(c)})" for c in filters.clauses)
+    return " and ".join(f"({clause_expr(c, typed)})" for c in filters.clauses)
 
 
 def access_expr(viewer: Viewer | None) -> str:

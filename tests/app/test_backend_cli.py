@@ -62,9 +62,8 @@ def test_a_tenant_moves_to_milvus_and_back_and_every_command_follows_it(
     assert deleted.returncode == 0, deleted.stderr
     missing = rag("delete", "--tenant", "big", "rome", env=env)
     assert missing.returncode == 1 and "not found" in missing.stderr
-    milvus = milvus_backend(tmp_path, shared_embedder, redis_server.url)
+    milvus = milvus_backend(tmp_path, shared_embedder, redis_server.url, collection="moved")
     try:
-        milvus.collection = "moved"
         milvus.versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0.0)
         assert milvus.document_ids("big") == {"paris", "tides"}
         assert milvus.document_ids("small") == set()

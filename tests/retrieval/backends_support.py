@@ -14,14 +14,17 @@ from retrieval.backends.versions import RedisVersions
 from retrieval.embeddings import Embedder
 
 
-def milvus_backend(path: Path, embedder: Embedder, redis_url: str, **options: Any) -> MilvusBackend:
-    """A Milvus Lite backend on a database file under `path`, versions in the tests' Redis."""
+def milvus_backend(
+    path: Path, embedder: Embedder, redis_url: str, collection: str = "contract", **options: Any
+) -> MilvusBackend:
+    """A Milvus Lite backend on a database file under `path` (`collection` in it), versions
+    in the tests' Redis."""
     try:
         client = connect(str(path / "milvus.db"))
     except MilvusUnavailable as exc:
         pytest.fail(f"Milvus Lite did not start: {exc}. Install it with `make install`.")
     versions = RedisVersions(redis_url, f"t{uuid.uuid4().hex[:8]}:", reload_interval_s=0.0)
-    return MilvusBackend(client, "contract", embedder, versions, **options)
+    return MilvusBackend(client, collection, embedder, versions, **options)
 
 
 def new_tenant(prefix: str = "t") -> str:

@@ -14,6 +14,7 @@ from retrieval.access import AccessList, Viewer
 from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.milvus import MilvusBackend
+from retrieval.backends.milvus_expr import TypedKind
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.filters import FilterError, parse_filters
@@ -36,11 +37,27 @@ def shared_milvus(
     backend.close()
 
 
-@pytest.fixture(params=["embedded", "milvus"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, embedder: Embedder) -> RetrievalBackend:
-    if request.param == "milvus":
+# The third backend: Milvus with typed columns for the keys FILTERS range over, and the test's
+# tenant in a collection of its own (every other tenant a test writes is in the shared one).
+TYPED: dict[str, TypedKind] = {"year": "number", "date": "string", "lang": "string"}
+
+
+@pytest.fixture(params=["embedded", "milvus", "milvus-typed-own-collection"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, embedder: Embedder, tenant: str
+) -> RetrievalBackend:
+    if request.param.startswith("milvus"):
         milvus: MilvusBackend = request.getfixturevalue("shared_milvus")
-        return milvus
+        if request.param == "milvus":
+            return milvus
+        return MilvusBackend(
+            milvus.client,
+            "typed",
+            embedder,
+            milvus.versions,
+            typed_fields=TYPED,
+            tenant_collections={tenant: "own"},
+        )
     store = IndexStore(tmp_path / "indexes", embedder)
     return EmbeddedBackend(store, HybridRetriever(store))
 

@@ -43,7 +43,9 @@ def milvus(
 
 def rows(backend: MilvusBackend, tenant: str) -> dict[str, tuple[str, str, Any]]:
     """chunk id -> (text, title, metadata), straight from Milvus."""
-    found = backend._query(f'tenant == "{tenant}"', ["chunk_id", "text", "title", "metadata"])
+    found = backend._query(
+        tenant, f'tenant == "{tenant}"', ["chunk_id", "text", "title", "metadata"]
+    )
     return {r["chunk_id"]: (r["text"], r["title"], r["metadata"]) for r in found}
 
 
