@@ -398,8 +398,9 @@ def build_backends(
             settings.redis.key_prefix,
             timeout_s=max(settings.redis.timeout_seconds, 0.5),
         )
+    fence = overrides.fence(settings.redis.key_prefix) if overrides is not None else None
     try:
-        return BackendRouter(backends, config.backend, config.tenant_backends, overrides)
+        return BackendRouter(backends, config.backend, config.tenant_backends, overrides, fence)
     except ValueError as exc:
         raise SettingsError(f"RAG_RETRIEVAL: {exc}") from None
 

@@ -47,8 +47,9 @@ from pipeline.store.keys import (
 )
 from pipeline.store.kv import KeyValueStore
 from retrieval import Document, DocumentError
-from retrieval.backends import RetrievalBackend
+from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.moves import MoveUnderway, TenantMoving
 from retrieval.store import IngestResult
 
 
@@ -219,11 +220,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 3  # 3: uvicorn's status when the app failed to start
 
 
-def _backend(tenant: str) -> RetrievalBackend:
-    """The backend that holds `tenant`'s index, chosen as the app chooses it."""
-    return backend_router().for_tenant(tenant)
-
-
 def _upsert(
     backend: RetrievalBackend, tenant: str, docs: list[Document], progress: bool
 ) -> IngestResult:
@@ -248,7 +244,7 @@ def _ingest(args: argparse.Namespace) -> int:
         raise ValueError(f"{path} does not exist")
     if args.quiet:
         _quiet()
-    store = _backend(args.tenant)
+    router = backend_router()
     skipped = Skipped()
     documents = chunks = 0
     batch: list[Document] = []
@@ -258,7 +254,8 @@ def _ingest(args: argparse.Namespace) -> int:
         bad one is skipped (with its own reason) and the rest go in."""
         nonlocal documents, chunks
         try:
-            result = _upsert(store, args.tenant, docs, progress=not args.quiet)
+            with router.writing(args.tenant) as backend:  # fenced against a move, as the app
+                result = _upsert(backend, args.tenant, docs, progress=not args.quiet)
         except DocumentError as exc:
             if len(docs) == 1:
                 skipped.add(docs[0].id, str(exc))
@@ -297,7 +294,8 @@ def _ingest(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(
             f"ingested {documents} documents ({chunks} chunks) for tenant {args.tenant}; "
-            f"skipped {len(skipped.items)}; index version {store.version(args.tenant)}"
+            f"skipped {len(skipped.items)}; "
+            f"index version {router.for_tenant(args.tenant).version(args.tenant)}"
         )
     return 0 if documents or not skipped.items else 1
 
@@ -305,12 +303,12 @@ def _ingest(args: argparse.Namespace) -> int:
 def _delete(args: argparse.Namespace) -> int:
     """Like ``DELETE /v1/documents/{id}``: an id the tenant does not have is an error (exit 1),
     reported after the ids it does have are deleted."""
-    store = _backend(args.tenant)
     wanted = list(dict.fromkeys(args.document_ids))
-    present = store.document_ids(args.tenant)
-    missing = [d for d in wanted if d not in present]
-    if len(missing) < len(wanted):
-        result = store.delete(args.tenant, wanted)
+    with backend_router().writing(args.tenant) as store:
+        present = store.document_ids(args.tenant)
+        missing = [d for d in wanted if d not in present]
+        result = store.delete(args.tenant, wanted) if len(missing) < len(wanted) else None
+    if result is not None:
         print(
             f"deleted {result.documents} documents ({result.chunks} chunks); "
             f"version {result.version}"
@@ -415,3 +413,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, StoreUnavailable) as exc:
         print(f"rag: {exc}", file=sys.stderr)
         return 2
+    except (TenantMoving, MoveUnderway, BackendUnavailable) as exc:
+        print(f"rag: {exc} Run it again later.", file=sys.stderr)
+        return 1

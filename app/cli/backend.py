@@ -3,23 +3,33 @@
 rag backend show --tenant T
 rag backend move --tenant T --to milvus|embedded [--batch N]
 
-A move copies the tenant's chunks with their vectors (no re-chunking, no re-embedding) into
-the target, checks the target holds as many, records the tenant's backend in Redis (every
-replica follows within a second: retrieval.backends.router.RedisOverrides) and only then deletes
-the tenant from the source. Until the record is written the source keeps serving; a move that
-stopped before it can simply be run again (the copy replaces the documents it copied).
+A move first fences the tenant's writes (retrieval.backends.moves: new writes are refused
+with a 503 `index_moving` and Retry-After, and the move waits for the writes under way to
+end), then copies the tenant's chunks with their vectors (no re-chunking, no re-embedding) into
+the target, checks the target holds as many and that the source did not change meanwhile,
+records the tenant's backend in Redis (every replica follows within a second:
+retrieval.backends.router.RedisOverrides; writes follow at once), waits that second, and only
+then deletes the tenant from the source and lifts the fence. Searches are served throughout.
+Until the record is written the source keeps serving; a move that stopped before it can simply
+be run again (the copy replaces the documents it copied; a killed move's fence lapses after
+30 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import time
 from typing import Any
 
 from app.services import build_backends, build_index_store
 from app.settings import get_settings
 from retrieval import HybridRetriever, make_embedder
+from retrieval.backends import RetrievalBackend
+from retrieval.backends.moves import MOVE_TTL_S, MoveFence
 from retrieval.backends.router import BackendRouter
+from retrieval.backends.versions import Poller
 from retrieval.store import check_tenant
 
 
@@ -49,6 +59,14 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+# How long a move waits for the writes under way when it starts (a write's lease is renewed
+# while it runs, so a long ingest is waited for; a killed writer's lease ends in 15 s).
+WRITES_WAIT_S = 600.0
+# After the record, before the source is emptied: every replica's polled record has caught up
+# (RedisOverrides reloads every second), so no search still reads the source.
+SETTLE_S = 2.0
+
+
 def _move(args: argparse.Namespace) -> int:
     check_tenant(args.tenant)
     router = backend_router()
@@ -56,11 +74,65 @@ def _move(args: argparse.Namespace) -> int:
         raise ValueError(
             f"no {args.to} backend is configured (for Milvus set RAG_RETRIEVAL__MILVUS_URI)"
         )
-    source = router.for_tenant(args.tenant)
-    if source.name == args.to:
+    if router.for_tenant(args.tenant).name == args.to:
         print(f"tenant {args.tenant} is already on {args.to}")
         return 0
-    target = router.backends[args.to]
+    fence = router.fence
+    if fence is None:
+        raise ValueError("moves need the run-time overrides in Redis (RAG_REDIS__URL)")
+    token = fence.begin(args.tenant)
+    keeper = Poller("move-fence", MOVE_TTL_S / 6, lambda: _keep(fence, args.tenant, token))
+    keeper.start()
+    try:
+        if not _writes_ended(fence, args.tenant):
+            return 1
+        # Read again after the fence (a move that ended meanwhile may have changed it); no
+        # write can change it now.
+        router.reload()
+        source = router.for_tenant(args.tenant)
+        if source.name == args.to:
+            print(f"tenant {args.tenant} is already on {args.to}")
+            return 0
+        return _copy_and_switch(router, fence, token, args, source, router.backends[args.to])
+    finally:
+        keeper.stop()
+        fence.end(args.tenant, token)
+
+
+def _keep(fence: MoveFence, tenant: str, token: str) -> None:
+    # A failed renewal is tried again next round; whether the fence held is checked before
+    # the record is written.
+    with contextlib.suppress(Exception):
+        fence.holds(tenant, token)
+
+
+def _writes_ended(fence: MoveFence, tenant: str) -> bool:
+    deadline = time.monotonic() + WRITES_WAIT_S
+    said = False
+    while (left := fence.writes_in_flight(tenant)) > 0:
+        if time.monotonic() > deadline:
+            print(
+                f"rag backend move: {left} writes of tenant {tenant} still under way after "
+                f"{WRITES_WAIT_S:.0f} s; nothing was moved",
+                file=sys.stderr,
+            )
+            return False
+        if not said:
+            print(f"waiting for {left} writes of tenant {tenant} to end", file=sys.stderr)
+            said = True
+        time.sleep(0.1)
+    return True
+
+
+def _copy_and_switch(
+    router: BackendRouter,
+    fence: MoveFence,
+    token: str,
+    args: argparse.Namespace,
+    source: RetrievalBackend,
+    target: RetrievalBackend,
+) -> int:
+    version = source.version(args.tenant)
     # What an earlier move cut short left in the target, of documents the source has deleted
     # since, would never match the source's count: the copy starts from the source's documents.
     stale = target.document_ids(args.tenant) - source.document_ids(args.tenant)
@@ -78,7 +150,15 @@ def _move(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if source.version(args.tenant) != version or not fence.holds(args.tenant, token):
+        print(
+            f"rag backend move: tenant {args.tenant} changed during the copy (its fence "
+            f"lapsed); it stays on {source.name}: run the move again",
+            file=sys.stderr,
+        )
+        return 1
     router.record(args.tenant, args.to)
+    time.sleep(SETTLE_S)
     documents = source.document_ids(args.tenant)
     source.delete(args.tenant, sorted(documents))
     print(

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from pipeline.context import Principal
-from pipeline.errors import InvalidRequest, ServiceUnavailable
+from pipeline.errors import InvalidRequest, ServiceUnavailable, retry_after
 from pipeline.telemetry import attributes as attr
 from retrieval import (
     Document,
@@ -37,6 +37,7 @@ from retrieval import (
 from retrieval.access import Viewer
 from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.moves import TenantMoving
 from retrieval.backends.router import BackendRouter
 from retrieval.embeddings import embedding_executor
 from retrieval.vectors import FloatArray
@@ -204,19 +205,27 @@ class PassageSearch:
             f"ingest {tenant}",
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
-            backend = self.backend(tenant)
-            return await self._off_loop(
-                self._writes, _answered, backend.upsert, tenant, list(documents)
-            )
+            return await self._off_loop(self._writes, self._write, "upsert", tenant, documents)
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         with self.tracer.start_as_current_span(
             f"delete {tenant}", attributes={attr.TENANT: tenant}
         ):
-            backend = self.backend(tenant)
-            return await self._off_loop(
-                self._writes, _answered, backend.delete, tenant, list(document_ids)
-            )
+            return await self._off_loop(self._writes, self._write, "delete", tenant, document_ids)
+
+    def _write(self, method: str, tenant: str, items: Sequence[Any]) -> IngestResult:
+        """`upsert` or `delete` on the tenant's backend, fenced against a move of the tenant
+        (``BackendRouter.writing``): a 503 ``index_moving`` while one runs."""
+        try:
+            with self.backends.writing(tenant) as backend:
+                call: Callable[[str, list[Any]], IngestResult] = getattr(backend, method)
+                return call(tenant, list(items))
+        except TenantMoving as exc:
+            raise ServiceUnavailable(
+                str(exc), code="index_moving", headers=retry_after(exc.retry_after_s)
+            ) from exc
+        except BackendUnavailable as exc:
+            raise ServiceUnavailable(str(exc), code="retrieval_unavailable") from exc
 
     async def aclose(self) -> None:
         await self.queries.aclose()

@@ -9,12 +9,14 @@ every read goes to Redis (short-lived processes such as `rag`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 import redis
 
-from retrieval.backends import RetrievalBackend
+from retrieval.backends import BackendUnavailable, RetrievalBackend
+from retrieval.backends.moves import MoveFence
 from retrieval.backends.versions import PolledRedis
 from retrieval.store import check_tenant
 
@@ -45,10 +47,12 @@ class RedisOverrides(PolledRedis):
             self._poller.start()
 
     def _refresh(self) -> None:
-        try:
-            raw = self.client.hgetall(self.key)
-        except redis.RedisError:
-            return
+        with contextlib.suppress(redis.RedisError):
+            self.reload()
+
+    def reload(self) -> None:
+        """Read the overrides now (raises redis.RedisError when Redis does not answer)."""
+        raw = self.client.hgetall(self.key)
         with self._lock:
             self._seen = {_text(k): _text(v) for k, v in raw.items()}
 
@@ -62,11 +66,16 @@ class RedisOverrides(PolledRedis):
         with self._lock:
             self._seen[tenant] = backend
 
+    def fence(self, prefix: str = "rag:") -> MoveFence:
+        """The fence that keeps writes out of a move, on the same Redis and hash."""
+        return MoveFence(self.client, prefix, self.key)
+
 
 class BackendRouter:
     """`backends` by name; `default` serves every tenant not in `tenants` (settings) or in
     `overrides` (run time, which win). A name with no backend configured is a start-up error
-    for settings, and a refusal (KeyError) for a run-time override."""
+    for settings, and a refusal (KeyError) for a run-time override. With a `fence`, writes go
+    through `writing` (retrieval.backends.moves)."""
 
     def __init__(
         self,
@@ -74,8 +83,10 @@ class BackendRouter:
         default: str = "embedded",
         tenants: Mapping[str, str] | None = None,
         overrides: OverrideStore | None = None,
+        fence: MoveFence | None = None,
     ) -> None:
         self.backends = dict(backends)
+        self.fence = fence
         self.default = default
         self.tenants = dict(tenants or {})
         self.overrides = overrides
@@ -95,9 +106,39 @@ class BackendRouter:
     def for_tenant(self, tenant: str) -> RetrievalBackend:
         return self.backends[self.name_for(tenant)]
 
+    def reload(self) -> None:
+        """Read the run-time overrides now (a move reads them once it holds the fence)."""
+        if isinstance(self.overrides, RedisOverrides):
+            self.overrides.reload()
+
+    @contextlib.contextmanager
+    def writing(self, tenant: str) -> Iterator[RetrievalBackend]:
+        """The backend a write of `tenant` goes to, for the length of the write: with a fence,
+        the write is registered (a move waits for it) and its backend is the latest record's;
+        TenantMoving while a move runs; BackendUnavailable when Redis does not answer."""
+        if self.fence is None:
+            yield self.for_tenant(tenant)
+            return
+        try:
+            token, recorded = self.fence.enter(tenant)
+        except redis.RedisError as exc:
+            raise BackendUnavailable(
+                f"Redis (moves between backends) did not answer ({type(exc).__name__}): a "
+                "write cannot tell whether its tenant is being moved."
+            ) from exc
+        try:
+            if recorded is not None and recorded in self.backends:
+                yield self.backends[recorded]
+            else:
+                yield self.backends[self.tenants.get(tenant, self.default)]
+        finally:
+            self.fence.leave(tenant, token)
+
     def close(self) -> None:
         for backend in self.backends.values():
             backend.close()
+        if self.fence is not None:
+            self.fence.close()
         if isinstance(self.overrides, RedisOverrides):
             self.overrides.close()
 

@@ -130,3 +130,30 @@ async def _milvus_stops(harness) -> None:
     )
     assert_openai_error(written, 503, "service_unavailable")
     assert (await search(harness, small, "kiwi"))["data"][0]["document_id"] == "kiwi-1"
+
+
+async def test_writes_during_a_move_are_a_503_with_retry_after_and_searches_go_on(
+    harness,
+) -> None:
+    big = await harness.key(tenant="big", scopes="retrieve,ingest")
+    small = await harness.key(tenant="small", scopes="retrieve,ingest")
+    await ingest(harness, big, DOCS[:2])
+    fence = harness.services.retrieval.backends.fence
+    token = fence.begin("big")  # as `rag backend move` does, from any process
+    try:
+        for response in (
+            await harness.client.post(
+                "/v1/documents", json={"documents": DOCS[2:]}, headers=auth(big)
+            ),
+            await harness.client.delete("/v1/documents/kiwi-1", headers=auth(big)),
+        ):
+            error = assert_openai_error(response, 503, "service_unavailable")
+            assert error["code"] == "index_moving"
+            assert response.headers["retry-after"] == "5"
+        found = await search(harness, big, "flightless bird from New Zealand", top_k=5)
+        assert found["data"][0]["document_id"] == "kiwi-1"
+        await ingest(harness, small, DOCS[:1])  # another tenant writes on
+    finally:
+        fence.end("big", token)
+    assert (await ingest(harness, big, DOCS[2:]))["total_documents"] == 3
+    assert fence.writes_in_flight("big") == 0  # every write left its registration

@@ -17,6 +17,7 @@ from bench.milvus_bench import (
     TableEmbedder,
     classify,
     embedded_backend,
+    filter_rows,
     hybrid_ranker,
     hybrid_search,
     ingest_while_serving,
@@ -78,3 +79,22 @@ def test_ingest_while_serving_answers_every_search_and_lists_documents(client: A
     assert obs.searches > 0 and obs.writes > 0
     listed = sum(obs.outcomes["one pymilvus query"].values())
     assert listed == obs.checks > 0
+
+
+def test_filtered_searches_through_a_typed_column_rank_as_through_the_json_path(
+    tmp_path: Path, client: Any
+) -> None:
+    docs = [
+        Document(id=f"d{i}", text=" ".join(WORDS[(i + k) % 10] for k in range(12)))
+        for i in range(60)
+    ]
+    embedder = TableEmbedder()
+    texts = ["cell protein", "dose risk", "virus memory"]
+    queries = Queries(["1", "2", "3"], texts, embedder.embed(texts), {})
+    rows = filter_rows(client, tmp_path, docs, queries, batch=25, n=3)
+    assert len(rows) == 9  # three filters, three backends
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[2]) > 0 and float(cells[3]) >= float(cells[2])
+        if cells[1].startswith("milvus"):
+            assert cells[4] == "3/3", row  # typed column and JSON path: the same rankings

@@ -298,7 +298,11 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     docs.append(Document("secret", "Board note on tides.", access=hidden))
     embedded.upsert(tenant, docs)
     overrides = RedisOverrides(redis_server.url, f"{tenant}:", reload_interval_s=0.0)
-    router = BackendRouter({"embedded": embedded, "milvus": milvus}, overrides=overrides)
+    router = BackendRouter(
+        {"embedded": embedded, "milvus": milvus},
+        overrides=overrides,
+        fence=overrides.fence(f"{tenant}:"),
+    )
     monkeypatch.setattr(backend_cli, "backend_router", lambda: router)
     args = argparse.Namespace(tenant=tenant, to="milvus", batch=2)
 
