@@ -284,11 +284,19 @@ def _ingest(args: argparse.Namespace) -> int:
         max_chars=settings.retrieval.max_document_chars,
         workers=settings.files.convert_workers,
     )
-    for document in read_documents(path, skipped, files):
-        batch.append(document)
-        if len(batch) >= args.batch:
-            flush()
-    flush()
+    try:
+        for document in read_documents(path, skipped, files):
+            batch.append(document)
+            if len(batch) >= args.batch:
+                flush()
+        flush()
+    except TenantMoving as exc:
+        print(
+            f"rag ingest: {exc} {documents} documents were ingested before that; run the same "
+            "command again when the move ends (it replaces what it ingested).",
+            file=sys.stderr,
+        )
+        return 1
     for problem in skipped.items:
         print(f"skipped {problem}", file=sys.stderr)
     if not args.quiet:

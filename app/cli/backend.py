@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+import redis
+
 from app.services import build_backends, build_index_store
 from app.settings import get_settings
 from retrieval import HybridRetriever, make_embedder
@@ -60,8 +62,10 @@ def _show(args: argparse.Namespace) -> int:
 
 
 # How long a move waits for the writes under way when it starts (a write's lease is renewed
-# while it runs, so a long ingest is waited for; a killed writer's lease ends in 15 s).
-WRITES_WAIT_S = 600.0
+# while it runs, so a long ingest batch is waited for; a killed writer's lease ends in 15 s).
+# New writes are refused meanwhile, so this bounds how long a move can hold them off for
+# nothing.
+WRITES_WAIT_S = 120.0
 # After the record, before the source is emptied: every replica's polled record has caught up
 # (RedisOverrides reloads every second), so no search still reads the source.
 SETTLE_S = 2.0
@@ -74,29 +78,61 @@ def _move(args: argparse.Namespace) -> int:
         raise ValueError(
             f"no {args.to} backend is configured (for Milvus set RAG_RETRIEVAL__MILVUS_URI)"
         )
-    if router.for_tenant(args.tenant).name == args.to:
-        print(f"tenant {args.tenant} is already on {args.to}")
-        return 0
-    fence = router.fence
-    if fence is None:
-        raise ValueError("moves need the run-time overrides in Redis (RAG_REDIS__URL)")
+    if router.fence is None:
+        raise ValueError(
+            "a move needs both backends configured (set RAG_RETRIEVAL__MILVUS_URI): only "
+            "then are run-time records and the write fence kept in Redis"
+        )
+    try:
+        return _fenced_move(router, router.fence, args)
+    except redis.RedisError as exc:
+        print(
+            f"rag backend move: Redis did not answer ({type(exc).__name__}: {exc}); run the "
+            "move again",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _fenced_move(router: BackendRouter, fence: MoveFence, args: argparse.Namespace) -> int:
     token = fence.begin(args.tenant)
     keeper = Poller("move-fence", MOVE_TTL_S / 6, lambda: _keep(fence, args.tenant, token))
     keeper.start()
     try:
         if not _writes_ended(fence, args.tenant):
             return 1
-        # Read again after the fence (a move that ended meanwhile may have changed it); no
-        # write can change it now.
+        # Read now that writes are fenced (a move that ended meanwhile may have changed it);
+        # no write can change it any more.
         router.reload()
-        source = router.for_tenant(args.tenant)
+        source, target = router.for_tenant(args.tenant), router.backends[args.to]
         if source.name == args.to:
-            print(f"tenant {args.tenant} is already on {args.to}")
-            return 0
-        return _copy_and_switch(router, fence, token, args, source, router.backends[args.to])
+            return _already_there(router, args.tenant, target)
+        return _copy_and_switch(router, fence, token, args, source, target)
     finally:
         keeper.stop()
-        fence.end(args.tenant, token)
+        try:
+            fence.end(args.tenant, token)
+        except redis.RedisError:
+            print(
+                f"rag backend move: could not lift the fence of tenant {args.tenant}; it "
+                f"lapses by itself within {MOVE_TTL_S:.0f} s",
+                file=sys.stderr,
+            )
+
+
+def _already_there(router: BackendRouter, tenant: str, target: RetrievalBackend) -> int:
+    """`tenant` is on `target`: whatever another backend still holds of it (a move cut short
+    after its record, before the source was emptied; writes only ever go to the recorded
+    backend, so none of it is served) is removed, and the move is complete."""
+    for backend in router.backends.values():
+        if backend is target:
+            continue
+        left = backend.document_ids(tenant)
+        if left:
+            backend.delete(tenant, sorted(left))
+            print(f"removed {len(left)} documents of tenant {tenant} left on {backend.name}")
+    print(f"tenant {tenant} is already on {target.name}")
+    return 0
 
 
 def _keep(fence: MoveFence, tenant: str, token: str) -> None:

@@ -76,6 +76,19 @@ class TenantMoving(RuntimeError):
         self.retry_after_s = RETRY_AFTER_S
 
 
+class WriteLapsed(TenantMoving):
+    """A write whose registration was gone when it ended (its lease lapsed: its process could
+    not renew it for `lease_s`, and a move may have copied the tenant without it). The write
+    is idempotent: the caller retries, and the retry lands where the tenant now is."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(tenant)
+        self.args = (
+            f"Tenant {tenant!r}'s write outlived its registration (a move may have started "
+            "meanwhile); it must be sent again.",
+        )
+
+
 class MoveUnderway(RuntimeError):
     """Another move of the same tenant holds the fence."""
 
@@ -125,13 +138,16 @@ class MoveFence:
         name = backend.decode() if isinstance(backend, bytes) else str(backend)
         return token, name or None
 
-    def leave(self, tenant: str, token: str) -> None:
-        """The write is done (or failed). A Redis failure here is absorbed: the lease ends on
-        its own after `lease_s`."""
+    def leave(self, tenant: str, token: str) -> bool:
+        """The write is done (or failed): False when its registration was already gone (its
+        lease lapsed, and a move may have pruned it: see `WriteLapsed`). A Redis failure here
+        is absorbed (True): the lease ends on its own after `lease_s`."""
         with self._lock:
             self._active.pop(token, None)
-        with contextlib.suppress(redis.RedisError):
-            self.client.zrem(self._writes_key(tenant), token)
+        try:
+            return bool(self.client.zrem(self._writes_key(tenant), token))
+        except redis.RedisError:
+            return True
 
     def _renew_all(self) -> None:
         with self._lock:
@@ -139,10 +155,8 @@ class MoveFence:
             for token, tenant in self._active.items():
                 by_tenant.setdefault(tenant, []).append(token)
         for tenant, tokens in by_tenant.items():
-            try:
+            with contextlib.suppress(redis.RedisError):  # tried again next round
                 self._renew(keys=[self._writes_key(tenant)], args=[self.lease_ms, *tokens])
-            except redis.RedisError:
-                return  # tried again next round, well within the lease
 
     # -- the mover ---------------------------------------------------------------------------
 
@@ -150,7 +164,7 @@ class MoveFence:
         """Fence `tenant`'s writes; the move's token. MoveUnderway if another move holds it."""
         token = uuid.uuid4().hex
         if not self.client.set(self._move_key(tenant), token, nx=True, px=int(ttl_s * 1000)):
-            raise MoveUnderway(f"another move of tenant {tenant!r} is under way")
+            raise MoveUnderway(f"Another move of tenant {tenant!r} is under way.")
         return token
 
     def holds(self, tenant: str, token: str, ttl_s: float = MOVE_TTL_S) -> bool:

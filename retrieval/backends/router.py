@@ -16,7 +16,7 @@ from typing import Protocol
 import redis
 
 from retrieval.backends import BackendUnavailable, RetrievalBackend
-from retrieval.backends.moves import MoveFence
+from retrieval.backends.moves import MoveFence, WriteLapsed
 from retrieval.backends.versions import PolledRedis
 from retrieval.store import check_tenant
 
@@ -115,7 +115,9 @@ class BackendRouter:
     def writing(self, tenant: str) -> Iterator[RetrievalBackend]:
         """The backend a write of `tenant` goes to, for the length of the write: with a fence,
         the write is registered (a move waits for it) and its backend is the latest record's;
-        TenantMoving while a move runs; BackendUnavailable when Redis does not answer."""
+        TenantMoving while a move runs, and WriteLapsed after a write whose registration
+        lapsed (it may have missed a move's copy: the caller sends it again); BackendUnavailable
+        when Redis does not answer."""
         if self.fence is None:
             yield self.for_tenant(tenant)
             return
@@ -131,8 +133,11 @@ class BackendRouter:
                 yield self.backends[recorded]
             else:
                 yield self.backends[self.tenants.get(tenant, self.default)]
-        finally:
+        except BaseException:
             self.fence.leave(tenant, token)
+            raise
+        if not self.fence.leave(tenant, token):
+            raise WriteLapsed(tenant)
 
     def close(self) -> None:
         for backend in self.backends.values():

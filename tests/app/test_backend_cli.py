@@ -11,6 +11,7 @@ import redis
 
 from retrieval import Embedder, HybridRetriever, IndexStore
 from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.moves import MoveFence
 from retrieval.backends.versions import RedisVersions
 from tests.retrieval.backends_support import milvus_backend
 from tests.support.cli import rag
@@ -92,3 +93,32 @@ def test_a_move_to_milvus_without_a_milvus_uri_is_refused(
     }
     done = rag("backend", "move", "--tenant", "big", "--to", "milvus", env=env)
     assert done.returncode == 2 and "RAG_RETRIEVAL__MILVUS_URI" in done.stderr
+
+
+def test_rag_ingest_and_delete_during_a_move_exit_1_saying_so_and_succeed_after(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    prefix = f"mf{uuid.uuid4().hex[:6]}:"
+    env = {
+        "RAG_REDIS__URL": redis_server.url,
+        "RAG_REDIS__KEY_PREFIX": prefix,
+        "RAG_RETRIEVAL__INDEX_DIR": str(tmp_path / "indexes"),
+        "RAG_RETRIEVAL__MILVUS_URI": str(tmp_path / "milvus.db"),
+    }
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    client = redis.Redis.from_url(redis_server.url)
+    fence = MoveFence(client, prefix, f"{prefix}retrieval-backend")
+    token = fence.begin("big")
+    try:
+        refused = rag("ingest", str(corpus), "--tenant", "big", "--quiet", env=env)
+        assert refused.returncode == 1, refused.stderr
+        assert "being moved" in refused.stderr and "0 documents were ingested" in refused.stderr
+        gone = rag("delete", "--tenant", "big", "rome", env=env)
+        assert gone.returncode == 1 and "being moved" in gone.stderr
+        assert "Traceback" not in refused.stderr + gone.stderr
+    finally:
+        fence.end("big", token)
+    done = rag("ingest", str(corpus), "--tenant", "big", "--quiet", env=env)
+    assert done.returncode == 0, done.stderr
+    client.close()

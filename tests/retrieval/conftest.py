@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from retrieval.backends.milvus import MilvusBackend
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder, FloatArray
 from retrieval.hybrid import HybridRetriever
 from retrieval.store import IndexStore
+from tests.retrieval.backends_support import milvus_backend
+from tests.support.servers import RedisServer
 
 
 class CountingEmbedder(Embedder):
@@ -88,3 +91,14 @@ def loaded(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Inde
     store = IndexStore(tmp_path_factory.mktemp("shared") / "indexes", embedder)
     store.upsert("acme", CORPUS)
     return store
+
+
+@pytest.fixture(scope="module")
+def milvus(
+    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, redis_server: RedisServer
+) -> Iterator[MilvusBackend]:
+    """A Milvus Lite backend per test module (its own database file: one process per file),
+    index versions in the tests' Redis; tenants keep the tests apart (`new_tenant`)."""
+    backend = milvus_backend(tmp_path_factory.mktemp("milvus"), embedder, redis_server.url)
+    yield backend
+    backend.close()

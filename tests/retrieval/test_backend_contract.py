@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,11 @@ from retrieval.filters import FilterError, parse_filters
 from retrieval.hybrid import HybridRetriever, SearchResult
 from retrieval.relevance import DEFAULT_MODEL, DEFAULT_THRESHOLD
 from retrieval.store import IndexStore
-from tests.retrieval.backends_support import milvus_backend, new_tenant
+from tests.retrieval.backends_support import new_tenant
 from tests.retrieval.conftest import CORPUS
 from tests.support.servers import RedisServer
 
 ALL = 50  # more than CORPUS: a search with this top_k returns every allowed chunk
-
-
-@pytest.fixture(scope="module")
-def shared_milvus(
-    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, redis_server: RedisServer
-) -> Iterator[MilvusBackend]:
-    backend = milvus_backend(tmp_path_factory.mktemp("milvus"), embedder, redis_server.url)
-    yield backend
-    backend.close()
 
 
 # The third backend: Milvus with typed columns for the keys FILTERS range over, and the test's
@@ -47,7 +37,7 @@ def backend(
     request: pytest.FixtureRequest, tmp_path: Path, embedder: Embedder, tenant: str
 ) -> RetrievalBackend:
     if request.param.startswith("milvus"):
-        milvus: MilvusBackend = request.getfixturevalue("shared_milvus")
+        milvus: MilvusBackend = request.getfixturevalue("milvus")
         if request.param == "milvus":
             return milvus
         return MilvusBackend(

@@ -7,7 +7,6 @@ with a warning, and still answering right). Real engine (Milvus Lite), real embe
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +17,21 @@ from retrieval.backends.milvus_expr import TypedKind
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.filters import parse_filters
-from tests.retrieval.backends_support import milvus_backend, new_tenant
-from tests.support.servers import RedisServer
+from tests.retrieval.backends_support import new_tenant
 
 TYPED: dict[str, TypedKind] = {"year": "number", "date": "string"}
 ALL = 100
 
 
-@pytest.fixture(scope="module")
-def plain(
-    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, redis_server: RedisServer
-) -> Iterator[MilvusBackend]:
-    """A backend whose collection has no typed columns (the reference: JSON paths)."""
-    backend = milvus_backend(tmp_path_factory.mktemp("collections"), embedder, redis_server.url)
-    yield backend
-    backend.close()
-
-
-def typed_backend(plain: MilvusBackend, **options: Any) -> MilvusBackend:
+def typed_backend(milvus: MilvusBackend, **options: Any) -> MilvusBackend:
     """Another backend on the same Milvus Lite server (one process per database file)."""
     options.setdefault("typed_fields", TYPED)
     return MilvusBackend(
-        plain.client, options.pop("collection", "typed"), plain.embedder, plain.versions, **options
+        milvus.client,
+        options.pop("collection", "typed"),
+        milvus.embedder,
+        milvus.versions,
+        **options,
     )
 
 
@@ -117,16 +109,16 @@ def found(backend: MilvusBackend, tenant: str, spec: dict[str, Any]) -> set[str]
 
 @pytest.mark.parametrize("spec", RANGES, ids=[str(r) for r in RANGES])
 def test_a_range_on_a_typed_key_reads_its_column_and_answers_as_the_json_path(
-    plain: MilvusBackend, spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    milvus: MilvusBackend, spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    typed = typed_backend(plain)
+    typed = typed_backend(milvus)
     tenant = new_tenant()
-    plain.upsert(tenant, corpus())
+    milvus.upsert(tenant, corpus())
     typed.upsert(tenant, corpus())
     spy = Filters(typed, monkeypatch)  # on the client both backends share
     through_typed = found(typed, tenant, spec)
     searched = " ".join(spy.seen)
-    assert through_typed == found(plain, tenant, spec) == expected(spec)
+    assert through_typed == found(milvus, tenant, spec) == expected(spec)
     ((key, condition),) = spec.items()
     bound = next(iter(condition.values()))
     column_kind = "number" if key == "year" else "string"
@@ -138,9 +130,9 @@ def test_a_range_on_a_typed_key_reads_its_column_and_answers_as_the_json_path(
 
 
 def test_typed_columns_hold_scalars_of_their_kind_and_mark_the_rest_absent(
-    plain: MilvusBackend,
+    milvus: MilvusBackend,
 ) -> None:
-    typed = typed_backend(plain)
+    typed = typed_backend(milvus)
     tenant = new_tenant()
     typed.upsert(tenant, corpus())
     stored = {
@@ -166,10 +158,10 @@ def test_typed_columns_hold_scalars_of_their_kind_and_mark_the_rest_absent(
 
 
 def test_a_tenant_with_a_collection_of_its_own_is_stored_only_there(
-    plain: MilvusBackend, embedder: Embedder
+    milvus: MilvusBackend, embedder: Embedder
 ) -> None:
     big, small = new_tenant("big"), new_tenant("small")
-    backend = typed_backend(plain, collection="shared_rows", tenant_collections={big: "big_rows"})
+    backend = typed_backend(milvus, collection="shared_rows", tenant_collections={big: "big_rows"})
     same = [Document(f"d{i}", f"Identical note {i} about the tides.") for i in range(4)]
     backend.upsert(big, same)
     backend.upsert(small, same[:2])
@@ -199,12 +191,12 @@ def test_a_tenant_with_a_collection_of_its_own_is_stored_only_there(
 
 
 def test_an_existing_collection_keeps_its_columns_and_says_so_when_settings_differ(
-    plain: MilvusBackend, caplog: pytest.LogCaptureFixture
+    milvus: MilvusBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     tenant = new_tenant()
-    # The collection `plain` writes to was created without typed columns.
+    # The collection `milvus` writes to was created without typed columns.
     with caplog.at_level(logging.WARNING, logger="retrieval.backends.milvus"):
-        late = typed_backend(plain, collection=plain.collection)
+        late = typed_backend(milvus, collection=milvus.collection)
     assert "fixed when it is created" in caplog.text
     assert late.collection_of(tenant).typed == {}
     late.upsert(tenant, corpus())
@@ -213,10 +205,10 @@ def test_an_existing_collection_keeps_its_columns_and_says_so_when_settings_diff
 
     # And the other way: a collection with typed columns, settings that name none; writes
     # still fill its columns (Milvus Lite has no nullable fields) and ranges still use them.
-    typed_backend(plain, collection="typed_first")
+    typed_backend(milvus, collection="typed_first")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="retrieval.backends.milvus"):
-        later = typed_backend(plain, collection="typed_first", typed_fields={})
+        later = typed_backend(milvus, collection="typed_first", typed_fields={})
     assert "fixed when it is created" in caplog.text
     assert later.collection_of(tenant).typed == TYPED
     later.upsert(tenant, corpus())
@@ -234,10 +226,10 @@ def test_an_existing_collection_keeps_its_columns_and_says_so_when_settings_diff
     ],
 )
 def test_names_milvus_or_the_expressions_cannot_take_are_refused_at_start(
-    plain: MilvusBackend, options: dict[str, Any]
+    milvus: MilvusBackend, options: dict[str, Any]
 ) -> None:
     with pytest.raises(ValueError):
-        typed_backend(plain, **options)
+        typed_backend(milvus, **options)
 
 
 def test_a_settings_file_with_a_bad_collection_or_key_does_not_start(tmp_path: Path) -> None:

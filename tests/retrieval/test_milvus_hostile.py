@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +30,6 @@ from tests.retrieval.backends_support import milvus_backend, new_tenant
 from tests.support.servers import RedisServer
 
 ALL = 100
-
-
-@pytest.fixture(scope="module")
-def milvus(
-    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, redis_server: RedisServer
-) -> Iterator[MilvusBackend]:
-    backend = milvus_backend(tmp_path_factory.mktemp("hostile"), embedder, redis_server.url)
-    yield backend
-    backend.close()
 
 
 def rows(backend: MilvusBackend, tenant: str) -> dict[str, tuple[str, str, Any]]:

@@ -19,23 +19,14 @@ from app.cli import backend as backend_cli
 from retrieval.backends import ChunkBatch
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.milvus import MilvusBackend
-from retrieval.backends.moves import MoveFence, MoveUnderway, TenantMoving
+from retrieval.backends.moves import MoveFence, MoveUnderway, TenantMoving, WriteLapsed
 from retrieval.backends.router import BackendRouter, RedisOverrides
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.hybrid import HybridRetriever
 from retrieval.store import IndexStore
-from tests.retrieval.backends_support import milvus_backend, new_tenant
+from tests.retrieval.backends_support import new_tenant
 from tests.support.servers import RedisServer
-
-
-@pytest.fixture(scope="module")
-def milvus(
-    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, redis_server: RedisServer
-) -> Iterator[MilvusBackend]:
-    backend = milvus_backend(tmp_path_factory.mktemp("fence"), embedder, redis_server.url)
-    yield backend
-    backend.close()
 
 
 class Setup:
@@ -214,3 +205,57 @@ def test_a_write_when_redis_does_not_answer_is_refused_not_guessed(
     monkeypatch.setattr(setup.fence, "_enter", down)
     with pytest.raises(BackendUnavailable, match="moves"):
         enter(setup.router, setup.tenant)
+
+
+def test_a_write_that_outlived_its_lease_is_refused_so_it_is_sent_again(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that could not renew its write's lease (paused, cut off from Redis) while a
+    move pruned it: the write may have missed the copy, so its caller is told to retry."""
+    paused = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=0.3)
+    paused._renewer.stop()  # its renewals never run
+    router = BackendRouter(
+        {"embedded": setup.embedded, "milvus": setup.milvus},
+        overrides=setup.overrides,
+        fence=paused,
+    )
+    with pytest.raises(WriteLapsed) as lapsed, router.writing(setup.tenant) as backend:
+        wait_for(lambda: setup.fence.writes_in_flight(setup.tenant) == 0, "the prune")
+        backend.upsert(setup.tenant, docs("late"))
+    assert isinstance(lapsed.value, TenantMoving)  # the same 503 index_moving on the API
+    assert enter(router, setup.tenant) == "embedded"  # a write within its lease is fine
+    paused.close()
+
+
+def test_a_move_cut_short_after_its_record_is_completed_by_running_it_again(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tenant = setup.tenant
+    setup.embedded.upsert(tenant, docs("d1", "d2"))
+    real = setup.embedded.delete
+
+    def killed(t: str, ids: Any) -> Any:
+        raise KeyboardInterrupt  # the mover stopped between the record and the delete
+
+    monkeypatch.setattr(setup.embedded, "delete", killed)
+    args = argparse.Namespace(tenant=tenant, to="milvus", batch=2)
+    with pytest.raises(KeyboardInterrupt):
+        backend_cli._move(args)
+    assert setup.router.name_for(tenant) == "milvus" and not setup.moving()
+    assert setup.embedded.document_ids(tenant) == {"d1", "d2"}  # left behind, not served
+    monkeypatch.setattr(setup.embedded, "delete", real)
+    assert backend_cli._move(args) == 0
+    assert "removed 2 documents" in capsys.readouterr().out
+    assert setup.embedded.document_ids(tenant) == set()
+    assert setup.milvus.document_ids(tenant) == {"d1", "d2"}
+
+
+def test_a_move_redis_cannot_answer_exits_with_a_message_not_a_traceback(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def down(*_: Any, **__: Any) -> Any:
+        raise redis.ConnectionError("refused")
+
+    monkeypatch.setattr(setup.fence, "begin", down)
+    assert backend_cli._move(argparse.Namespace(tenant=setup.tenant, to="milvus", batch=2)) == 1
+    assert "Redis did not answer" in capsys.readouterr().err
