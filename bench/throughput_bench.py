@@ -205,6 +205,19 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=8)
     parser.add_argument("--llm-url", default=None)
     parser.add_argument("--quick", action="store_true", help="1, 8 and 32 streams, one round")
+    parser.add_argument(
+        "--guards-off",
+        action="store_true",
+        help="the service without guards (RAG_GUARD__ENABLED=false): what the output guard's "
+        "streaming redaction, which holds each word back until the next shows it complete, costs",
+    )
+    parser.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the service's process (repeatable), e.g. RAG_GUARD__SIMILARITY=false",
+    )
     args = parser.parse_args()
     if args.quick:
         args.levels, args.rounds, args.requests, args.max_tokens = [1, 8, 32], 1, 1, 16
@@ -214,13 +227,19 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="rag-bench-throughput-"))
     try:
         # Retrieval off: the prompts arrive built, and the process starts in seconds.
-        with ServiceProcess(redis.url, llm, workdir, RAG_RETRIEVAL__ENABLED="false") as service:
+        env = {"RAG_RETRIEVAL__ENABLED": "false"}
+        if args.guards_off:
+            env["RAG_GUARD__ENABLED"] = "false"
+        env.update(item.split("=", 1) for item in args.service_env)
+        with ServiceProcess(redis.url, llm, workdir, **env) as service:
             keys = [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
             result = asyncio.run(measure({"service": service.url, "vllm": llm}, keys, args))
     finally:
         redis.stop()
     result.update(
         llm_url=llm,
+        guards=not args.guards_off,
+        service_env=args.service_env,
         max_tokens=args.max_tokens,
         requests_per_client=args.requests,
         rounds=args.rounds,
