@@ -34,28 +34,39 @@ from retrieval.store import IndexStore
 from retrieval.tokenize import tokenize
 from retrieval.vectors import DenseIndex, build_approximate
 
+BASELINE = "torch, document order (before issue 18)"
+
 
 def compare_backends(
-    backends: list[Backend], docs: list[Document], rounds: int, queries: int
+    backends: list[Backend],
+    docs: list[Document],
+    rounds: int,
+    queries: int,
+    baseline: bool = False,
 ) -> TenantIndex:
     """Ingest with each backend in turn, then time single-query embeddings; print the table.
     Returns the first backend's index (for the index-build part)."""
     ingest: dict[Backend, Embedder] = {b: make_embedder(b) for b in backends}
-    rates: dict[Backend, list[float]] = {b: [] for b in backends}
+    rates: dict[str, list[float]] = {b: [] for b in backends}
     first_index: TenantIndex | None = None
     for embedder in ingest.values():
         embedder.warm_up()
         embedder.embed(["warm up"])
+    # With `baseline`, torch also ingests as before issue 18: its texts embedded in document
+    # order (IndexStore(sort_for_embedding=False)), each call padding to its longest text.
+    labels: list[str] = [*backends, BASELINE] if baseline and "torch" in ingest else [*backends]
+    rates[BASELINE] = []
     for r in range(rounds):
-        order = backends[r % len(backends) :] + backends[: r % len(backends)]
-        for backend in order:
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        for label in order:
+            backend: Backend = "torch" if label == BASELINE else label  # type: ignore[assignment]
             with tempfile.TemporaryDirectory() as tmp:
-                store = IndexStore(Path(tmp), ingest[backend])
+                store = IndexStore(Path(tmp), ingest[backend], sort_for_embedding=label != BASELINE)
                 result = store.upsert("bench", docs)
-                rates[backend].append(result.chunks / result.seconds)
+                rates[label].append(result.chunks / result.seconds)
                 print(
-                    f"round {r + 1} {backend}: {result.documents} docs -> {result.chunks} "
-                    f"chunks in {result.seconds:.1f} s = {rates[backend][-1]:.1f} chunks/s",
+                    f"round {r + 1} {label}: {result.documents} docs -> {result.chunks} "
+                    f"chunks in {result.seconds:.1f} s = {rates[label][-1]:.1f} chunks/s",
                     flush=True,
                 )
                 if first_index is None and backend == backends[0]:
@@ -79,6 +90,12 @@ def compare_backends(
             f"| {backend} | {rate:.1f} | {rate / base_rate:.2f}x | {p50:.2f} | {p99:.2f} "
             f"| {base_p50 / p50:.2f}x |"
         )
+    if rates[BASELINE]:
+        rate = statistics.median(rates[BASELINE])
+        print(f"| {BASELINE} | {rate:.1f} | {rate / base_rate:.2f}x | | | |")
+        for backend in backends:
+            ratio = statistics.median(rates[backend]) / rate
+            print(f"| {backend} against {BASELINE} | | {ratio:.2f}x | | | |")
     assert first_index is not None
     return first_index
 
@@ -113,10 +130,15 @@ def main() -> None:
     parser.add_argument("--backend", nargs="+", choices=BACKENDS, default=None)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also ingest with torch in document order, as before issue 18 (needs torch)",
+    )
     args = parser.parse_args()
     docs = load_corpus()[: args.docs]
     if args.backend:
-        index = compare_backends(args.backend, docs, args.rounds, args.queries)
+        index = compare_backends(args.backend, docs, args.rounds, args.queries, args.baseline)
         chunks = [c for d in docs for c in chunk_document(d)]
         index_part(chunks, index)
         return

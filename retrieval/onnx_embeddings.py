@@ -101,11 +101,13 @@ class OnnxEmbedder(Embedder):
     ``quantized`` picks the int8 model (else fp32). ``threads`` is ONNX Runtime's intra-op
     thread count for this embedder's calls (0: one per physical core; 1: the calling thread
     alone). ``arena``: ONNX Runtime's memory arena, which keeps the largest batch's activations
-    (about 100 MB at 32 x 256 tokens) reserved for reuse: about 1.4x the passages/s of a bulk
+    (16 x 256 tokens at the most) reserved for reuse: about 1.4x the passages/s of a bulk
     ingest without it, but held for the process's life; an API replica turns it off.
     Texts are embedded in batches of ``batch_size`` after sorting them by token count,
-    so a batch pads to about its own length. Calls from several threads run concurrently (the
-    session and the tokenizer are only read once loaded).
+    so a batch pads to about its own length (16: 1.05x the passages/s of 32 on 2 cores,
+    measured side by side on 326 SciFact passages; BENCHMARKS.md, issue 18). Calls from
+    several threads run concurrently (the session and the tokenizer are only read once
+    loaded).
     """
 
     def __init__(
@@ -113,7 +115,7 @@ class OnnxEmbedder(Embedder):
         quantized: bool = True,
         *,
         threads: int = 0,
-        batch_size: int = 32,
+        batch_size: int = 16,
         model_dir: Path | None = None,
         arena: bool = True,
     ) -> None:
