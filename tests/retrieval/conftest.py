@@ -23,9 +23,11 @@ class CountingEmbedder(Embedder):
         super().__init__(inner.model_path, inner.batch_size)
         self._model = inner._model
         self.calls: list[int] = []
+        self.texts: list[list[str]] = []
 
     def embed(self, texts: list[str]) -> FloatArray:
         self.calls.append(len(texts))
+        self.texts.append(list(texts))
         return super().embed(texts)
 
 

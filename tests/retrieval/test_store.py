@@ -74,6 +74,29 @@ def test_only_new_text_is_embedded_on_reingest(
     assert sum(counting_embedder.calls) == len(CORPUS) + 1
 
 
+def test_an_ingest_embeds_its_texts_longest_first_so_each_call_pads_little(
+    tmp_path: Path, counting_embedder: CountingEmbedder, embedder: Embedder
+) -> None:
+    """Calls of 64 texts in length order (each call pads to its longest)."""
+    docs = [Document(f"d{i}", "word " * (1 + (i * 37) % 150)) for i in range(150)]
+    store = IndexStore(tmp_path / "sorted", counting_embedder)
+    store.upsert("t", docs)
+    sent = [len(t) for call in counting_embedder.texts for t in call]
+    assert counting_embedder.calls == [64, 64, 22]
+    assert sent == sorted(sent, reverse=True)
+    # Each vector is its own text's (reordering must not shuffle them): the best passage for
+    # a query is still the one about it.
+    store.upsert("t", CORPUS)
+    query = "what causes ocean tides"
+    hits = HybridRetriever(store).search("t", query, embedder.embed([query])[0], top_k=1).hits
+    assert hits[0].document_id == "tides"
+
+    counting_embedder.texts.clear()
+    IndexStore(tmp_path / "unsorted", counting_embedder, sort_for_embedding=False).upsert("t", docs)
+    unsorted = [len(t) for call in counting_embedder.texts for t in call]
+    assert unsorted != sorted(unsorted, reverse=True)  # document order, as before
+
+
 def test_another_store_on_the_same_root_sees_new_versions(
     store: IndexStore, embedder: Embedder
 ) -> None:
