@@ -398,7 +398,7 @@ def build_backends(
             settings.redis.key_prefix,
             timeout_s=max(settings.redis.timeout_seconds, 0.5),
         )
-    fence = overrides.fence(settings.redis.key_prefix) if overrides is not None else None
+    fence = overrides.fence() if overrides is not None else None
     try:
         return BackendRouter(backends, config.backend, config.tenant_backends, overrides, fence)
     except ValueError as exc:

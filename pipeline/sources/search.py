@@ -205,27 +205,27 @@ class PassageSearch:
             f"ingest {tenant}",
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
-            return await self._off_loop(self._writes, self._write, "upsert", tenant, documents)
+            docs = list(documents)
+            return await self._off_loop(
+                self._writes, _answered, self._write, tenant, lambda b: b.upsert(tenant, docs)
+            )
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         with self.tracer.start_as_current_span(
             f"delete {tenant}", attributes={attr.TENANT: tenant}
         ):
-            return await self._off_loop(self._writes, self._write, "delete", tenant, document_ids)
+            ids = list(document_ids)
+            return await self._off_loop(
+                self._writes, _answered, self._write, tenant, lambda b: b.delete(tenant, ids)
+            )
 
-    def _write(self, method: str, tenant: str, items: Sequence[Any]) -> IngestResult:
-        """`upsert` or `delete` on the tenant's backend, fenced against a move of the tenant
-        (``BackendRouter.writing``): a 503 ``index_moving`` while one runs."""
-        try:
-            with self.backends.writing(tenant) as backend:
-                call: Callable[[str, list[Any]], IngestResult] = getattr(backend, method)
-                return call(tenant, list(items))
-        except TenantMoving as exc:
-            raise ServiceUnavailable(
-                str(exc), code="index_moving", headers=retry_after(exc.retry_after_s)
-            ) from exc
-        except BackendUnavailable as exc:
-            raise ServiceUnavailable(str(exc), code="retrieval_unavailable") from exc
+    def _write(
+        self, tenant: str, write: Callable[[RetrievalBackend], IngestResult]
+    ) -> IngestResult:
+        """`write` on the tenant's backend, fenced against a move of the tenant
+        (``BackendRouter.writing``)."""
+        with self.backends.writing(tenant) as backend:
+            return write(backend)
 
     async def aclose(self) -> None:
         await self.queries.aclose()
@@ -235,8 +235,13 @@ class PassageSearch:
 
 
 def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``call``, with a backend whose store did not answer reported as a 503."""
+    """``call``, with a backend whose store did not answer reported as a 503, and a write
+    while the tenant's index is being moved as a 503 ``index_moving`` with its wait."""
     try:
         return call(*args, **kwargs)
+    except TenantMoving as exc:
+        raise ServiceUnavailable(
+            str(exc), code="index_moving", headers=retry_after(exc.retry_after_s)
+        ) from exc
     except BackendUnavailable as exc:
         raise ServiceUnavailable(str(exc), code="retrieval_unavailable") from exc

@@ -41,6 +41,7 @@ class RedisOverrides(PolledRedis):
         reload_interval_s: float = 1.0,
     ) -> None:
         super().__init__(url, "backend-overrides", timeout_s, reload_interval_s)
+        self.prefix = prefix
         self.key = f"{prefix}retrieval-backend"
         if reload_interval_s > 0:
             self._refresh()
@@ -66,9 +67,9 @@ class RedisOverrides(PolledRedis):
         with self._lock:
             self._seen[tenant] = backend
 
-    def fence(self, prefix: str = "rag:") -> MoveFence:
-        """The fence that keeps writes out of a move, on the same Redis and hash."""
-        return MoveFence(self.client, prefix, self.key)
+    def fence(self) -> MoveFence:
+        """The fence that keeps writes out of a move, on the same Redis, prefix and hash."""
+        return MoveFence(self.client, self.prefix, self.key)
 
 
 class BackendRouter:
@@ -99,6 +100,10 @@ class BackendRouter:
 
     def name_for(self, tenant: str) -> str:
         override = self.overrides.get(tenant) if self.overrides is not None else None
+        return self._named(tenant, override)
+
+    def _named(self, tenant: str, override: str | None) -> str:
+        """`override` when it names a configured backend, else the settings' choice."""
         if override is not None and override in self.backends:
             return override
         return self.tenants.get(tenant, self.default)
@@ -129,10 +134,7 @@ class BackendRouter:
                 "write cannot tell whether its tenant is being moved."
             ) from exc
         try:
-            if recorded is not None and recorded in self.backends:
-                yield self.backends[recorded]
-            else:
-                yield self.backends[self.tenants.get(tenant, self.default)]
+            yield self.backends[self._named(tenant, recorded)]
         except BaseException:
             self.fence.leave(tenant, token)
             raise

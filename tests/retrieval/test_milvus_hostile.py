@@ -292,7 +292,7 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     router = BackendRouter(
         {"embedded": embedded, "milvus": milvus},
         overrides=overrides,
-        fence=overrides.fence(f"{tenant}:"),
+        fence=overrides.fence(),
     )
     monkeypatch.setattr(backend_cli, "backend_router", lambda: router)
     args = argparse.Namespace(tenant=tenant, to="milvus", batch=2)

@@ -37,7 +37,7 @@ class Setup:
         self.embedded = EmbeddedBackend(store, HybridRetriever(store))
         self.milvus = milvus
         self.overrides = RedisOverrides(url, self.prefix, reload_interval_s=0.0)
-        self.fence = self.overrides.fence(self.prefix)
+        self.fence = self.overrides.fence()
         self.router = BackendRouter(
             {"embedded": self.embedded, "milvus": milvus},
             overrides=self.overrides,
