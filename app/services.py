@@ -123,7 +123,9 @@ class Services:
                 config.embeddings, config.query_torch_threads, arena=False
             )
             ingest = embedder or make_embedder(
-                config.embeddings, config.ingest_torch_threads, arena=False
+                config.ingest_embeddings or config.embeddings,
+                config.ingest_torch_threads,
+                arena=False,
             )
             retrieval = build_search(settings, tracer, queries, ingest)
         routes = build_routes(settings)

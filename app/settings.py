@@ -88,7 +88,9 @@ class Durations(BaseModel):
 
 class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
-    timeout_seconds: float = Field(0.5, gt=0, description="Socket connect/read timeout.")
+    timeout_seconds: float = Field(
+        0.5, gt=0, description="Connect timeout, and the bound on each command's round trip."
+    )
     retry_after_seconds: float = Field(
         1.0, ge=0, description="After a failure, skip Redis this long before trying again."
     )
@@ -262,9 +264,18 @@ class RetrievalSettings(Durations):
     embeddings: Backend = Field(
         "onnx-int8",
         description="Embedding runtime: onnx-int8 (ONNX Runtime, int8 weights), onnx (ONNX "
-        "Runtime, fp32) or torch (sentence-transformers, fp32). The onnx ones never import "
+        "Runtime, fp32), openvino (the fp32 model on OpenVINO, in bfloat16 on CPUs with AMX or "
+        "AVX-512 BF16) or torch (sentence-transformers, fp32). All but torch never import "
         "torch; their model is built once under $RAG_HOME/embedder (make embedder). int8: "
-        "SciFact nDCG@10 -0.003, queries 3.9x faster, replica RSS 0.44x (BENCHMARKS.md).",
+        "SciFact nDCG@10 -0.003, queries 3.9x faster, replica RSS 0.44x; openvino on a bf16 "
+        "CPU: ingestion 2x int8's (BENCHMARKS.md).",
+    )
+    ingest_embeddings: Backend | None = Field(
+        None,
+        description="Embedding runtime for ingestion, if not `embeddings`'s: the vectors of "
+        "every runtime are the same model's (SciFact nDCG@10 0.7345 with passages by openvino "
+        "and queries by onnx-int8). Unset, `rag ingest` (a bulk command, not a replica) takes "
+        "openvino on CPUs with native bfloat16, where it ingests about 2x faster.",
     )
     query_torch_threads: int = Field(
         1,

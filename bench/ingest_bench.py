@@ -46,7 +46,8 @@ def compare_backends(
 ) -> TenantIndex:
     """Ingest with each backend in turn, then time single-query embeddings; print the table.
     Returns the first backend's index (for the index-build part)."""
-    ingest: dict[Backend, Embedder] = {b: make_embedder(b) for b in backends}
+    # As `rag ingest` makes them (app.cli.backend): arena kept, ONNX Runtime's threads spinning.
+    ingest: dict[Backend, Embedder] = {b: make_embedder(b, spinning=True) for b in backends}
     rates: dict[str, list[float]] = {b: [] for b in backends}
     first_index: TenantIndex | None = None
     for embedder in ingest.values():

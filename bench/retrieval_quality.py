@@ -15,6 +15,7 @@ are cached on disk (bench.retrieval_data.CachedEmbedder), so only a first run em
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ from retrieval.embeddings import BACKENDS, Backend
 from retrieval.fusion import ranks
 from retrieval.hybrid import HybridRetriever, dense_search
 from retrieval.index import TenantIndex
-from retrieval.onnx_embeddings import OnnxEmbedder
+from retrieval.onnx_embeddings import OnnxEmbedder, OpenVinoEmbedder
 from retrieval.store import IndexStore
 from retrieval.vectors import FloatArray
 
@@ -67,7 +68,20 @@ class CachedOnnxEmbedder(CachedEmbedder, OnnxEmbedder):
         self.quantized = quantized
 
 
+class CachedOpenVinoEmbedder(CachedEmbedder, OpenVinoEmbedder):
+    """CachedEmbedder whose misses OpenVINO embeds, in a cache file of its own (named by the
+    precision it computes in on this CPU)."""
+
+    def __init__(self) -> None:
+        import openvino
+
+        native = "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        super().__init__(f"minilm-openvino-{'bf16' if native else 'f32'}", batch_size=32)
+
+
 def cached_embedder(backend: Backend) -> CachedEmbedder:
+    if backend == "openvino":
+        return CachedOpenVinoEmbedder()
     return CachedEmbedder() if backend == "torch" else CachedOnnxEmbedder(backend == "onnx-int8")
 
 
@@ -89,8 +103,15 @@ Row = tuple[str, float, float, float]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", nargs="+", choices=BACKENDS, default=["torch"])
+    parser.add_argument(
+        "--query-backend",
+        choices=BACKENDS,
+        default=None,
+        help="embed the queries with this backend instead (passages by --backend): an index "
+        "ingested by one runtime, searched by another",
+    )
     args = parser.parse_args()
-    tables = {backend: quality(backend) for backend in args.backend}
+    tables = {backend: quality(backend, args.query_backend) for backend in args.backend}
     first, *others = args.backend
     if not others:
         return
@@ -102,8 +123,11 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(f"{d:+.4f}" for d in deltas) + " |")
 
 
-def quality(backend: Backend) -> list[Row]:
+def quality(backend: Backend, query_backend: Backend | None = None) -> list[Row]:
     split = load_backend_split("test", backend)
+    if query_backend is not None:
+        asked = cached_embedder(query_backend).embed([split.queries[q] for q in split.ids])
+        split = dataclasses.replace(split, vectors=asked)
     embedder, qrels, queries, ids, vectors, index = (
         split.embedder,
         split.qrels,
@@ -158,7 +182,9 @@ def quality(backend: Backend) -> list[Row]:
         ),
     ]
     print(
-        f"SciFact test, embeddings {backend}: {len(ids)} queries, {len(index)} documents "
+        f"SciFact test, embeddings {backend}"
+        + (f" (queries {query_backend})" if query_backend else "")
+        + f": {len(ids)} queries, {len(index)} documents "
         "(one chunk each)"
     )
     print("| ranking | nDCG@10 | recall@100 | ms/query |")

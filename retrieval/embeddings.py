@@ -21,8 +21,9 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float32]
 DIMENSION = 384
 # torch: sentence-transformers on torch, fp32. onnx / onnx-int8: ONNX Runtime, fp32 / int8
-# weights (BENCHMARKS.md, "Issue 18: embeddings on ONNX Runtime").
-Backend = Literal["torch", "onnx", "onnx-int8"]
+# weights (BENCHMARKS.md, "Issue 18: embeddings on ONNX Runtime"). openvino: the fp32 ONNX model
+# on OpenVINO, computed in bfloat16 where the CPU does that natively (else fp32).
+Backend = Literal["torch", "onnx", "onnx-int8", "openvino"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 
 
@@ -84,18 +85,25 @@ class Embedder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
-def make_embedder(backend: Backend = "torch", threads: int = 0, *, arena: bool = True) -> Embedder:
+def make_embedder(
+    backend: Backend = "torch", threads: int = 0, *, arena: bool = True, spinning: bool = False
+) -> Embedder:
     """An unloaded embedder of ``backend``. ``threads`` is ONNX Runtime's thread count per
     call (0: one per core); a torch embedder takes its count from the thread that runs it
     (`embedding_executor`). ``arena``: ONNX Runtime keeps its activations' memory for reuse
-    (faster bulk ingestion, more resident memory: `OnnxEmbedder`)."""
+    (faster bulk ingestion, more resident memory); ``spinning``: its waiting threads spin
+    (faster bulk ingestion, cores held): both for a process that only ingests (`OnnxEmbedder`)."""
     if backend == "torch":
         return Embedder()
     if backend not in BACKENDS:
         raise ValueError(f"unknown embedding backend {backend!r} (one of {', '.join(BACKENDS)})")
-    from retrieval.onnx_embeddings import OnnxEmbedder
+    from retrieval.onnx_embeddings import OnnxEmbedder, OpenVinoEmbedder
 
-    return OnnxEmbedder(quantized=backend == "onnx-int8", threads=threads, arena=arena)
+    if backend == "openvino":
+        return OpenVinoEmbedder(threads=threads)
+    return OnnxEmbedder(
+        quantized=backend == "onnx-int8", threads=threads, arena=arena, spinning=spinning
+    )
 
 
 def embedding_executor(threads: int, torch_threads: int, name: str) -> ThreadPoolExecutor:

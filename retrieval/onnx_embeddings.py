@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -103,6 +104,9 @@ class OnnxEmbedder(Embedder):
     alone). ``arena``: ONNX Runtime's memory arena, which keeps the largest batch's activations
     (16 x 256 tokens at the most) reserved for reuse: about 1.4x the passages/s of a bulk
     ingest without it, but held for the process's life; an API replica turns it off.
+    ``spinning``: ONNX Runtime's pool threads spin while they wait for the next operator instead
+    of sleeping (1.05x the passages/s of a bulk ingest on 2 cores, as torch's OpenMP threads
+    spin by default); off where an event loop shares the cores (an API replica).
     Texts are embedded in batches of ``batch_size`` after sorting them by token count,
     so a batch pads to about its own length (16: 1.05x the passages/s of 32 on 2 cores,
     measured side by side on 326 SciFact passages; BENCHMARKS.md, issue 18). Calls from
@@ -118,11 +122,13 @@ class OnnxEmbedder(Embedder):
         batch_size: int = 16,
         model_dir: Path | None = None,
         arena: bool = True,
+        spinning: bool = False,
     ) -> None:
         super().__init__(None, batch_size)
         self.quantized = quantized
         self.threads = threads
         self.arena = arena
+        self.spinning = spinning
         self.model_dir = model_dir
         self._session: Any = None
         self._tokenizer: Any = None
@@ -137,19 +143,16 @@ class OnnxEmbedder(Embedder):
             if self._session is not None:
                 return
             import onnxruntime
-            from tokenizers import Tokenizer
 
             directory = self.model_dir or ensure_built()
-            # tokenizer.json pads and truncates to 128; sentence-transformers replaces both
-            # with truncation at max_seq_length and padding per batch (done in `embed`).
-            tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-            tokenizer.enable_truncation(MAX_SEQ_LENGTH)
-            tokenizer.no_padding()
+            tokenizer = self._load_tokenizer(directory)
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
-            # Idle pool threads would spin on cores the event loop and other embedders need.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            # Unless asked, idle pool threads sleep: spinning, they would hold cores that the
+            # event loop and other embedders need.
+            spin = "1" if self.spinning else "0"
+            options.add_session_config_entry("session.intra_op.allow_spinning", spin)
             options.enable_cpu_mem_arena = self.arena
             model = directory / (INT8_FILE if self.quantized else FP32_FILE)
             session = onnxruntime.InferenceSession(
@@ -157,6 +160,24 @@ class OnnxEmbedder(Embedder):
             )
             self._tokenizer = tokenizer
             self._session = session
+
+    def _load_tokenizer(self, directory: Path) -> Any:
+        from tokenizers import Tokenizer
+
+        # tokenizer.json pads and truncates to 128; sentence-transformers replaces both with
+        # truncation at max_seq_length and padding per batch (done in `embed`).
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tokenizer.enable_truncation(MAX_SEQ_LENGTH)
+        tokenizer.no_padding()
+        return tokenizer
+
+    def _run(self, ids: Any, mask: Any) -> Any:
+        """One padded batch through the model: its (rows, 384) vectors."""
+        (out,) = self._session.run(
+            ["embedding"],
+            {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+        )
+        return out
 
     def embed(self, texts: list[str]) -> FloatArray:
         """Return an (n, 384) float32 array of unit vectors, one row per text."""
@@ -176,9 +197,72 @@ class OnnxEmbedder(Embedder):
             for i, row in enumerate(rows):
                 ids[i, : lengths[row]] = encodings[row].ids
                 mask[i, : lengths[row]] = 1
-            (out,) = self._session.run(
-                ["embedding"],
-                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
-            )
-            vectors[rows] = out
+            vectors[rows] = self._run(ids, mask)
         return vectors
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether OpenVINO is installed and this CPU computes bfloat16 natively (AMX or AVX-512
+    BF16: OpenVINO then lists ``BF16`` among the CPU's capabilities)."""
+    try:
+        import openvino
+    except ImportError:
+        return False
+    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+class OpenVinoEmbedder(OnnxEmbedder):
+    """The same fused fp32 model on OpenVINO's CPU runtime, in bfloat16 where the CPU computes
+    it natively (AMX or AVX-512 BF16: OpenVINO reports ``BF16`` among its capabilities), else
+    in fp32. On this project's 2-core Xeon with AMX: about 1.9x ONNX Runtime int8's passages/s
+    and vectors closer to fp32's (cosine >= 0.9999 against int8's ~0.99), BENCHMARKS.md.
+
+    ``threads``: OpenVINO's inference threads (0: its default, one per core). Each call takes an
+    inference request of its own from a pool, so calls from several threads run at once.
+    """
+
+    @property
+    def backend(self) -> str:
+        return "openvino"
+
+    @property
+    def precision(self) -> str:
+        """``bf16`` or ``f32``: what the loaded model computes in."""
+        if self._session is None:
+            self.warm_up()
+        return str(self._precision)
+
+    def warm_up(self) -> None:
+        with self._load_lock:
+            if self._session is not None:
+                return
+            import openvino
+
+            directory = self.model_dir or ensure_built()
+            tokenizer = self._load_tokenizer(directory)
+            core = openvino.Core()
+            self._precision = "bf16" if native_bf16() else "f32"
+            config: dict[str, Any] = {
+                "INFERENCE_PRECISION_HINT": self._precision,
+                "PERFORMANCE_HINT": "LATENCY",
+            }
+            if self.threads:
+                config["INFERENCE_NUM_THREADS"] = self.threads
+            compiled = core.compile_model(str(directory / FP32_FILE), "CPU", config)
+            self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            self._tokenizer = tokenizer
+            self._session = compiled
+
+    def _run(self, ids: Any, mask: Any) -> Any:
+        try:
+            request = self._requests.get_nowait()
+        except queue.Empty:
+            request = self._session.create_infer_request()
+        try:
+            result = request.infer(
+                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            )
+            return np.array(result[self._session.output(0)], dtype=np.float32)
+        finally:
+            self._requests.put(request)

@@ -26,13 +26,24 @@ from typing import Any
 import redis
 
 from app.services import build_backends, build_index_store
-from app.settings import get_settings
+from app.settings import RetrievalSettings, get_settings
 from retrieval import HybridRetriever, make_embedder
 from retrieval.backends import RetrievalBackend
 from retrieval.backends.moves import MOVE_TTL_S, MoveFence
 from retrieval.backends.router import BackendRouter
 from retrieval.backends.versions import Poller
+from retrieval.embeddings import Backend
+from retrieval.onnx_embeddings import native_bf16
 from retrieval.store import check_tenant
+
+
+def bulk_backend(config: RetrievalSettings) -> Backend:
+    """The embedding runtime ``rag`` commands ingest with: ``ingest_embeddings`` when set; else
+    openvino on a CPU that computes bfloat16 natively (about 2x onnx-int8's passages/s there);
+    else the replicas' own."""
+    if config.ingest_embeddings is not None:
+        return config.ingest_embeddings
+    return "openvino" if native_bf16() else config.embeddings
 
 
 def backend_router() -> BackendRouter:
@@ -40,7 +51,10 @@ def backend_router() -> BackendRouter:
     backend holds a tenant and on its index version)."""
     settings = get_settings()
     config = settings.retrieval
-    embedder = make_embedder(config.embeddings)
+    # A command, not a replica: no event loop shares the cores and its memory is given back
+    # when it ends, so it takes the fastest runtime for bulk ingestion (`bulk_backend`), which
+    # keeps its memory arena and lets its threads spin (BENCHMARKS.md, issue 18).
+    embedder = make_embedder(bulk_backend(config), spinning=True)
     store = build_index_store(config, embedder)
     retriever = (
         HybridRetriever(store, candidates=config.candidates)

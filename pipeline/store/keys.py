@@ -31,7 +31,6 @@ so every replica resolves the key afresh on its next request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -43,6 +42,8 @@ import time
 from collections import Counter
 from itertools import pairwise
 from typing import Final
+
+from redis.asyncio.client import PubSub
 
 from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
@@ -340,35 +341,36 @@ class ApiKeyStore:
         await asyncio.wait({task}, timeout=wait)
 
     async def _follow(self, ping_seconds: float) -> None:
-        pubsub = self.kv.client.pubsub(ignore_subscribe_messages=False)
         try:
-            await pubsub.subscribe(self.channel)
-            answered = time.monotonic()
-            pinged = 0.0
-            while self._listening:
-                message = await pubsub.get_message(timeout=ping_seconds / 2)
-                now = time.monotonic()
-                if message is not None:
-                    answered = now
-                    kind = message.get("type")
-                    if kind == "subscribe" and not self.subscribed:
-                        forgotten = len(self._seen)
-                        self._seen.clear()  # what changed while unsubscribed is unknown
-                        metrics.key_invalidated("resubscribed", forgotten)
-                        self.subscribed = True
-                    elif kind == "message":
-                        data = message.get("data")
-                        if isinstance(data, bytes):
-                            self.forget(data.decode("ascii", "replace"))
-                if now - pinged >= ping_seconds:
-                    await pubsub.ping()
-                    pinged = now
-                if now - answered > 2 * ping_seconds + 0.5:
-                    raise TimeoutError("no answer on the key change channel")
+            async with self.kv.subscription() as pubsub:
+                await self._listen_on(pubsub, ping_seconds)
         finally:
             self.subscribed = False
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _listen_on(self, pubsub: PubSub, ping_seconds: float) -> None:
+        await pubsub.subscribe(self.channel)
+        answered = time.monotonic()
+        pinged = 0.0
+        while self._listening:
+            message = await pubsub.get_message(timeout=ping_seconds / 2)
+            now = time.monotonic()
+            if message is not None:
+                answered = now
+                kind = message.get("type")
+                if kind == "subscribe" and not self.subscribed:
+                    forgotten = len(self._seen)
+                    self._seen.clear()  # what changed while unsubscribed is unknown
+                    metrics.key_invalidated("resubscribed", forgotten)
+                    self.subscribed = True
+                elif kind == "message":
+                    data = message.get("data")
+                    if isinstance(data, bytes):
+                        self.forget(data.decode("ascii", "replace"))
+            if now - pinged >= ping_seconds:
+                await pubsub.ping()
+                pinged = now
+            if now - answered > 2 * ping_seconds + 0.5:
+                raise TimeoutError("no answer on the key change channel")
 
     async def is_active(self, key_id: str) -> bool:
         """Whether the key with this id still exists (not revoked). Asks Redis every time: the

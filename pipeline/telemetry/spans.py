@@ -3,6 +3,7 @@ middleware and the job workers."""
 
 from __future__ import annotations
 
+from opentelemetry import trace
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import Span, Status, StatusCode
 
@@ -18,3 +19,12 @@ def mark_failed(span: Span, exc: BaseException | None = None, *, kind: str | Non
     name = type(exc).__name__ if exc is not None else kind
     span.set_status(Status(StatusCode.ERROR, kind or name))
     span.set_attribute(error_attributes.ERROR_TYPE, name or "error")
+
+
+def in_unsampled_trace() -> bool:
+    """Whether the current span belongs to a trace that is not sampled: a child span would be
+    dropped too (by the parent-based samplers, and by ``always_off`` and ``traceidratio``,
+    which decide the same for every span of a trace), so hot paths may skip making one. False
+    outside any span: a span started there is a root, and the sampler decides."""
+    context = trace.get_current_span().get_span_context()
+    return context.is_valid and not context.trace_flags.sampled

@@ -135,3 +135,19 @@ async def test_a_request_the_path_refuses_is_logged_with_the_stages_it_went_thro
     stages = line["stages"]
     assert isinstance(stages, dict) and list(stages) == ["auth", "validate", "guard_in"]
     assert line["stage_status"] == {"guard_in": "error"}
+
+
+def test_json_time_is_the_records_own_to_the_millisecond_across_second_boundaries() -> None:
+    # The formatter makes the date-and-second part once per second; each line still carries
+    # its own record's time.
+    from datetime import UTC, datetime
+
+    from app.logs import JsonFormatter
+
+    formatter = JsonFormatter()
+    for created in (1_700_000_000.999, 1_700_000_001.0005, 1_700_000_001.5, 1_700_000_065.25):
+        record = logging.LogRecord("rag.test", logging.INFO, __file__, 1, "m", (), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        line = json.loads(formatter.format(record))
+        expected = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        assert line["time"] == f"{expected}.{int(record.msecs):03d}Z", created

@@ -221,3 +221,65 @@ async def test_a_full_pool_in_the_app_sheds_or_serves_hits_and_keeps_the_circuit
             again = service.chat(key, cached)
         assert again.status_code == 200, again.text
         assert again.headers["x-cache"] == "hit"
+
+
+async def test_a_command_past_its_timeout_fails_alone_and_its_late_reply_reaches_no_other(
+    redis_server,
+) -> None:
+    # The timeout bounds the whole command (one timer, not redis-py's per socket operation):
+    # a reply held past it fails that command, the connection it was using is dropped, and the
+    # next command on the pool gets its own reply, never the late one.
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(
+            proxy.url, trace.NoOpTracer(), timeout=0.3, retry_after=0.0, max_connections=1
+        )
+        try:
+            await kv.set("fault-late-a", b"a")
+            await kv.set("fault-late-b", b"b")
+            proxy.slow(0.6, responses=True)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await kv.get("fault-late-a")
+            assert time.monotonic() - started < 0.55, "the timeout bounds the command"
+            proxy.passing()
+            assert await kv.get("fault-late-b") == b"b"
+            assert await kv.get("fault-late-a") == b"a"
+        finally:
+            await kv.aclose()
+
+
+async def test_a_subscription_holds_one_of_the_pools_connections(redis_server) -> None:
+    # Two connections: while a subscription holds one, commands share the other, each waiting
+    # for it in turn; the bound on connections holds.
+    with FaultProxy(redis_server.url) as proxy:
+        proxy.slow(0.05)
+        kv = KeyValueStore.from_url(
+            proxy.url, trace.NoOpTracer(), timeout=2.0, max_connections=2, pool_wait=5.0
+        )
+        try:
+            async with kv.subscription() as pubsub:
+                await pubsub.subscribe("fault-channel")
+                values = await asyncio.gather(*(kv.get(f"fault-sub-{n}") for n in range(6)))
+                assert values == [None] * 6
+                assert proxy.open_connections <= 2, "the pool's bound holds"
+        finally:
+            await kv.aclose()
+        # Closed, it gives its connection back: two slow commands run at once, neither waiting
+        # past a short pool wait (with the connection still held, one of them would).
+        proxy.slow(0.3)
+        kv = KeyValueStore.from_url(
+            proxy.url, trace.NoOpTracer(), timeout=2.0, max_connections=2, pool_wait=0.1
+        )
+        try:
+            async with kv.subscription() as pubsub:
+                await pubsub.subscribe("fault-channel")
+                busy = await asyncio.gather(
+                    *(kv.get(f"fault-sub-busy-{n}") for n in range(2)), return_exceptions=True
+                )
+                assert any(isinstance(r, StoreBusy) for r in busy), busy
+            assert await asyncio.gather(*(kv.get(f"fault-sub-{n}") for n in range(2))) == [
+                None,
+                None,
+            ]
+        finally:
+            await kv.aclose()

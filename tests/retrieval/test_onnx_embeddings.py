@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from opentelemetry import trace
 
 from retrieval.embeddings import Embedder, make_embedder
-from retrieval.onnx_embeddings import OnnxEmbedder, ensure_built
+from retrieval.onnx_embeddings import OnnxEmbedder, OpenVinoEmbedder, ensure_built
 from tests.support.servers import RedisServer, VLLMServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +119,87 @@ def test_make_embedder_picks_the_backend_by_name() -> None:
     assert make_embedder("onnx").backend == "onnx"
     with pytest.raises(ValueError, match="unknown embedding backend"):
         make_embedder("tensorflow")  # type: ignore[arg-type]
+
+
+def test_only_a_bulk_ingest_lets_onnx_runtime_threads_spin(onnx_int8: OnnxEmbedder) -> None:
+    # A replica's embedders sleep between operators (an event loop shares the cores); the
+    # embedder `rag ingest` makes spins, as torch's threads do, and gives the same vectors.
+    def spins(embedder: OnnxEmbedder) -> str:
+        options = embedder._session.get_session_options()
+        return str(options.get_session_config_entry("session.intra_op.allow_spinning"))
+
+    assert spins(onnx_int8) == "0"
+    bulk = make_embedder("onnx-int8", spinning=True)
+    assert isinstance(bulk, OnnxEmbedder)
+    bulk.warm_up()
+    assert spins(bulk) == "1"
+    np.testing.assert_allclose(bulk.embed(TEXTS), onnx_int8.embed(TEXTS), atol=1e-6)
+    from app.cli.backend import backend_router
+
+    from app.cli.backend import bulk_backend
+    from app.settings import get_settings
+
+    embedder = backend_router().backends["embedded"].store.embedder  # type: ignore[attr-defined]
+    assert embedder.backend == bulk_backend(get_settings().retrieval)
+    if not isinstance(embedder, OpenVinoEmbedder):
+        assert getattr(embedder, "spinning", None) is True
+
+
+def test_rag_commands_ingest_with_openvino_where_the_cpu_has_bfloat16() -> None:
+    from app.cli.backend import bulk_backend
+    from app.settings import RetrievalSettings
+    from retrieval.onnx_embeddings import native_bf16
+
+    default = RetrievalSettings()
+    assert bulk_backend(default) == ("openvino" if native_bf16() else default.embeddings)
+    chosen = RetrievalSettings(embeddings="onnx-int8", ingest_embeddings="onnx")
+    assert bulk_backend(chosen) == "onnx", "a set ingest runtime wins"
+    # A replica ingests with `ingest_embeddings` when set, else with `embeddings`.
+    from app.services import Services
+    from app.settings import Settings
+
+    settings = Settings(retrieval={"ingest_embeddings": "openvino"})
+    services = Services.build(settings, trace.NoOpTracer())
+    try:
+        assert services.retrieval is not None
+        assert services.retrieval.store.embedder.backend == "openvino"
+        assert services.retrieval.queries.embedder.backend == settings.retrieval.embeddings
+    finally:
+        asyncio.run(services.aclose())
+
+
+@pytest.fixture(scope="module")
+def openvino() -> OpenVinoEmbedder:
+    embedder = OpenVinoEmbedder(model_dir=ensure_built())
+    embedder.warm_up()
+    return embedder
+
+
+def test_openvino_gives_fp32s_vectors_in_bfloat16_where_the_cpu_has_it(
+    openvino: OpenVinoEmbedder, onnx_fp32: OnnxEmbedder
+) -> None:
+    import openvino as ov
+
+    native = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    assert openvino.precision == ("bf16" if native else "f32")
+    assert make_embedder("openvino").backend == "openvino"
+    vectors = openvino.embed(TEXTS)
+    assert vectors.shape == (len(TEXTS), 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
+    # Closer to fp32 than int8 is (> 0.98 there): bfloat16 keeps 8 bits of mantissa per value.
+    assert cosines(vectors, onnx_fp32.embed(TEXTS)).min() > (0.999 if native else 0.99999)
+    alone = np.vstack([openvino.embed([text]) for text in TEXTS])
+    assert cosines(vectors, alone).min() > 0.999, "a text's vector does not depend on its batch"
+    assert openvino.embed([]).shape == (0, 384)
+
+
+def test_openvino_calls_from_threads_give_the_same_vectors(openvino: OpenVinoEmbedder) -> None:
+    texts = [f"{text[:200]} #{i}" for i, text in enumerate(TEXTS * 2)]
+    expected = openvino.embed(texts)
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(openvino.embed, [texts] * 12))
+    for vectors in results:
+        np.testing.assert_allclose(vectors, expected, atol=1e-6)
 
 
 def test_the_build_is_idempotent_and_rebuilds_when_missing(tmp_path: Path) -> None:

@@ -56,6 +56,23 @@ def test_prose_is_emitted_with_at_most_the_last_two_words_held_back() -> None:
     assert emitted + redactor.end() == text
 
 
+def test_with_nothing_to_find_every_chunk_is_emitted_as_it_comes() -> None:
+    # A policy that allows every PII kind and blocks no term: no word is held for the next
+    # token (a stream's first word would otherwise wait one inter-token gap).
+    redactor = StreamingRedactor(redact_kinds=(), blocked_terms=())
+    assert redactor.passes_all
+    for i in range(0, len(ANSWER), 3):
+        assert redactor.feed(ANSWER[i : i + 3]) == ANSWER[i : i + 3]
+        assert redactor.held == 0
+    assert redactor.end() == ""
+    assert redactor.emitted == len(ANSWER) and not redactor.violations
+    # One kind or one term to find, and the last word waits again.
+    for options in ({"redact_kinds": ("email",)}, {"redact_kinds": (), "blocked_terms": ["x"]}):
+        redactor = StreamingRedactor(**options)  # type: ignore[arg-type]
+        assert not redactor.passes_all
+        assert redactor.feed("Contact") == ""
+
+
 def test_a_blocked_term_is_a_violation_with_its_offset() -> None:
     text = "Our internal codename is Bluebird, do not share."
     pieces, redactor = stream(text, 3, blocked_terms=["bluebird", "  "])
