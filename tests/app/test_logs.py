@@ -6,8 +6,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 import uuid
+from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from app.logs import configure_logging, log_format
@@ -151,3 +154,41 @@ def test_json_time_is_the_records_own_to_the_millisecond_across_second_boundarie
         line = json.loads(formatter.format(record))
         expected = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         assert line["time"] == f"{expected}.{int(record.msecs):03d}Z", created
+
+
+def test_the_request_line_reads_the_same_written_directly_or_through_logging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With this module's JSON handler the only one a request line would reach, the line is
+    # written without a LogRecord; with any other handler about (a capture, say) it goes
+    # through logging, so that handler sees it too. Both ways the line is the same.
+    from app.logs import RequestFacts, RequestLog, _OurHandler
+
+    records: list[logging.LogRecord] = []
+    make_record = logging.Logger.makeRecord
+
+    def counted(self: logging.Logger, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(self, *args, **kwargs)
+        records.append(record)
+        return record
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", counted)
+    buffer = capture("json")
+    root = logging.getLogger()
+    # Only the service's own handler: pytest's capture handlers are others.
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers if isinstance(h, _OurHandler)])
+    facts = RequestFacts("POST", "/v1/chat/completions", status=200, route="/v1/chat/completions")
+    RequestLog().write(facts, 0.0123, 0xABC, 0xDEF)
+    assert records == [], "written directly"
+    other = logging.Handler()
+    other.emit = lambda record: None  # type: ignore[method-assign]
+    logging.getLogger().addHandler(other)
+    try:
+        RequestLog().write(facts, 0.0123, 0xABC, 0xDEF)
+    finally:
+        logging.getLogger().removeHandler(other)
+    assert [r.name for r in records] == ["rag.request"], "through logging"
+    direct, logged = (json.loads(line) for line in buffer.getvalue().splitlines())
+    assert direct.pop("time")[:4] == logged.pop("time")[:4] == str(time.gmtime().tm_year)
+    assert direct == logged
+    assert direct["trace_id"] == format(0xABC, "032x") and direct["duration_ms"] == 12.3

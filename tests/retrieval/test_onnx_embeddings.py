@@ -134,9 +134,7 @@ def test_only_a_bulk_ingest_lets_onnx_runtime_threads_spin(onnx_int8: OnnxEmbedd
     bulk.warm_up()
     assert spins(bulk) == "1"
     np.testing.assert_allclose(bulk.embed(TEXTS), onnx_int8.embed(TEXTS), atol=1e-6)
-    from app.cli.backend import backend_router
-
-    from app.cli.backend import bulk_backend
+    from app.cli.backend import backend_router, bulk_backend
     from app.settings import get_settings
 
     embedder = backend_router().backends["embedded"].store.embedder  # type: ignore[attr-defined]
