@@ -348,11 +348,16 @@ class ApiKeyStore:
             self.subscribed = False
 
     async def _listen_on(self, pubsub: PubSub, ping_seconds: float) -> None:
-        await pubsub.subscribe(self.channel)
+        # Each call on the pub/sub connection has a bound of its own: its socket has no timeout,
+        # and a (re)connect's handshake happens inside subscribe, get_message and ping.
+        bound = self.kv.timeout
+        async with asyncio.timeout(bound):
+            await pubsub.subscribe(self.channel)
         answered = time.monotonic()
         pinged = 0.0
         while self._listening:
-            message = await pubsub.get_message(timeout=ping_seconds / 2)
+            async with asyncio.timeout(None if bound is None else ping_seconds / 2 + bound):
+                message = await pubsub.get_message(timeout=ping_seconds / 2)
             now = time.monotonic()
             if message is not None:
                 answered = now
@@ -367,7 +372,8 @@ class ApiKeyStore:
                     if isinstance(data, bytes):
                         self.forget(data.decode("ascii", "replace"))
             if now - pinged >= ping_seconds:
-                await pubsub.ping()
+                async with asyncio.timeout(bound):
+                    await pubsub.ping()
                 pinged = now
             if now - answered > 2 * ping_seconds + 0.5:
                 raise TimeoutError("no answer on the key change channel")

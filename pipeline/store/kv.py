@@ -321,11 +321,20 @@ class KeyValueStore:
         return entries
 
     async def ping(self) -> bool:
-        # Health checks probe for real even while the circuit is open.
+        # Health checks probe for real even while the circuit is open; one of the slots, like
+        # any command (a connection the semaphore does not count would leave a slot with none).
         try:
-            ok = bool(await self.client.ping())
-        except (RedisError, OSError):
+            await self._take_slot("PING", trace.INVALID_SPAN)
+        except StoreBusy:
             return False
+        try:
+            async with asyncio.timeout(self.timeout):  # None: unbounded
+                ok = bool(await self.client.ping())
+        except (RedisError, OSError):  # TimeoutError is an OSError
+            return False
+        finally:
+            if self._slots is not None:
+                self._slots.release()
         if ok:
             self._down_until = 0.0
         return ok

@@ -283,3 +283,38 @@ async def test_a_subscription_holds_one_of_the_pools_connections(redis_server) -
             ]
         finally:
             await kv.aclose()
+
+
+async def test_a_paused_redis_fails_the_health_ping_and_the_key_listener_in_bounded_time(
+    redis_server,
+) -> None:
+    # Neither has a socket timeout to fall back on (each command is bounded by the store's
+    # own timer): a health ping says False, and the key change listener notices its channel
+    # is lost, though the connection's reconnect hangs, then subscribes again once Redis is back.
+    from pipeline.store.keys import ApiKeyStore
+
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.5)
+        keys = ApiKeyStore(kv)
+        listener = asyncio.create_task(keys.listen(retry_seconds=0.2, ping_seconds=0.5))
+        try:
+            await _until_true(lambda: keys.subscribed)
+            proxy.pause()
+            started = time.monotonic()
+            assert await kv.ping() is False
+            assert time.monotonic() - started < 2.0, "the ping is bounded"
+            proxy.cut()  # the listener's connection drops; its reconnect meets the pause
+            await _until_true(lambda: not keys.subscribed)
+            proxy.passing()
+            await _until_true(lambda: keys.subscribed)
+            assert await kv.ping() is True
+        finally:
+            await keys.stop_listening(listener)
+            await kv.aclose()
+
+
+async def _until_true(condition: Any, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "not within the bound"
+        await asyncio.sleep(0.05)
