@@ -142,24 +142,27 @@ class OnnxEmbedder(Embedder):
         with self._load_lock:
             if self._session is not None:
                 return
-            import onnxruntime
-
             directory = self.model_dir or ensure_built()
             tokenizer = self._load_tokenizer(directory)
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            # Unless asked, idle pool threads sleep: spinning, they would hold cores that the
-            # event loop and other embedders need.
-            spin = "1" if self.spinning else "0"
-            options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-            options.enable_cpu_mem_arena = self.arena
-            model = directory / (INT8_FILE if self.quantized else FP32_FILE)
-            session = onnxruntime.InferenceSession(
-                str(model), options, providers=["CPUExecutionProvider"]
-            )
+            session = self._open(directory)
             self._tokenizer = tokenizer
             self._session = session
+
+    def _open(self, directory: Path) -> Any:
+        """The runtime's session over the built model in ``directory``."""
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        # Unless asked, idle pool threads sleep: spinning, they would hold cores that the event
+        # loop and other embedders need.
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if self.spinning else "0"
+        )
+        options.enable_cpu_mem_arena = self.arena
+        model = directory / (INT8_FILE if self.quantized else FP32_FILE)
+        return onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
 
     def _load_tokenizer(self, directory: Path) -> Any:
         from tokenizers import Tokenizer
@@ -233,26 +236,18 @@ class OpenVinoEmbedder(OnnxEmbedder):
             self.warm_up()
         return str(self._precision)
 
-    def warm_up(self) -> None:
-        with self._load_lock:
-            if self._session is not None:
-                return
-            import openvino
+    def _open(self, directory: Path) -> Any:
+        import openvino
 
-            directory = self.model_dir or ensure_built()
-            tokenizer = self._load_tokenizer(directory)
-            core = openvino.Core()
-            self._precision = "bf16" if native_bf16() else "f32"
-            config: dict[str, Any] = {
-                "INFERENCE_PRECISION_HINT": self._precision,
-                "PERFORMANCE_HINT": "LATENCY",
-            }
-            if self.threads:
-                config["INFERENCE_NUM_THREADS"] = self.threads
-            compiled = core.compile_model(str(directory / FP32_FILE), "CPU", config)
-            self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            self._tokenizer = tokenizer
-            self._session = compiled
+        self._precision = "bf16" if native_bf16() else "f32"
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": self._precision,
+            "PERFORMANCE_HINT": "LATENCY",
+        }
+        if self.threads:
+            config["INFERENCE_NUM_THREADS"] = self.threads
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        return openvino.Core().compile_model(str(directory / FP32_FILE), "CPU", config)
 
     def _run(self, ids: Any, mask: Any) -> Any:
         try:

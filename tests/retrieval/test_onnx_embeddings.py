@@ -47,6 +47,13 @@ def onnx_int8() -> OnnxEmbedder:
     return embedder
 
 
+@pytest.fixture(scope="module")
+def openvino() -> OpenVinoEmbedder:
+    embedder = OpenVinoEmbedder(model_dir=ensure_built())
+    embedder.warm_up()
+    return embedder
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray((a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)))
 
@@ -103,11 +110,15 @@ def test_text_past_256_tokens_is_truncated_like_sentence_transformers(
     assert cosines(vectors, embedder.embed([head, longer])).min() > 0.999
 
 
-def test_concurrent_calls_from_threads_give_the_same_vectors(onnx_int8: OnnxEmbedder) -> None:
+@pytest.mark.parametrize("runtime", ["onnx_int8", "openvino"])
+def test_concurrent_calls_from_threads_give_the_same_vectors(
+    runtime: str, request: pytest.FixtureRequest
+) -> None:
+    embedder: OnnxEmbedder = request.getfixturevalue(runtime)
     texts = [f"{text[:200]} #{i}" for i, text in enumerate(TEXTS * 2)]
-    expected = onnx_int8.embed(texts)
+    expected = embedder.embed(texts)
     with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(onnx_int8.embed, [texts] * 12))
+        results = list(pool.map(embedder.embed, [texts] * 12))
     for vectors in results:
         np.testing.assert_allclose(vectors, expected, atol=1e-5)
 
@@ -166,13 +177,6 @@ def test_rag_commands_ingest_with_openvino_where_the_cpu_has_bfloat16() -> None:
         asyncio.run(services.aclose())
 
 
-@pytest.fixture(scope="module")
-def openvino() -> OpenVinoEmbedder:
-    embedder = OpenVinoEmbedder(model_dir=ensure_built())
-    embedder.warm_up()
-    return embedder
-
-
 def test_openvino_gives_fp32s_vectors_in_bfloat16_where_the_cpu_has_it(
     openvino: OpenVinoEmbedder, onnx_fp32: OnnxEmbedder
 ) -> None:
@@ -189,15 +193,6 @@ def test_openvino_gives_fp32s_vectors_in_bfloat16_where_the_cpu_has_it(
     alone = np.vstack([openvino.embed([text]) for text in TEXTS])
     assert cosines(vectors, alone).min() > 0.999, "a text's vector does not depend on its batch"
     assert openvino.embed([]).shape == (0, 384)
-
-
-def test_openvino_calls_from_threads_give_the_same_vectors(openvino: OpenVinoEmbedder) -> None:
-    texts = [f"{text[:200]} #{i}" for i, text in enumerate(TEXTS * 2)]
-    expected = openvino.embed(texts)
-    with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(openvino.embed, [texts] * 12))
-    for vectors in results:
-        np.testing.assert_allclose(vectors, expected, atol=1e-6)
 
 
 def test_the_build_is_idempotent_and_rebuilds_when_missing(tmp_path: Path) -> None:
