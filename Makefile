@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 .PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
 	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
-	bench-all bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small
+	bench-all bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -105,6 +105,11 @@ bench-retrieval: install
 	$(PY) -m bench.retrieval_quality
 	$(PY) -m bench.retrieval_latency
 	$(PY) -m bench.ingest_bench
+
+# Issue 18's ingestion comparison: every runtime as `rag ingest` makes it, against the ingest
+# the issue started from (torch, texts in document order), side by side.
+bench-ingest: install embedder
+	$(PY) -m bench.ingest_bench --docs 200 --rounds 3 --queries 60 --backend torch onnx-int8 openvino --baseline
 
 # Jobs per minute need a running vLLM (`make run` serves one on 8001; or pass BENCH_VLLM_URL).
 BENCH_VLLM_URL ?= http://127.0.0.1:$${RAG_VLLM_PORT:-8001}
