@@ -47,6 +47,46 @@ ScriptArg = str | int | float | bytes
 UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+# A deadline timer that runs this late ran behind a stalled event loop, not a slow Redis.
+STALL_S: Final = 0.05
+
+
+class Deadline:
+    """``asyncio.timeout(seconds)``, except that a stall of the event loop itself at the
+    deadline (a garbage collection, a long synchronous call elsewhere) is given back, once: the
+    reply may have arrived during it, and only the loop's turn decides which is seen first.
+    The bound is then ``seconds`` plus that one stall, however loaded the process."""
+
+    __slots__ = ("_at", "_extended", "_handle", "_loop", "_timeout", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def __aenter__(self) -> Deadline:
+        self._loop = asyncio.get_running_loop()
+        self._timeout = asyncio.timeout(None)
+        await self._timeout.__aenter__()
+        self._at = self._loop.time() + self.seconds
+        self._handle = self._loop.call_at(self._at, self._expire)
+        self._extended = False
+        return self
+
+    def _expire(self) -> None:
+        now = self._loop.time()
+        late = now - self._at
+        if late > STALL_S and not self._extended:
+            self._extended = True
+            self._at = now + late
+            self._handle = self._loop.call_at(self._at, self._expire)
+            return
+        # Expires at the loop's next turn, after a reply that arrived with this one.
+        self._timeout.reschedule(now)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._handle.cancel()
+        await self._timeout.__aexit__(*exc)
+
+
 class KeyValueStore:
     """A thin wrapper around one ``redis.asyncio.Redis`` client."""
 
@@ -136,7 +176,7 @@ class KeyValueStore:
                     # On expiry redis-py drops the connection it was using (a late reply
                     # never reaches the next command) and this raises TimeoutError, an
                     # OSError: Redis is unreachable.
-                    async with asyncio.timeout(self.timeout):
+                    async with Deadline(self.timeout):
                         result = await fn()
             except (*UNREACHABLE, RedisError) as exc:
                 if isinstance(exc, UNREACHABLE) and not isinstance(exc, MaxConnectionsError):
@@ -328,8 +368,11 @@ class KeyValueStore:
         except StoreBusy:
             return False
         try:
-            async with asyncio.timeout(self.timeout):  # None: unbounded
+            if self.timeout is None:
                 ok = bool(await self.client.ping())
+            else:
+                async with Deadline(self.timeout):
+                    ok = bool(await self.client.ping())
         except (RedisError, OSError):  # TimeoutError is an OSError
             return False
         finally:

@@ -309,3 +309,28 @@ async def _until_true(condition: Any, within: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "not within the bound"
         await asyncio.sleep(0.05)
+
+
+async def test_a_stalled_event_loop_does_not_time_out_a_reply_that_arrived_during_the_stall(
+    redis_server,
+) -> None:
+    # The reply comes 0.1 s after the command; the loop is blocked for 0.5 s across the 0.2 s
+    # deadline (a garbage collection, say). The reply was there in time: the command succeeds.
+    # Without a stall, a reply later than the deadline still fails the command.
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.2, retry_after=0.0)
+        try:
+            await kv.set("fault-stall", b"v")
+            proxy.slow(0.1, responses=True)
+            command = asyncio.create_task(kv.get("fault-stall"))
+            await asyncio.sleep(0.02)  # sent; its reply is on its way
+            time.sleep(0.5)  # noqa: ASYNC251 (the stall under test: the loop cannot run)
+            assert await command == b"v"
+            assert kv.available, "a stall is not Redis being down"
+            proxy.slow(0.4, responses=True)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await kv.get("fault-stall")
+            assert time.monotonic() - started < 0.35
+        finally:
+            await kv.aclose()
