@@ -56,12 +56,14 @@ def create_app(
         paths = build_paths(settings, services)
         app.state.services = services
         app.state.paths = paths
-        job_workers = await start_job_workers(services, paths.chat)
         # Everything built so far (the models, indexes, clients: millions of objects) lives as
         # long as the process; the cyclic GC need never walk it again. Without this a full
         # collection, set off by any request that allocates much, holds the loop for 50-200 ms.
+        # Before the job workers start: the collection holds the loop, and their first Redis
+        # commands would wait out their deadlines behind it.
         gc.collect()
         gc.freeze()
+        job_workers = await start_job_workers(services, paths.chat)
         probe = LagProbe(record=settings.telemetry.metrics).start()
         app.state.lag_probe = probe
         # Key revocations and limit changes from any replica reach this one's key cache.
