@@ -35,7 +35,7 @@ from retrieval.embeddings import BACKENDS, Backend
 from retrieval.fusion import ranks
 from retrieval.hybrid import HybridRetriever, dense_search
 from retrieval.index import TenantIndex
-from retrieval.onnx_embeddings import OnnxEmbedder, OpenVinoEmbedder
+from retrieval.onnx_embeddings import OnnxEmbedder, OpenVinoEmbedder, native_bf16
 from retrieval.store import IndexStore
 from retrieval.vectors import FloatArray
 
@@ -73,10 +73,7 @@ class CachedOpenVinoEmbedder(CachedEmbedder, OpenVinoEmbedder):
     precision it computes in on this CPU)."""
 
     def __init__(self) -> None:
-        import openvino
-
-        native = "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        super().__init__(f"minilm-openvino-{'bf16' if native else 'f32'}", batch_size=32)
+        super().__init__(f"minilm-openvino-{'bf16' if native_bf16() else 'f32'}", batch_size=32)
 
 
 def cached_embedder(backend: Backend) -> CachedEmbedder:

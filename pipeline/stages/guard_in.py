@@ -247,9 +247,6 @@ class GuardInput:
         self._judged: TextMemo[InjectionDecision] = TextMemo(detector.check)
         self._pii: TextMemo[tuple[PiiFinding, ...]] = TextMemo(lambda t: tuple(find_pii(t)))
 
-    def _injection(self, text: str, ctx: RequestContext) -> InjectionDecision:
-        return self._judged(text, ctx.caller.tenant)
-
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         policy = self.policies.for_tenant(ctx.caller.tenant)
         ctx.key_parts["guard"] = policy.cache_token
@@ -315,7 +312,7 @@ class GuardInput:
         if policy.system_messages != "off":
             for index, tool in enumerate(ctx.params.tools):
                 for text in tool_texts(tool):
-                    decision = self._injection(text, ctx)
+                    decision = self._judged(text, ctx.caller.tenant)
                     if decision.flagged:
                         refuse_injection(ctx, decision, param=f"tools.{index}")
         for index, message in enumerate(ctx.params.messages):
@@ -323,7 +320,7 @@ class GuardInput:
             if operator and policy.system_messages == "off":
                 continue
             for text in message_texts(message):
-                decision = self._injection(text, ctx)
+                decision = self._judged(text, ctx.caller.tenant)
                 if operator and policy.system_messages == "attacks":
                     decision = attacks_only(decision, self.detector.threshold)
                 if decision.flagged:

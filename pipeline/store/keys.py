@@ -47,7 +47,7 @@ from redis.asyncio.client import PubSub
 
 from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
-from pipeline.store.kv import UNREACHABLE, KeyValueStore
+from pipeline.store.kv import UNREACHABLE, Deadline, KeyValueStore
 from pipeline.telemetry import metrics
 from retrieval.access import AccessError, check_names
 
@@ -348,15 +348,16 @@ class ApiKeyStore:
             self.subscribed = False
 
     async def _listen_on(self, pubsub: PubSub, ping_seconds: float) -> None:
-        # Each call on the pub/sub connection has a bound of its own: its socket has no timeout,
-        # and a (re)connect's handshake happens inside subscribe, get_message and ping.
+        # Each call on the pub/sub connection has a bound of its own, as a command's: its
+        # socket has no timeout, and a (re)connect's handshake happens inside subscribe,
+        # get_message and ping.
         bound = self.kv.timeout
-        async with asyncio.timeout(bound):
+        async with Deadline(bound):
             await pubsub.subscribe(self.channel)
         answered = time.monotonic()
         pinged = 0.0
         while self._listening:
-            async with asyncio.timeout(None if bound is None else ping_seconds / 2 + bound):
+            async with Deadline(None if bound is None else ping_seconds / 2 + bound):
                 message = await pubsub.get_message(timeout=ping_seconds / 2)
             now = time.monotonic()
             if message is not None:
@@ -372,7 +373,7 @@ class ApiKeyStore:
                     if isinstance(data, bytes):
                         self.forget(data.decode("ascii", "replace"))
             if now - pinged >= ping_seconds:
-                async with asyncio.timeout(bound):
+                async with Deadline(bound):
                     await pubsub.ping()
                 pinged = now
             if now - answered > 2 * ping_seconds + 0.5:

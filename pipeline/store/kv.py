@@ -55,20 +55,23 @@ class Deadline:
     """``asyncio.timeout(seconds)``, except that a stall of the event loop itself at the
     deadline (a garbage collection, a long synchronous call elsewhere) is given back, once: the
     reply may have arrived during it, and only the loop's turn decides which is seen first.
-    The bound is then ``seconds`` plus that one stall, however loaded the process."""
+    The bound is then ``seconds`` plus that one stall, however loaded the process; None: no
+    bound."""
 
     __slots__ = ("_at", "_extended", "_handle", "_loop", "_timeout", "seconds")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
 
     async def __aenter__(self) -> Deadline:
         self._loop = asyncio.get_running_loop()
         self._timeout = asyncio.timeout(None)
         await self._timeout.__aenter__()
-        self._at = self._loop.time() + self.seconds
-        self._handle = self._loop.call_at(self._at, self._expire)
+        self._handle: asyncio.TimerHandle | None = None
         self._extended = False
+        if self.seconds is not None:
+            self._at = self._loop.time() + self.seconds
+            self._handle = self._loop.call_at(self._at, self._expire)
         return self
 
     def _expire(self) -> None:
@@ -83,7 +86,8 @@ class Deadline:
         self._timeout.reschedule(now)
 
     async def __aexit__(self, *exc: Any) -> None:
-        self._handle.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
         await self._timeout.__aexit__(*exc)
 
 
@@ -170,14 +174,11 @@ class KeyValueStore:
         with spanned as span:
             await self._take_slot(command, span)
             try:
-                if self.timeout is None:
+                # On expiry redis-py drops the connection it was using (a late reply never
+                # reaches the next command) and this raises TimeoutError, an OSError: Redis
+                # is unreachable.
+                async with Deadline(self.timeout):
                     result = await fn()
-                else:
-                    # On expiry redis-py drops the connection it was using (a late reply
-                    # never reaches the next command) and this raises TimeoutError, an
-                    # OSError: Redis is unreachable.
-                    async with Deadline(self.timeout):
-                        result = await fn()
             except (*UNREACHABLE, RedisError) as exc:
                 if isinstance(exc, UNREACHABLE) and not isinstance(exc, MaxConnectionsError):
                     self._down_until = time.monotonic() + self.retry_after
@@ -189,8 +190,7 @@ class KeyValueStore:
                     f"redis {command}: {type(exc).__name__}", retry_after_s=self.retry_after
                 ) from exc
             finally:
-                if self._slots is not None:
-                    self._slots.release()
+                self._give_slot()
             return result
 
     @contextlib.asynccontextmanager
@@ -207,8 +207,7 @@ class KeyValueStore:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
             finally:
-                if self._slots is not None:
-                    self._slots.release()
+                self._give_slot()
 
     async def _take_slot(self, command: str, span: trace.Span) -> None:
         """One of the ``max_commands`` slots: at once when one is free, else within
@@ -230,6 +229,10 @@ class KeyValueStore:
                 f"{self.pool_wait} s",
                 retry_after_s=1.0,
             ) from None
+
+    def _give_slot(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
 
     async def get(self, key: str) -> bytes | None:
         value: bytes | None = await self._call("GET", lambda: self.client.get(key))
@@ -368,16 +371,12 @@ class KeyValueStore:
         except StoreBusy:
             return False
         try:
-            if self.timeout is None:
+            async with Deadline(self.timeout):
                 ok = bool(await self.client.ping())
-            else:
-                async with Deadline(self.timeout):
-                    ok = bool(await self.client.ping())
         except (RedisError, OSError):  # TimeoutError is an OSError
             return False
         finally:
-            if self._slots is not None:
-                self._slots.release()
+            self._give_slot()
         if ok:
             self._down_until = 0.0
         return ok
