@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -352,14 +352,16 @@ def _int(value: object) -> int:
     return int(value)
 
 
-def classify(gens: list[int], expected: dict[int, int]) -> str:
+def classify(gens: list[int], expected: Callable[[int], int]) -> str:
     """What one listing of a document's chunks shows: `whole` (one generation, all its
-    chunks), `missing` (none), `mixed` (two generations), `partial` (one, not all)."""
+    chunks), `missing` (none), `mixed` (two generations), `partial` (one, not all).
+    `expected(g)` is how many chunks generation g has; it is asked of the generation listed,
+    which the writer may have made after the listing began."""
     if not gens:
         return "missing"
     if len(set(gens)) > 1:
         return "mixed"
-    return "whole" if len(gens) == expected[gens[0]] else "partial"
+    return "whole" if len(gens) == expected(gens[0]) else "partial"
 
 
 def ingest_while_serving(
@@ -370,14 +372,13 @@ def ingest_while_serving(
         client, "live", TableEmbedder(), chunk_words=words, overlap_words=0, candidates=100
     )
     gen = dict.fromkeys(range(documents), 0)
-    counts: dict[int, int] = {}
 
-    def expected_chunks(g: int, d: int) -> int:
+    @cache
+    def expected_chunks(d: int, g: int) -> int:
         document = live_document(d, g, chunks, words)
         return len(chunk_document(document, max_words=words, overlap_words=0))
 
     backend.upsert(TENANT, [live_document(d, 0, chunks, words) for d in range(documents)])
-    counts[0] = expected_chunks(0, 0)
     obs = Observations()
     rng = random.Random(seed)
     embedder = TableEmbedder()
@@ -429,14 +430,13 @@ def ingest_while_serving(
         if not hits:
             return
         d = _int(hits[0].metadata["doc"])
-        for g in range(max(gen.values()) + 2):  # generations the writer may have made
-            counts.setdefault(g, expected_chunks(g, d))
+        expected = partial(expected_chunks, d)
         try:
             obs.count(
                 "search filtered to the document",
-                classify(listing_by_search(d, query, vector), counts),
+                classify(listing_by_search(d, query, vector), expected),
             )
-            obs.count("one pymilvus query", classify(listing_by_query(d), counts))
+            obs.count("one pymilvus query", classify(listing_by_query(d), expected))
         except Exception as exc:  # counted, reported
             obs.errors.append(f"listing: {type(exc).__name__}: {exc}")
             return
@@ -452,7 +452,7 @@ def ingest_while_serving(
         one_search(obs.ms_during)
     stop.set()
     thread.join(timeout=60)
-    return obs, counts[0]
+    return obs, expected_chunks(0, 0)
 
 
 def serving_rows(obs: Observations, documents: int, chunks: int, seconds: float) -> list[str]:
