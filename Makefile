@@ -139,10 +139,12 @@ bench-citations: install
 bench-ttft: install model redis
 	$(PY) -m bench.ttft_bench
 
-# What a hostile request (without a key and with one) costs the server, and the loop's lag.
+# What a hostile request (without a key and with one) costs the server, and the loop's lag;
+# and what a refused or failed request costs (refusal_bench --before DIR: beside another checkout).
 bench-hostile: install redis
 	$(PY) -m bench.hostile_bench
 	$(PY) -m bench.head_bench
+	$(PY) -m bench.refusal_bench
 
 # What structured outputs and logprobs cost: the output guard, the body, and vLLM per format.
 bench-structured: install model redis

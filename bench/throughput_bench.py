@@ -30,6 +30,7 @@ import asyncio
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One side at one level, over its rounds: tokens/s over all waves, TTFT percentiles."""
     ttfts = [t for r in runs for t in r["ttfts"]]
     tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
+    cpu = [r["cpu_s"] for r in runs if "cpu_s" in r]
     return {
+        "cpu_us_per_token": sum(cpu) / tokens * 1e6 if cpu and tokens else None,
         "answers": sum(r["answers"] for r in runs),
         "failed": sum(r["failed"] for r in runs),
         "failures": [f for r in runs for f in r["failures"]][:3],
@@ -129,8 +132,14 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def measure(
-    urls: dict[str, str], keys: list[str], args: argparse.Namespace
+    urls: dict[str, str],
+    keys: list[str],
+    args: argparse.Namespace,
+    service_cpu: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
+    """Each level's rounds, both sides; with ``service_cpu`` (the service process's CPU
+    seconds so far), also what the service spent per output token it relayed: on cores it
+    shares with vLLM, that is time the engine does not get."""
     bodies = [chat_request(p, args.max_tokens, logit_bias=UNENDING) for p in prompts(args.prompts)]
     # Warm-up: every prompt once through each side (vLLM's prefix cache then holds them all,
     # for both sides alike).
@@ -146,6 +155,7 @@ async def measure(
         for number in range(args.rounds):
             order = SIDES if number % 2 == 0 else SIDES[::-1]
             for side in order:
+                cpu = service_cpu() if service_cpu is not None else 0.0
                 answers, wall = await wave(
                     urls[side],
                     keys if side == "service" else [],
@@ -155,6 +165,8 @@ async def measure(
                     offset=number * 7,
                 )
                 runs[side].append(tally(answers, wall))
+                if service_cpu is not None and side == "service":
+                    runs[side][-1]["cpu_s"] = service_cpu() - cpu
         row = {"concurrency": level, **{side: combine(runs[side]) for side in SIDES}}
         row["tokens_ratio"] = ratio(row["service"]["tokens_per_s"], row["vllm"]["tokens_per_s"])
         row["ttft_p50_ratio"] = ratio(row["service"]["ttft_p50_ms"], row["vllm"]["ttft_p50_ms"])
@@ -162,7 +174,8 @@ async def measure(
         print(
             f"  {level:>4} streams: tokens/s {row['service']['tokens_per_s']:.1f} vs "
             f"{row['vllm']['tokens_per_s']:.1f} ({row['tokens_ratio']:.2f}x), TTFT p50 "
-            f"{row['service']['ttft_p50_ms']:.0f} vs {row['vllm']['ttft_p50_ms']:.0f} ms",
+            f"{row['service']['ttft_p50_ms']:.0f} vs {row['vllm']['ttft_p50_ms']:.0f} ms, "
+            f"service CPU {row['service']['cpu_us_per_token'] or 0:.0f} µs per token",
             flush=True,
         )
     at_32 = next((row for row in levels if row["concurrency"] == 32), None)
@@ -182,16 +195,16 @@ async def measure(
 def report(result: dict[str, Any]) -> None:
     print(
         "\n| streams | tokens/s service | tokens/s vLLM | ratio | TTFT p50 ms service / vLLM "
-        "| ratio | TTFT p99 ms service / vLLM | failed |"
+        "| ratio | TTFT p99 ms service / vLLM | failed | service CPU µs / token |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in result["levels"]:
         s, v = row["service"], row["vllm"]
         print(
             f"| {row['concurrency']} | {s['tokens_per_s']:.1f} | {v['tokens_per_s']:.1f} "
             f"| **{row['tokens_ratio']:.2f}** | {s['ttft_p50_ms']:.0f} / {v['ttft_p50_ms']:.0f} "
             f"| **{row['ttft_p50_ratio']:.2f}** | {s['ttft_p99_ms']:.0f} / {v['ttft_p99_ms']:.0f} "
-            f"| {s['failed']} / {v['failed']} |"
+            f"| {s['failed']} / {v['failed']} | {s['cpu_us_per_token'] or 0:.0f} |"
         )
 
 
@@ -233,7 +246,8 @@ def main() -> None:
         env.update(item.split("=", 1) for item in args.service_env)
         with ServiceProcess(redis.url, llm, workdir, **env) as service:
             keys = [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
-            result = asyncio.run(measure({"service": service.url, "vllm": llm}, keys, args))
+            urls = {"service": service.url, "vllm": llm}
+            result = asyncio.run(measure(urls, keys, args, service.cpu_seconds))
     finally:
         redis.stop()
     result.update(

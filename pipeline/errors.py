@@ -39,7 +39,14 @@ def retry_after(seconds: float) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
-class PipelineError(Exception):
+class Described(Exception):
+    """A failure that its type and message describe in full (an error a request ends with, a
+    stage's spent budget): a span records it without formatting its stack (half a millisecond
+    or more, paid most when the process is busiest: a wave of refusals, stages degrading under
+    load). Anything else is a fault in the code, recorded with its stack."""
+
+
+class PipelineError(Described):
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "api_error"
 

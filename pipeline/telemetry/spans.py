@@ -4,17 +4,30 @@ middleware and the job workers."""
 from __future__ import annotations
 
 from opentelemetry import trace
-from opentelemetry.semconv.attributes import error_attributes
+from opentelemetry.semconv.attributes import error_attributes, exception_attributes
 from opentelemetry.trace import Span, Status, StatusCode
+
+from pipeline.errors import Described
 
 
 def mark_failed(span: Span, exc: BaseException | None = None, *, kind: str | None = None) -> None:
     """Status ERROR described by ``kind`` (default: the exception's type), ``error.type`` (the
     exception's type, else ``kind``), and the exception, if there is one, as a span event. A
-    failure without an exception (a 5xx answered, a webhook refused) passes ``kind`` alone."""
+    failure without an exception (a 5xx answered, a webhook refused) passes ``kind`` alone.
+    A ``Described`` failure's event has its type and message and no stack (``Described``)."""
     if exc is None and kind is None:
         raise ValueError("mark_failed needs an exception or a kind")
-    if exc is not None:
+    if isinstance(exc, Described):
+        if span.is_recording():
+            cls = type(exc)
+            span.add_event(
+                "exception",
+                {
+                    exception_attributes.EXCEPTION_TYPE: f"{cls.__module__}.{cls.__qualname__}",
+                    exception_attributes.EXCEPTION_MESSAGE: str(exc),
+                },
+            )
+    elif exc is not None:
         span.record_exception(exc)
     name = type(exc).__name__ if exc is not None else kind
     span.set_status(Status(StatusCode.ERROR, kind or name))

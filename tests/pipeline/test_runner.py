@@ -113,6 +113,26 @@ async def test_a_failing_stage_in_a_group_fails_the_run_with_its_error(tracing) 
     assert spans["stage fail"].attributes["error.type"] == "InvalidRequest"
 
 
+async def test_a_fault_in_the_code_of_a_group_is_on_its_span_with_its_stack(tracing) -> None:
+    # Not a ``Described`` failure: the group's span (and the stage's) keep the stack.
+    provider, exporter = tracing
+    runner = Runner([Concurrent(Sleep("slow", 2.0), Bug())], provider.get_tracer("t"))
+    with pytest.raises(ExceptionGroup):
+        await runner.run(new_ctx())
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    for name in ("group slow+bug", "stage bug"):
+        assert spans[name].status.status_code.name == "ERROR", name
+        stacks = [e.attributes.get("exception.stacktrace", "") for e in spans[name].events]
+        assert any("a bug in a stage" in stack and "Traceback" in stack for stack in stacks)
+
+
+class Bug:
+    spec = StageSpec.of("bug")
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        raise RuntimeError("a bug in a stage")
+
+
 class Broken:
     """A degrading stage that fails; its fallback puts defaults in place."""
 
@@ -158,10 +178,15 @@ async def test_a_degrading_stage_fails_without_failing_the_request(tracing) -> N
     span = next(s for s in exporter.get_finished_spans() if s.name == "stage features")
     assert span.status.status_code.name == "ERROR"
     assert span.attributes["error.type"] == "RuntimeError"
+    # A fault in the code (not a ``Described`` failure): recorded with its stack.
+    (event,) = span.events
+    assert event.name == "exception" and event.attributes["exception.type"] == "RuntimeError"
+    assert "feature store down" in event.attributes["exception.stacktrace"]
+    assert "in __call__" in event.attributes["exception.stacktrace"]
 
 
 async def test_a_degrading_stage_past_its_budget_times_out_alone(tracing) -> None:
-    provider, _ = tracing
+    provider, exporter = tracing
     slow = Broken(delay=5.0, timeout_s=0.05)
     runner = Runner([slow, Sleep("after")], provider.get_tracer("t"))
     loop = asyncio.get_running_loop()
@@ -171,6 +196,13 @@ async def test_a_degrading_stage_past_its_budget_times_out_alone(tracing) -> Non
     record = ctx.records[0]
     assert record.status == "degraded" and record.info["error_type"] == "StageTimeout"
     assert ctx.records[1].status == "ok"
+    # A spent budget is described by its type and message; no stack is formatted for it.
+    span = next(s for s in exporter.get_finished_spans() if s.name == "stage features")
+    (event,) = span.events
+    assert dict(event.attributes) == {
+        "exception.type": "pipeline.runner.StageTimeout",
+        "exception.message": "features ran past its budget of 50 ms",
+    }
 
 
 async def test_a_fatal_error_in_a_degrading_stage_is_still_a_deadline(tracing) -> None:
@@ -185,7 +217,7 @@ async def test_a_refusal_from_a_degrading_stage_ends_the_request_and_a_fault_doe
 ) -> None:
     """Degrading absorbs faults (a 503 from a model that is down), never a stage's decision to
     refuse the request (a 4xx, such as a guardrail's block), which cancels the group."""
-    provider, _ = tracing
+    provider, exporter = tracing
     log: list[str] = []
     refusing = Runner(
         [Concurrent(Broken(InvalidRequest("blocked")), Sleep("retrieve", 1.0, log))],
@@ -198,6 +230,11 @@ async def test_a_refusal_from_a_degrading_stage_ends_the_request_and_a_fault_doe
     ctx = await faulty.run(new_ctx())
     assert ctx.records[0].status == "degraded"
     assert ctx.records[0].info["error_type"] == "ServiceUnavailable"
+    events = [e for s in exporter.get_finished_spans() for e in s.events]
+    assert {e.attributes["exception.message"] for e in events} == {"blocked", "model down"}
+    # The stage's span and the group's: each says what ended it, neither formats a stack.
+    assert len(events) == 3
+    assert not any("exception.stacktrace" in e.attributes for e in events)
 
 
 async def test_a_stage_waits_for_a_sibling_that_writes_what_it_reads(tracing) -> None:
