@@ -30,7 +30,7 @@ from opentelemetry import trace
 from pipeline.context import RequestContext, StageRecord, _current_record
 from pipeline.errors import DeadlineExceeded, Described, PipelineError
 from pipeline.telemetry import attributes as attr
-from pipeline.telemetry.spans import mark_failed
+from pipeline.telemetry.spans import current_span, mark_failed
 
 FailurePolicy = Literal["fatal", "degrade"]
 
@@ -203,9 +203,7 @@ class Runner:
         return ctx
 
     async def _run_group(self, group: Concurrent, ctx: RequestContext) -> None:
-        with self.tracer.start_as_current_span(
-            f"group {group.name}", record_exception=False, set_status_on_exception=False
-        ) as span:
+        with current_span(self.tracer, f"group {group.name}"):
             waits = Waits()
             for stage in group.stages:
                 waits.expect(stage.spec.writes)
@@ -216,11 +214,7 @@ class Runner:
                         tasks.create_task(self._run_stage(stage, ctx))
             except* PipelineError as group_error:
                 # A fatal failure decides the response; its siblings were cancelled with it.
-                mark_failed(span, group_error.exceptions[0])
                 raise group_error.exceptions[0] from None
-            except* Exception as group_error:
-                mark_failed(span, group_error)
-                raise
             finally:
                 _waits.reset(token)
 

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from pipeline.context import Principal
 from pipeline.errors import InvalidRequest, ServiceUnavailable, retry_after
 from pipeline.telemetry import attributes as attr
+from pipeline.telemetry.spans import current_span
 from retrieval import (
     Document,
     Filter,
@@ -159,8 +160,8 @@ class PassageSearch:
         ``viewer`` (``viewer_of``) decides which chunks with an access list it may see.
         ``context_terms`` are texts whose words BM25 adds at a lower weight (a conversation's
         earlier turns: ``pipeline.sources.conversation``)."""
-        with self.tracer.start_as_current_span(
-            f"retrieval {tenant}", attributes={attr.TENANT: tenant}
+        with current_span(
+            self.tracer, f"retrieval {tenant}", attributes={attr.TENANT: tenant}
         ) as span:
             started = time.perf_counter()
             if vector is None:
@@ -201,7 +202,8 @@ class PassageSearch:
             raise InvalidRequest(f"Invalid filters: {exc}", param="filters") from exc
 
     async def ingest(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
-        with self.tracer.start_as_current_span(
+        with current_span(
+            self.tracer,
             f"ingest {tenant}",
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
@@ -211,9 +213,7 @@ class PassageSearch:
             )
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
-        with self.tracer.start_as_current_span(
-            f"delete {tenant}", attributes={attr.TENANT: tenant}
-        ):
+        with current_span(self.tracer, f"delete {tenant}", attributes={attr.TENANT: tenant}):
             ids = list(document_ids)
             return await self._off_loop(
                 self._writes, _answered, self._write, tenant, lambda b: b.delete(tenant, ids)

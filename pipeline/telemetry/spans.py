@@ -3,6 +3,10 @@ middleware and the job workers."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from opentelemetry import trace
 from opentelemetry.semconv.attributes import error_attributes, exception_attributes
 from opentelemetry.trace import Span, Status, StatusCode
@@ -41,3 +45,18 @@ def in_unsampled_trace() -> bool:
     outside any span: a span started there is a root, and the sampler decides."""
     context = trace.get_current_span().get_span_context()
     return context.is_valid and not context.trace_flags.sampled
+
+
+@contextmanager
+def current_span(tracer: trace.Tracer, name: str, **options: Any) -> Iterator[Span]:
+    """``tracer.start_as_current_span(name, **options)``, whose failure is marked by
+    ``mark_failed`` (a ``Described`` one without its stack) rather than by the SDK, which
+    formats the stack of whatever escapes; a cancellation is not a failure."""
+    with tracer.start_as_current_span(
+        name, record_exception=False, set_status_on_exception=False, **options
+    ) as span:
+        try:
+            yield span
+        except Exception as exc:
+            mark_failed(span, exc)
+            raise
