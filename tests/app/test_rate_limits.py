@@ -181,6 +181,11 @@ def replicas(
         "RAG_REDIS__KEY_PREFIX": f"t{uuid.uuid4().hex[:8]}:",
         "RAG_LIMITS__KEY_RPM": str(int(PER_WINDOW * 60 / WINDOW)),
         "RAG_LIMITS__WINDOW_SECONDS": str(WINDOW),
+        # What is tested is the one budget: a Redis round trip slower than the default 0.5 s
+        # on a loaded machine would open the circuit, and a limiter failing open admits
+        # everything for a second (by design: the fail_open test above) and reads as a leak.
+        "RAG_LIMITS__FAIL_OPEN": "false",
+        "RAG_REDIS__TIMEOUT_SECONDS": "2",
         "RAG_RETRIEVAL__ENABLED": "false",
         "RAG_GUARD__SIMILARITY": "false",
         "RAG_ROUTING__ENABLED": "false",
