@@ -4,6 +4,7 @@ one run, alternating.
 
     .venv/bin/python -m bench.throughput_bench [--levels 1 8 32 128] [--rounds 2]
         [--requests 2] [--max-tokens 32] [--tenants 8] [--quick] [--llm-url URL]
+        [--before DIR]
 
 The prompts are built before the run, as the service would build them (``build_messages``: the
 fixed instructions, two SciFact abstracts as sources, then a SciFact test question), and sent
@@ -13,7 +14,10 @@ passes them to vLLM unchanged and both sides do the same work. Every answer is
 ``--max-tokens`` long (a ``logit_bias`` keeps the model from ending early) and asks for its
 usage, whose ``completion_tokens`` are counted.
 
-At each level, ``--rounds`` times, each side in turn (the order alternates by round): that many
+With ``--before DIR`` (another checkout, a ``git worktree``), that code is served too, as a
+third side of the same run, so a change's effect is read against bare vLLM in one run.
+
+At each level, ``--rounds`` times, each side in turn (the order rotates by round): that many
 clients, each on its own keep-alive connection, send ``--requests`` streamed requests one after
 another; output tokens/s is all their completion tokens over the wave's wall time. The clients
 are split over ``--tenants`` tenants (one key each), as a shared service's load would be: one
@@ -31,6 +35,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +56,6 @@ from pipeline.context import Passage
 from pipeline.model.prompt import build_messages
 from tests.support.process import ServiceProcess
 from tests.support.servers import UNENDING, RedisServer
-
-SIDES = ("service", "vllm")
 
 
 def prompts(count: int, sources: int = 2) -> list[list[dict[str, Any]]]:
@@ -133,51 +136,56 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def measure(
     urls: dict[str, str],
-    keys: list[str],
+    keys: dict[str, list[str]],
     args: argparse.Namespace,
-    service_cpu: Callable[[], float] | None = None,
+    service_cpu: dict[str, Callable[[], float]] | None = None,
 ) -> dict[str, Any]:
-    """Each level's rounds, both sides; with ``service_cpu`` (the service process's CPU
-    seconds so far), also what the service spent per output token it relayed: on cores it
-    shares with vLLM, that is time the engine does not get."""
+    """Each level's rounds, every side (``urls``: "service", "vllm", and "before" with
+    ``--before``), the order rotating by round; with ``service_cpu`` (a service process's CPU
+    seconds so far, by side), also what each service spent per output token it relayed: on
+    cores it shares with vLLM, that is time the engine does not get."""
+    sides = list(urls)
+    cpu_of = service_cpu or {}
     bodies = [chat_request(p, args.max_tokens, logit_bias=UNENDING) for p in prompts(args.prompts)]
     # Warm-up: every prompt once through each side (vLLM's prefix cache then holds them all,
-    # for both sides alike).
-    for side in SIDES:
+    # for every side alike).
+    for side in sides:
         each = -(-len(bodies) // 4)
-        answers, _ = await wave(urls[side], keys if side == "service" else [], bodies, 4, each, 0)
+        answers, _ = await wave(urls[side], keys.get(side, []), bodies, 4, each, 0)
         if not all(a.ok for a in answers):
             bad = next(a for a in answers if not a.ok)
             raise RuntimeError(f"{side} warm-up: {bad.status} {bad.body[:300]!r}")
     levels: list[dict[str, Any]] = []
     for level in args.levels:
-        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for number in range(args.rounds):
-            order = SIDES if number % 2 == 0 else SIDES[::-1]
-            for side in order:
-                cpu = service_cpu() if service_cpu is not None else 0.0
+            turn = number % len(sides)
+            for side in sides[turn:] + sides[:turn]:
+                cpu = cpu_of[side]() if side in cpu_of else 0.0
                 answers, wall = await wave(
-                    urls[side],
-                    keys if side == "service" else [],
-                    bodies,
-                    level,
-                    args.requests,
-                    offset=number * 7,
+                    urls[side], keys.get(side, []), bodies, level, args.requests, number * 7
                 )
                 runs[side].append(tally(answers, wall))
-                if service_cpu is not None and side == "service":
-                    runs[side][-1]["cpu_s"] = service_cpu() - cpu
-        row = {"concurrency": level, **{side: combine(runs[side]) for side in SIDES}}
-        row["tokens_ratio"] = ratio(row["service"]["tokens_per_s"], row["vllm"]["tokens_per_s"])
-        row["ttft_p50_ratio"] = ratio(row["service"]["ttft_p50_ms"], row["vllm"]["ttft_p50_ms"])
+                if side in cpu_of:
+                    runs[side][-1]["cpu_s"] = cpu_of[side]() - cpu
+        row: dict[str, Any] = {"concurrency": level, **{s: combine(runs[s]) for s in sides}}
+        for side in (s for s in sides if s != "vllm"):
+            prefix = "" if side == "service" else f"{side}_"
+            row[f"{prefix}tokens_ratio"] = ratio(
+                row[side]["tokens_per_s"], row["vllm"]["tokens_per_s"]
+            )
+            row[f"{prefix}ttft_p50_ratio"] = ratio(
+                row[side]["ttft_p50_ms"], row["vllm"]["ttft_p50_ms"]
+            )
+            print(
+                f"  {level:>4} streams, {side}: tokens/s {row[side]['tokens_per_s']:.1f} vs "
+                f"{row['vllm']['tokens_per_s']:.1f} ({row[f'{prefix}tokens_ratio']:.2f}x), TTFT "
+                f"p50 {row[side]['ttft_p50_ms']:.0f} vs {row['vllm']['ttft_p50_ms']:.0f} ms "
+                f"({row[f'{prefix}ttft_p50_ratio']:.2f}x), service CPU "
+                f"{row[side]['cpu_us_per_token'] or 0:.0f} µs per token",
+                flush=True,
+            )
         levels.append(row)
-        print(
-            f"  {level:>4} streams: tokens/s {row['service']['tokens_per_s']:.1f} vs "
-            f"{row['vllm']['tokens_per_s']:.1f} ({row['tokens_ratio']:.2f}x), TTFT p50 "
-            f"{row['service']['ttft_p50_ms']:.0f} vs {row['vllm']['ttft_p50_ms']:.0f} ms, "
-            f"service CPU {row['service']['cpu_us_per_token'] or 0:.0f} µs per token",
-            flush=True,
-        )
     at_32 = next((row for row in levels if row["concurrency"] == 32), None)
     return {
         "levels": levels,
@@ -194,18 +202,22 @@ async def measure(
 
 def report(result: dict[str, Any]) -> None:
     print(
-        "\n| streams | tokens/s service | tokens/s vLLM | ratio | TTFT p50 ms service / vLLM "
-        "| ratio | TTFT p99 ms service / vLLM | failed | service CPU µs / token |"
+        "\n| streams | side | tokens/s | tokens/s vLLM | ratio | TTFT p50 ms side / vLLM "
+        "| ratio | TTFT p99 ms side / vLLM | failed | service CPU µs / token |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in result["levels"]:
-        s, v = row["service"], row["vllm"]
-        print(
-            f"| {row['concurrency']} | {s['tokens_per_s']:.1f} | {v['tokens_per_s']:.1f} "
-            f"| **{row['tokens_ratio']:.2f}** | {s['ttft_p50_ms']:.0f} / {v['ttft_p50_ms']:.0f} "
-            f"| **{row['ttft_p50_ratio']:.2f}** | {s['ttft_p99_ms']:.0f} / {v['ttft_p99_ms']:.0f} "
-            f"| {s['failed']} / {v['failed']} | {s['cpu_us_per_token'] or 0:.0f} |"
-        )
+        v = row["vllm"]
+        for side in (k for k in ("service", "before") if k in row):
+            s, prefix = row[side], "" if side == "service" else f"{side}_"
+            print(
+                f"| {row['concurrency']} | {side} | {s['tokens_per_s']:.1f} "
+                f"| {v['tokens_per_s']:.1f} | **{row[f'{prefix}tokens_ratio']:.2f}** "
+                f"| {s['ttft_p50_ms']:.0f} / {v['ttft_p50_ms']:.0f} "
+                f"| **{row[f'{prefix}ttft_p50_ratio']:.2f}** "
+                f"| {s['ttft_p99_ms']:.0f} / {v['ttft_p99_ms']:.0f} "
+                f"| {s['failed']} / {v['failed']} | {s['cpu_us_per_token'] or 0:.0f} |"
+            )
 
 
 def main() -> None:
@@ -218,6 +230,12 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=8)
     parser.add_argument("--llm-url", default=None)
     parser.add_argument("--quick", action="store_true", help="1, 8 and 32 streams, one round")
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        help="another checkout (a git worktree) served beside this one, as a third side in the "
+        "same run: its ratios to bare vLLM next to this checkout's",
+    )
     parser.add_argument(
         "--guards-off",
         action="store_true",
@@ -244,10 +262,30 @@ def main() -> None:
         if args.guards_off:
             env["RAG_GUARD__ENABLED"] = "false"
         env.update(item.split("=", 1) for item in args.service_env)
-        with ServiceProcess(redis.url, llm, workdir, **env) as service:
-            keys = [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
-            urls = {"service": service.url, "vllm": llm}
-            result = asyncio.run(measure(urls, keys, args, service.cpu_seconds))
+        checkouts: dict[str, str | None] = {"service": None}
+        if args.before:
+            checkouts["before"] = str(Path(args.before).resolve())
+        with ExitStack() as stack:
+            services = {
+                side: stack.enter_context(
+                    ServiceProcess(
+                        redis.url,
+                        llm,
+                        Path(tempfile.mkdtemp(prefix=f"{side}-", dir=workdir)),
+                        **env,
+                        **({"PYTHONPATH": path} if path else {}),
+                    )
+                )
+                for side, path in checkouts.items()
+            }
+            keys = {
+                side: [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
+                for side, service in services.items()
+            }
+            urls = {"service": services["service"].url, "vllm": llm}
+            urls.update({side: s.url for side, s in services.items() if side != "service"})
+            cpu = {side: service.cpu_seconds for side, service in services.items()}
+            result = asyncio.run(measure(urls, keys, args, cpu))
     finally:
         redis.stop()
     result.update(
@@ -259,6 +297,7 @@ def main() -> None:
         rounds=args.rounds,
         tenants=args.tenants,
         quick=args.quick,
+        before=args.before,
     )
     path = write_result("throughput", result)
     report(result)

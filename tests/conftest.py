@@ -25,6 +25,10 @@ from retrieval import Embedder
 from tests.support.servers import RedisServer, VLLMServer
 from tests.support.tracing import memory_tracing
 
+# A socket collected unclosed names the test and the code that opened it (the warning alone
+# names neither, and fails whichever test the collector happens to run in).
+pytest_plugins = ["tests.support.transports"]
+
 # Property tests are deterministic in `make test`: each draws the same examples on every run and
 # every machine (seeded from the test itself), with no example database carried between runs, so
 # a fresh clone's suite passes or fails on the code alone. Failures found by `make fuzz` (random

@@ -12,8 +12,10 @@ cut answer is never taken for a complete one (and never cached).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final
 
 import httpx
 import orjson
@@ -30,6 +32,10 @@ from pipeline.errors import (
 )
 
 MAX_RETRY_AFTER_S = 60.0
+# After ``[DONE]``: how long, and how many lines, the end of a stream's body is waited for.
+END_OF_BODY_S: Final = 0.05
+END_OF_BODY_LINES: Final = 4
+KEEPALIVE_EXPIRY_S: Final = 2.0
 
 
 class UpstreamRateLimited(PipelineError):
@@ -144,6 +150,19 @@ def _finishes(chunk: dict[str, Any]) -> bool:
     )
 
 
+async def _read_to_end(lines: AsyncIterator[str]) -> None:
+    """Read what follows ``[DONE]``: the body's end (the chunked encoding's last chunk), so
+    that the connection goes back to the pool. Left unread, httpx closes it, and every answer
+    costs the model server and this process a new TCP connection. The answer is complete
+    already, so this never fails it: a server that sends more, or does not end the body
+    within ``END_OF_BODY_S``, only has its connection closed."""
+    with contextlib.suppress(httpx.HTTPError, TimeoutError):
+        async with asyncio.timeout(END_OF_BODY_S):
+            for _ in range(END_OF_BODY_LINES):
+                if await anext(lines, None) is None:
+                    return
+
+
 def convert_transport_error(exc: httpx.HTTPError, base_url: str) -> PipelineError:
     if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
         return ServiceUnavailable(
@@ -179,7 +198,12 @@ class LLMClient:
             headers=headers,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                # Under the model server's own idle limit (vLLM's is 5 s, as uvicorn's): a
+                # pooled connection is dropped here first, never closed by the server just as
+                # a request goes out on it.
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
             transport=transport,
         )
@@ -193,12 +217,14 @@ class LLMClient:
                     refused = await response.aread()
                     raise upstream_error(response.status_code, refused, response.headers)
                 started = finished = done = False
-                async for line in response.aiter_lines():
+                lines = response.aiter_lines()
+                async for line in lines:
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
                         done = True
+                        await _read_to_end(lines)
                         break
                     chunk = _chunk(data)
                     if "error" in chunk:

@@ -87,7 +87,7 @@ class FaultProxy:
         self.upstream = (parts.hostname, parts.port)
         self.port = 0
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._server: asyncio.AbstractServer | None = None
         self._links: set[_Link] = set()
         self._flowing = asyncio.Event()
@@ -110,6 +110,17 @@ class FaultProxy:
         self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        # Stopped: what is left (a connection's handler, a transport's connection_lost) runs
+        # to its end, as asyncio.run ends a loop, so no socket is left to the garbage collector.
+        left = asyncio.all_tasks(self._loop)
+        for task in left:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()
 
     @property

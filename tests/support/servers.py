@@ -189,9 +189,12 @@ class LiveService:
         self.thread = threading.Thread(target=self._serve, daemon=True)
 
     def _serve(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(self.server.serve())
-        self._loop.close()
+        # A Runner, as asyncio.run: when the server has stopped, what is left on its loop (a
+        # task, a transport's connection_lost callback) runs to its end before the loop is
+        # closed, instead of leaving an open socket to the garbage collector.
+        with asyncio.Runner() as runner:
+            self._loop = runner.get_loop()
+            runner.run(self.server.serve())
 
     def __enter__(self) -> LiveService:
         self.thread.start()

@@ -1,0 +1,109 @@
+"""The model client's streams end cleanly: a finished answer leaves its connection for the
+next (against the real vLLM, counted by a proxy in front of it), and whatever follows
+``[DONE]`` neither fails nor holds a complete answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+
+from pipeline.model.client import LLMClient
+from tests.support.faultproxy import FaultProxy
+
+
+def ask(max_tokens: int = 4) -> dict[str, Any]:
+    return {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Name one colour."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+async def answer(client: LLMClient) -> list[dict[str, Any]]:
+    return [chunk async for chunk in client.stream_chat(ask())]
+
+
+def finished(chunks: list[dict[str, Any]]) -> bool:
+    return any(choice.get("finish_reason") for c in chunks for choice in c.get("choices", []))
+
+
+async def test_finished_streams_reuse_one_connection_to_vllm(vllm) -> None:
+    with FaultProxy(vllm.url) as proxy:
+        client = LLMClient(proxy.url)
+        try:
+            answers = [await answer(client) for _ in range(3)]
+        finally:
+            await client.aclose()
+    assert all(finished(chunks) for chunks in answers)
+    # Before: the body's end was left unread after [DONE], so httpx closed the connection and
+    # each answer opened a new one (3 here).
+    assert proxy.accepted == 1
+
+
+def sse(*events: bytes) -> bytes:
+    return b"".join(b"data: " + event + b"\n\n" for event in events)
+
+
+CHUNKS = [
+    orjson.dumps({"choices": [{"index": 0, "delta": {"content": "Blue"}, "finish_reason": None}]}),
+    orjson.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+]
+
+
+class AfterDone(httpx.AsyncByteStream):
+    """A stream body: an answer, ``[DONE]``, then ``tail`` (and then, with ``hang``, nothing
+    for a minute: a server that never ends the body)."""
+
+    def __init__(self, tail: bytes, *, hang: bool) -> None:
+        self.tail = tail
+        self.hang = hang
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield sse(*CHUNKS, b"[DONE]")
+        if self.tail:
+            yield self.tail
+        if self.hang:
+            await asyncio.sleep(60)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def stream_after_done(tail: bytes, *, hang: bool) -> tuple[list[dict[str, Any]], float]:
+    body = AfterDone(tail, hang=hang)
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=body
+        )
+    )
+    client = LLMClient("http://llm", transport=transport)
+    started = time.monotonic()
+    try:
+        chunks = await answer(client)
+    finally:
+        await client.aclose()
+    assert body.closed
+    return chunks, time.monotonic() - started
+
+
+async def test_a_body_that_never_ends_after_done_does_not_hold_the_answer() -> None:
+    chunks, took = await stream_after_done(b"", hang=True)
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+    assert finished(chunks)
+    # Held for the short wait for the body's end, not for the server's minute (a hang).
+    assert took < 30
+
+
+async def test_lines_after_done_are_not_part_of_the_answer() -> None:
+    junk = b"data: {not json\n\n" + sse(CHUNKS[0]) + b"data: " + b"x" * 10_000 + b"\n\n" * 20
+    chunks, _ = await stream_after_done(junk, hang=False)
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+    chunks, _ = await stream_after_done(junk, hang=True)
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
