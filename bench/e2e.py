@@ -17,7 +17,8 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import orjson
 
 from bench.loadclient import CHAT_PATH, NETWORK_ERRORS, ProtocolError, read_answer
 from bench.rawclient import encode_request
+from tests.support.process import ServiceProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -340,3 +342,27 @@ def scifact_tenant(
     documents = corpus_for(asked, extra_documents if extra_documents is not None else 10**6)
     index_dir = Path(tempfile.mkdtemp(prefix=f"rag-bench-{name}-"))
     return index_dir, len(documents), build_tenant(index_dir, tenant, documents)
+
+
+def serve_checkouts(
+    stack: ExitStack,
+    checkouts: Mapping[str, str | None],
+    redis_url: str,
+    llm_url: str,
+    **env: str,
+) -> dict[str, ServiceProcess]:
+    """One ``rag serve`` process per checkout, by label (None: this one; a path: another, a
+    ``git worktree``, first on its ``PYTHONPATH``), each in a work directory of its own and
+    stopped with ``stack``: code before and after a change, served side by side."""
+    return {
+        label: stack.enter_context(
+            ServiceProcess(
+                redis_url,
+                llm_url,
+                Path(tempfile.mkdtemp(prefix="rag-bench-")),
+                **env,
+                **({"PYTHONPATH": path} if path else {}),
+            )
+        )
+        for label, path in checkouts.items()
+    }

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -47,6 +46,7 @@ from bench.e2e import (
     median,
     percentile,
     ratio,
+    serve_checkouts,
     vllm_url,
     write_result,
 )
@@ -54,7 +54,6 @@ from bench.retrieval_data import load_corpus
 from bench.ttft_bench import questions
 from pipeline.context import Passage
 from pipeline.model.prompt import build_messages
-from tests.support.process import ServiceProcess
 from tests.support.servers import UNENDING, RedisServer
 
 
@@ -255,7 +254,6 @@ def main() -> None:
     llm = vllm_url(args.llm_url)
     redis = RedisServer()
     redis.start()
-    workdir = Path(tempfile.mkdtemp(prefix="rag-bench-throughput-"))
     try:
         # Retrieval off: the prompts arrive built, and the process starts in seconds.
         env = {"RAG_RETRIEVAL__ENABLED": "false"}
@@ -266,18 +264,7 @@ def main() -> None:
         if args.before:
             checkouts["before"] = str(Path(args.before).resolve())
         with ExitStack() as stack:
-            services = {
-                side: stack.enter_context(
-                    ServiceProcess(
-                        redis.url,
-                        llm,
-                        Path(tempfile.mkdtemp(prefix=f"{side}-", dir=workdir)),
-                        **env,
-                        **({"PYTHONPATH": path} if path else {}),
-                    )
-                )
-                for side, path in checkouts.items()
-            }
+            services = serve_checkouts(stack, checkouts, redis.url, llm, **env)
             keys = {
                 side: [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
                 for side, service in services.items()
