@@ -136,7 +136,9 @@ class TracedChat:
                 span.set_attribute(attr.ROUTE_WAIT_MS, waited * 1000.0)
                 # Closed here, not left to the collector, so the upstream request ends (and
                 # the model server stops generating) before the slot is given back.
-                async with aclosing(route.client.stream_chat(payload)) as upstream:
+                async with aclosing(
+                    route.client.stream_chat(payload, deadline=deadline)
+                ) as upstream:
                     while (chunk := await _read(upstream, deadline)) is not None:
                         record.model = chunk.get("model") or record.model
                         for event in events_from_chunk(chunk):

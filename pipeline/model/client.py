@@ -35,6 +35,7 @@ MAX_RETRY_AFTER_S = 60.0
 # After ``[DONE]``: how long, and how many lines, the end of a stream's body is waited for.
 END_OF_BODY_S: Final = 0.05
 END_OF_BODY_LINES: Final = 4
+END_OF_BODY_MARGIN_S: Final = 0.01
 KEEPALIVE_EXPIRY_S: Final = 2.0
 
 
@@ -150,14 +151,20 @@ def _finishes(chunk: dict[str, Any]) -> bool:
     )
 
 
-async def _read_to_end(lines: AsyncIterator[str]) -> None:
+async def _read_to_end(lines: AsyncIterator[str], deadline: float | None) -> None:
     """Read what follows ``[DONE]``: the body's end (the chunked encoding's last chunk), so
     that the connection goes back to the pool. Left unread, httpx closes it, and every answer
     costs the model server and this process a new TCP connection. The answer is complete
     already, so this never fails it: a server that sends more, or does not end the body
-    within ``END_OF_BODY_S``, only has its connection closed."""
+    within ``END_OF_BODY_S`` (or before the caller's ``deadline``, less a margin, so that the
+    caller's own bound never expires in this wait), only has its connection closed."""
+    wait = END_OF_BODY_S
+    if deadline is not None:
+        wait = min(wait, deadline - asyncio.get_running_loop().time() - END_OF_BODY_MARGIN_S)
+    if wait <= 0:
+        return
     with contextlib.suppress(httpx.HTTPError, TimeoutError):
-        async with asyncio.timeout(END_OF_BODY_S):
+        async with asyncio.timeout(wait):
             for _ in range(END_OF_BODY_LINES):
                 if await anext(lines, None) is None:
                     return
@@ -208,8 +215,12 @@ class LLMClient:
             transport=transport,
         )
 
-    async def stream_chat(self, payload: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
-        """Yield the upstream's SSE chunks as dicts; raise a ``PipelineError`` on any failure."""
+    async def stream_chat(
+        self, payload: dict[str, Any], *, deadline: float | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Yield the upstream's SSE chunks as dicts; raise a ``PipelineError`` on any failure.
+        ``deadline`` (event-loop time): the caller's bound on its reads, which this keeps
+        clear of (the caller enforces it)."""
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         try:
             async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -224,7 +235,7 @@ class LLMClient:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         done = True
-                        await _read_to_end(lines)
+                        await _read_to_end(lines, deadline)
                         break
                     chunk = _chunk(data)
                     if "error" in chunk:

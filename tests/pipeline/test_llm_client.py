@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import httpx
 import orjson
 
+from pipeline.model import client as client_module
+from pipeline.model.chat import _read as read_before
 from pipeline.model.client import LLMClient
 from tests.support.faultproxy import FaultProxy
 
@@ -106,4 +109,26 @@ async def test_lines_after_done_are_not_part_of_the_answer() -> None:
     chunks, _ = await stream_after_done(junk, hang=False)
     assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
     chunks, _ = await stream_after_done(junk, hang=True)
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+
+
+async def test_the_wait_for_the_body_end_never_runs_into_the_callers_deadline(monkeypatch) -> None:
+    # The wait is longer than the time left: it must stop short of the deadline, or the
+    # caller's bound expires in it and a complete answer ends as a 504.
+    monkeypatch.setattr(client_module, "END_OF_BODY_S", 5.0)
+    body = AfterDone(b"", hang=True)
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=body
+        )
+    )
+    client = LLMClient("http://llm", transport=transport)
+    deadline = asyncio.get_running_loop().time() + 1.0
+    chunks = []
+    try:
+        async with aclosing(client.stream_chat(ask(), deadline=deadline)) as stream:
+            while (chunk := await read_before(stream, deadline)) is not None:
+                chunks.append(chunk)
+    finally:
+        await client.aclose()
     assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
