@@ -79,7 +79,15 @@ class AfterDone(httpx.AsyncByteStream):
         self.closed = True
 
 
-async def stream_after_done(tail: bytes, *, hang: bool) -> tuple[list[dict[str, Any]], float]:
+def deltas(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c["choices"][0]["delta"] for c in chunks]
+
+
+async def stream_after_done(
+    tail: bytes, *, hang: bool, deadline: float | None = None
+) -> tuple[list[dict[str, Any]], float]:
+    """The chunks of one answer from a server sending ``AfterDone``, read as the traced call
+    reads them (each read bounded by ``deadline``), and how long that took."""
     body = AfterDone(tail, hang=hang)
     transport = httpx.MockTransport(
         lambda request: httpx.Response(
@@ -88,8 +96,11 @@ async def stream_after_done(tail: bytes, *, hang: bool) -> tuple[list[dict[str, 
     )
     client = LLMClient("http://llm", transport=transport)
     started = time.monotonic()
+    chunks = []
     try:
-        chunks = await answer(client)
+        async with aclosing(client.stream_chat(ask(), deadline=deadline)) as stream:
+            while (chunk := await read_before(stream, deadline)) is not None:
+                chunks.append(chunk)
     finally:
         await client.aclose()
     assert body.closed
@@ -98,7 +109,7 @@ async def stream_after_done(tail: bytes, *, hang: bool) -> tuple[list[dict[str, 
 
 async def test_a_body_that_never_ends_after_done_does_not_hold_the_answer() -> None:
     chunks, took = await stream_after_done(b"", hang=True)
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+    assert deltas(chunks) == [{"content": "Blue"}, {}]
     assert finished(chunks)
     # Held for the short wait for the body's end, not for the server's minute (a hang).
     assert took < 30
@@ -107,28 +118,15 @@ async def test_a_body_that_never_ends_after_done_does_not_hold_the_answer() -> N
 async def test_lines_after_done_are_not_part_of_the_answer() -> None:
     junk = b"data: {not json\n\n" + sse(CHUNKS[0]) + b"data: " + b"x" * 10_000 + b"\n\n" * 20
     chunks, _ = await stream_after_done(junk, hang=False)
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+    assert deltas(chunks) == [{"content": "Blue"}, {}]
     chunks, _ = await stream_after_done(junk, hang=True)
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+    assert deltas(chunks) == [{"content": "Blue"}, {}]
 
 
 async def test_the_wait_for_the_body_end_never_runs_into_the_callers_deadline(monkeypatch) -> None:
     # The wait is longer than the time left: it must stop short of the deadline, or the
     # caller's bound expires in it and a complete answer ends as a 504.
     monkeypatch.setattr(client_module, "END_OF_BODY_S", 5.0)
-    body = AfterDone(b"", hang=True)
-    transport = httpx.MockTransport(
-        lambda request: httpx.Response(
-            200, headers={"content-type": "text/event-stream"}, stream=body
-        )
-    )
-    client = LLMClient("http://llm", transport=transport)
     deadline = asyncio.get_running_loop().time() + 1.0
-    chunks = []
-    try:
-        async with aclosing(client.stream_chat(ask(), deadline=deadline)) as stream:
-            while (chunk := await read_before(stream, deadline)) is not None:
-                chunks.append(chunk)
-    finally:
-        await client.aclose()
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Blue"}, {}]
+    chunks, _ = await stream_after_done(b"", hang=True, deadline=deadline)
+    assert deltas(chunks) == [{"content": "Blue"}, {}]

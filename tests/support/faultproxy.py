@@ -112,16 +112,11 @@ class FaultProxy:
         self._thread.join(10)
 
     def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
-        # Stopped: what is left (a connection's handler, a transport's connection_lost) runs
-        # to its end, as asyncio.run ends a loop, so no socket is left to the garbage collector.
-        left = asyncio.all_tasks(self._loop)
-        for task in left:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-        self._loop.close()
+        # A Runner, as asyncio.run: when the loop has stopped, what is left on it (a
+        # connection's handler, a transport's connection_lost) runs to its end before it is
+        # closed, so no socket is left to the garbage collector.
+        with asyncio.Runner(loop_factory=lambda: self._loop) as runner:
+            runner.get_loop().run_forever()
 
     @property
     def url(self) -> str:
