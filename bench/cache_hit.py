@@ -22,7 +22,8 @@ the CPU time each server process spent per request (from ``/proc``: on shared, l
 steadiest of the figures), their ratios to the floor, and the difference of each variant to
 the full path with everything off. The client is `bench.rawclient` (pre-encoded requests over
 keep-alive sockets), so it costs less than the servers; ``--client httpx`` measures with httpx
-instead, to see what a heavier client hides.
+instead, to see what a heavier client hides. ``--before DIR`` serves each variant from another
+checkout too (a ``git worktree`` of the code before a change), in the same rounds.
 """
 
 from __future__ import annotations
@@ -65,22 +66,26 @@ BODY = {
 }
 
 
-def serve_module(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``python -m ARGS`` in the repository, its output in ``log``."""
+def serve_module(
+    args: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """``python -m ARGS`` in the repository (or the checkout ``cwd``), its output in ``log``."""
     with log.open("wb") as out:  # the child keeps its own handle
         return subprocess.Popen(
             [sys.executable, "-m", *args],
-            cwd=ROOT,
+            cwd=cwd,
             env={**os.environ, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
 
 
-def serve(target: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def serve(
+    target: str, port: int, env: dict[str, str], log: Path, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
     factory = ["--factory"] if target.endswith("create_app") else []
     args = ["uvicorn", target, "--port", str(port), "--log-level", "warning", "--no-access-log"]
-    return serve_module([*args, *factory], env, log)
+    return serve_module([*args, *factory], env, log, cwd)
 
 
 def up(url: str) -> bool:
@@ -205,10 +210,11 @@ EXPORTING = tuple(name for name in SERVICE_VARIANTS if ", on, " in name)
 
 
 def start_servers(
-    settings: Settings, variants: list[str], logs: Path
+    settings: Settings, variants: list[str], logs: Path, before: Path | None = None
 ) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
-    """Each variant of the service, the floor and the OTLP receiver: name -> base URL (and,
-    in ``PIDS``, name -> the server's process id)."""
+    """Each variant of the service (and, with ``before``, each served from that checkout
+    too, named "before: VARIANT"), the floor and the OTLP receiver: name -> base URL (and, in
+    ``PIDS``, name -> the server's process id)."""
     receiver_port = free_port()
     procs = [serve_module(["tests.support.otlp", str(receiver_port)], {}, logs / "receiver.log")]
     common = {
@@ -217,14 +223,18 @@ def start_servers(
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
     }
     urls = {}
-    for number, name in enumerate(variants):
+    served = [(name, name, ROOT) for name in variants]
+    if before is not None:
+        served += [(f"before: {name}", name, before) for name in variants]
+    for number, (label, name, checkout) in enumerate(served):
         env = {**common, **SERVICE_VARIANTS[name]}
         if name not in EXPORTING:
             env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER")}
         port = free_port()
-        procs.append(serve("app.main:create_app", port, env, logs / f"service-{number}.log"))
-        urls[name] = f"http://127.0.0.1:{port}"
-        PIDS[name] = procs[-1].pid
+        log = logs / f"service-{number}.log"
+        procs.append(serve("app.main:create_app", port, env, log, checkout))
+        urls[label] = f"http://127.0.0.1:{port}"
+        PIDS[label] = procs[-1].pid
     port = free_port()
     floor_env = {"BENCH_REDIS_URL": settings.redis.url}
     procs.append(serve("bench.floor_app:app", port, floor_env, logs / "floor.log"))
@@ -328,6 +338,13 @@ async def main() -> None:
         default=DEFAULT_VARIANTS,
         help="service variants to run beside the floor",
     )
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        type=Path,
+        help="another checkout (a git worktree): each variant served from it too, in the same "
+        "rounds, so a change is measured against the code before it",
+    )
     args = parser.parse_args()
 
     redis_server = RedisServer()
@@ -335,7 +352,7 @@ async def main() -> None:
     settings = service_settings(redis_server.url, "bench:")
     key = await prefill(settings)
     logs = Path(tempfile.mkdtemp(prefix="rag-bench-logs-"))
-    urls, procs = start_servers(settings, args.variants, logs)
+    urls, procs = start_servers(settings, args.variants, logs, args.before)
     try:
         targets = await ready_targets(urls, key)
         print(
@@ -351,7 +368,8 @@ async def main() -> None:
         body = orjson.dumps(BODY)
         for concurrency in args.concurrency:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
-            probed = [n for n in targets if n in EXPORTING]  # the variants with /metrics
+            # The variants with /metrics.
+            probed = [n for n in targets if n.removeprefix("before: ") in EXPORTING]
             lags = {name: lag_buckets(urls[name]) for name in probed}
             for _ in range(args.rounds):
                 for name, (url, headers) in targets.items():

@@ -366,3 +366,26 @@ def serve_checkouts(
         )
         for label, path in checkouts.items()
     }
+
+
+def serve_sides(
+    stack: ExitStack,
+    before: str | None,
+    redis_url: str,
+    llm_url: str,
+    tenants: int,
+    tenant_prefix: str,
+    **env: str,
+) -> tuple[dict[str, ServiceProcess], dict[str, list[str]]]:
+    """This checkout served as "service" and, with ``before`` (a checkout's directory), that
+    code as "before" (``serve_checkouts``); with ``tenants`` keys for each side, one tenant each
+    (``{tenant_prefix}{n}``): the services by side, and their keys by side."""
+    checkouts: dict[str, str | None] = {"service": None}
+    if before:
+        checkouts["before"] = str(Path(before).resolve())
+    services = serve_checkouts(stack, checkouts, redis_url, llm_url, **env)
+    keys = {
+        side: [service.key(f"{tenant_prefix}{n}", "bench", "chat") for n in range(tenants)]
+        for side, service in services.items()
+    }
+    return services, keys

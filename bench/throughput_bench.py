@@ -35,7 +35,6 @@ import random
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from bench.e2e import (
@@ -46,7 +45,7 @@ from bench.e2e import (
     median,
     percentile,
     ratio,
-    serve_checkouts,
+    serve_sides,
     vllm_url,
     write_result,
 )
@@ -260,15 +259,10 @@ def main() -> None:
         if args.guards_off:
             env["RAG_GUARD__ENABLED"] = "false"
         env.update(item.split("=", 1) for item in args.service_env)
-        checkouts: dict[str, str | None] = {"service": None}
-        if args.before:
-            checkouts["before"] = str(Path(args.before).resolve())
         with ExitStack() as stack:
-            services = serve_checkouts(stack, checkouts, redis.url, llm, **env)
-            keys = {
-                side: [service.key(f"load{n}", "bench", "chat") for n in range(args.tenants)]
-                for side, service in services.items()
-            }
+            services, keys = serve_sides(
+                stack, args.before, redis.url, llm, args.tenants, "load", **env
+            )
             urls = {"service": services["service"].url, "vllm": llm}
             urls.update({side: s.url for side, s in services.items() if side != "service"})
             cpu = {side: service.cpu_seconds for side, service in services.items()}

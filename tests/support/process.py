@@ -21,6 +21,12 @@ BIN = Path(sys.executable).parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 class ServiceProcess:
     """`rag serve` on a free port against the given Redis and vLLM; keys made with `rag keys`."""
 
@@ -87,8 +93,7 @@ class ServiceProcess:
     def cpu_seconds(self) -> float:
         """User plus system CPU time the server process has used so far."""
         assert self.process is not None
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        return process_cpu_seconds(self.process.pid)
 
     def lag_samples(self) -> tuple[int, int]:
         """(samples of the event loop's lag so far, those over 50 ms), from /metrics."""
