@@ -19,10 +19,12 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
 from pipeline.telemetry import metrics
+from pipeline.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ class EventStreamResponse(StreamingResponse):
         self.stalled = False
 
     async def stream_response(self, send: Send) -> None:
+        # One timer for all of the response's sends, not one per chunk (``pipeline.watchdog``).
+        watchdog = Watchdog()
         try:
             await self._send(
                 send,
@@ -58,31 +62,38 @@ class EventStreamResponse(StreamingResponse):
                     "status": self.status_code,
                     "headers": self.raw_headers,
                 },
+                watchdog,
             )
             async for chunk in self.body_iterator:
                 body = (
                     chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
                 )
                 await self._send(
-                    send, {"type": "http.response.body", "body": body, "more_body": True}
+                    send, {"type": "http.response.body", "body": body, "more_body": True}, watchdog
                 )
-            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+            end = {"type": "http.response.body", "body": b"", "more_body": False}
+            await self._send(send, end, watchdog)
         except WriteStalled:
             # The response stays incomplete: the server closes the connection.
             self.stalled = True
             metrics.stream_write_stalled()
             logger.warning("a streamed answer was ended: its client stopped reading")
         finally:
+            watchdog.close()
             # Even when cancelled (the client went away): closing frees the route's slot.
             with anyio.CancelScope(shield=True):
                 await _aclose(self.body_iterator)
 
-    async def _send(self, send: Send, message: Message) -> None:
+    async def _send(self, send: Send, message: Message, watchdog: Watchdog) -> None:
         now = anyio.current_time()
-        with anyio.CancelScope(deadline=min(now, self.deadline) + self.write_stall_s) as scope:
-            await send(message)
-        if scope.cancelled_caught:
-            raise WriteStalled()
+        try:
+            with watchdog.until(min(now, self.deadline) + self.write_stall_s):
+                await send(message)
+        except TimeoutError as exc:
+            # A cancellation of the response (its client went away) that came in the same
+            # turn is that, not a stall: anyio delivers it here.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            raise WriteStalled() from exc
 
 
 async def _aclose(iterator: Any) -> None:

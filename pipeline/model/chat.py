@@ -35,6 +35,7 @@ from pipeline.model.routes import Route
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry import metrics
 from pipeline.telemetry.spans import mark_failed
+from pipeline.watchdog import Watchdog
 
 
 def request_attributes(route: Route, payload: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +131,8 @@ class TracedChat:
             span.set_attribute(gen_ai.GEN_AI_INPUT_MESSAGES, messages)
         record = _RoundRecord(span)
         waiting = time.perf_counter()
+        # One timer bounds all the reads (``pipeline.watchdog``), not one per chunk.
+        watchdog = Watchdog()
         try:
             async with route.slot(tenant, deadline) as waited:
                 # Time queued for the route's concurrency bound, apart from the model's own.
@@ -139,7 +142,7 @@ class TracedChat:
                 async with aclosing(
                     route.client.stream_chat(payload, deadline=deadline)
                 ) as upstream:
-                    while (chunk := await _read(upstream, deadline)) is not None:
+                    while (chunk := await _read(upstream, deadline, watchdog)) is not None:
                         record.model = chunk.get("model") or record.model
                         for event in events_from_chunk(chunk):
                             record.take(event)
@@ -159,16 +162,17 @@ class TracedChat:
         else:
             record.close(self.capture_content, route.model)
         finally:
+            watchdog.close()
             span.end()
 
 
 async def _read(
-    chunks: AsyncIterator[dict[str, Any]], deadline: float | None
+    chunks: AsyncIterator[dict[str, Any]], deadline: float | None, watchdog: Watchdog
 ) -> dict[str, Any] | None:
     """The next chunk (None: the stream ended), read before ``deadline`` or
     ``DeadlineExceeded``. One read at a time: a timeout must not span a generator's ``yield``."""
     try:
-        async with asyncio.timeout_at(deadline):
+        with watchdog.until(deadline):
             return await anext(chunks)
     except StopAsyncIteration:
         return None

@@ -9,9 +9,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+
 from app.http.streaming import EventStreamResponse
 from pipeline.model.slots import SlotPool
 from pipeline.telemetry import metrics
+from pipeline.watchdog import Watchdog
 
 SCOPE: dict[str, Any] = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
 
@@ -108,3 +111,33 @@ async def test_a_client_that_goes_away_frees_the_slot() -> None:
     await asyncio.wait_for(response(SCOPE, receive, send), 10)
     assert closed.is_set() and (pool.in_use, pool.held_by("acme")) == (0, 0)
     assert not response.stalled
+
+
+async def test_a_disconnect_in_the_same_turn_as_the_stall_limit_is_not_taken_for_a_stall() -> None:
+    # The response's task group is cancelled (its client went away) by a callback that runs
+    # right after the stall limit's own timer, in the same turn of the loop: the send ends
+    # cancelled, as it would with no stall limit, and nothing counts a stall.
+    loop, never = asyncio.get_running_loop(), asyncio.Event()
+    response = EventStreamResponse(
+        held_stream(SlotPool(1), asyncio.Event()), deadline=loop.time() + 60, write_stall_s=0.05
+    )
+    watchdog, seen = Watchdog(), []
+
+    async def send(message: dict[str, Any]) -> None:
+        await never.wait()
+
+    async def writer() -> None:
+        try:
+            await response._send(send, {"type": "http.response.body", "body": b""}, watchdog)
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+            raise
+
+    before = stalls()
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer)
+        await asyncio.sleep(0)  # the send has begun, under the watchdog's timer
+        assert watchdog._timer is not None
+        loop.call_at(watchdog._timer.when(), group.cancel_scope.cancel)
+    watchdog.close()
+    assert seen == ["CancelledError"] and stalls() == before

@@ -16,6 +16,7 @@ import orjson
 from pipeline.model import client as client_module
 from pipeline.model.chat import _read as read_before
 from pipeline.model.client import LLMClient
+from pipeline.watchdog import Watchdog
 from tests.support.faultproxy import FaultProxy
 
 
@@ -97,11 +98,13 @@ async def stream_after_done(
     client = LLMClient("http://llm", transport=transport)
     started = time.monotonic()
     chunks = []
+    watchdog = Watchdog()
     try:
         async with aclosing(client.stream_chat(ask(), deadline=deadline)) as stream:
-            while (chunk := await read_before(stream, deadline)) is not None:
+            while (chunk := await read_before(stream, deadline, watchdog)) is not None:
                 chunks.append(chunk)
     finally:
+        watchdog.close()
         await client.aclose()
     assert body.closed
     return chunks, time.monotonic() - started
