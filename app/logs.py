@@ -10,6 +10,7 @@ a caller sent stay out of logs whatever the format.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -204,40 +205,88 @@ class TextFormatter(logging.Formatter):
 
 class _OurHandler(logging.StreamHandler[IO[str]]):
     """The handler this module installs (configuring again replaces it). Without a stream of
-    its own it writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+    its own it writes to whatever ``sys.stderr`` is at the time (test runners swap it).
+
+    Request lines written on an event loop are written together, once per turn of the loop:
+    the first schedules the write (``call_soon``), the others of the same turn join it, so a
+    loop that finishes 30 requests in a turn makes one ``write`` for them, not 30 (the one
+    cost of the line that showed in a cache hit's profile). Nothing is reordered: any other
+    record, ``flush()`` and ``close()`` (``logging.shutdown`` at exit) write the lines held
+    first, and no more than ``MAX_HELD_LINES`` are ever held."""
+
+    MAX_HELD_LINES: Final = 256
 
     def __init__(self, stream: IO[str] | None) -> None:
         super().__init__(stream or sys.stderr)
         self._follow_stderr = stream is None
+        self._held: list[str] = []  # request lines not written yet, in order
+        # The loop a write of the held lines is scheduled on (None: none is): a loop closed
+        # with the write still queued drops it, and a line on the next loop schedules anew.
+        self._scheduled: asyncio.AbstractEventLoop | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self._follow_stderr:
-            self.stream = sys.stderr
+        # Under the handler's lock (``Handler.handle`` holds it).
+        self._write_held()
         super().emit(record)
 
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._scheduled = None
+            self._write_held()
+            try:  # a text stream raises a broken pipe here, not in write()
+                super().flush()
+            except Exception:
+                self.handleError(logging.makeLogRecord({"msg": "request lines"}))
+
+    def close(self) -> None:
+        self.flush()
+        super().close()
+
+    def _write_held(self) -> None:
+        """Write the request lines held; a failure is reported as logging reports one (never
+        raised to whoever logs), and those lines are dropped."""
+        if self._follow_stderr:
+            self.stream = sys.stderr
+        if self._held:
+            text = "".join(self._held)
+            self._held.clear()
+            try:
+                self.stream.write(text)
+            except Exception:
+                self.handleError(logging.makeLogRecord({"msg": "request lines"}))
+
     def write_fields(self, level: int, logger: str, message: str, fields: dict[str, Any]) -> bool:
-        """Write a request line as ``emit`` would write its record (the JSON formatter's line,
-        under the handler's lock); False, with nothing written, if that failed (the caller then
-        goes through ``logging``, whose error handling reports it)."""
+        """Write a request line as ``emit`` would write its record (the JSON formatter's
+        line), held for the loop's turn (see the class); False, with nothing written or held,
+        if making the line failed (the caller then goes through ``logging``, whose error
+        handling reports it)."""
         formatter = self.formatter
         assert isinstance(formatter, JsonFormatter)
         created = time.time()
         try:
-            with self.lock:  # type: ignore[union-attr]
-                line = formatter.line(
-                    created,
-                    (created - int(created)) * 1000,
-                    logging.getLevelName(level),
-                    logger,
-                    message,
-                    fields,
-                )
-                if self._follow_stderr:
-                    self.stream = sys.stderr
-                self.stream.write(line + self.terminator)
-                self.flush()
+            line = formatter.line(
+                created,
+                (created - int(created)) * 1000,
+                logging.getLevelName(level),
+                logger,
+                message,
+                fields,
+            )
         except Exception:
             return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self.lock:  # type: ignore[union-attr]
+            self._held.append(line + self.terminator)
+            schedule = loop is not None and self._scheduled is not loop
+            if schedule:
+                self._scheduled = loop
+        if loop is None or len(self._held) >= self.MAX_HELD_LINES:
+            self.flush()
+        elif schedule:
+            loop.call_soon(self.flush)
         return True
 
 

@@ -3,6 +3,7 @@ records with trace ids; never the prompt or the API key."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -26,6 +27,8 @@ def capture(fmt: str) -> io.StringIO:
 
 
 def request_lines(buffer: io.StringIO) -> list[dict[str, object]]:
+    for handler in logging.getLogger().handlers:
+        handler.flush()  # the lines of the loop's current turn are written at its end
     lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
     return [line for line in lines if line["logger"] == "rag.request"]
 
@@ -192,3 +195,110 @@ def test_the_request_line_reads_the_same_written_directly_or_through_logging(
     assert direct.pop("time")[:4] == logged.pop("time")[:4] == str(time.gmtime().tm_year)
     assert direct == logged
     assert direct["trace_id"] == format(0xABC, "032x") and direct["duration_ms"] == 12.3
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_request_lines_of_one_loop_turn_are_one_write_in_order_with_other_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.logs import RequestFacts, RequestLog, _OurHandler
+
+    stream = CountingStream()
+    configure_logging(LogSettings(format="json"), "test", stream=stream)  # type: ignore[arg-type]
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers if isinstance(h, _OurHandler)])
+    log = RequestLog()
+    for status in (200, 201, 202):
+        log.write(RequestFacts("GET", "/x", status=status, route="/x"), 0.001, 1, 2)
+    assert stream.writes == 0, "held until the loop's turn ends"
+    await asyncio.sleep(0)
+    assert stream.writes == 1, "the turn's lines in one write"
+    statuses = [json.loads(line)["status"] for line in stream.getvalue().splitlines()]
+    assert statuses == [200, 201, 202]
+    # Another record written meanwhile comes after the lines held before it, not before them.
+    log.write(RequestFacts("GET", "/x", status=203, route="/x"), 0.001, 1, 2)
+    logging.getLogger("rag.test").warning("after the request line")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line.get("status", line["message"]) for line in lines[3:]] == [
+        203,
+        "after the request line",
+    ]
+    # The scheduled write then finds nothing held and writes nothing.
+    writes = stream.writes
+    await asyncio.sleep(0)
+    assert stream.writes == writes
+    # Never more than MAX_HELD_LINES held, however long the turn.
+    for _ in range(_OurHandler.MAX_HELD_LINES):
+        log.write(RequestFacts("GET", "/x", status=204, route="/x"), 0.001, 1, 2)
+    assert stream.getvalue().count('"status":204') == _OurHandler.MAX_HELD_LINES
+
+
+async def test_a_log_stream_that_fails_never_fails_the_code_that_logs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.logs import RequestFacts, RequestLog, _OurHandler
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("no space left on device")
+
+    configure_logging(LogSettings(format="json"), "test", stream=Full())  # type: ignore[arg-type]
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers if isinstance(h, _OurHandler)])
+    log = RequestLog()
+    log.write(RequestFacts("GET", "/x", status=200, route="/x"), 0.001, 1, 2)  # held
+    logging.getLogger("rag.test").warning("writes the held line first, and fails")
+    log.write(RequestFacts("GET", "/x", status=200, route="/x"), 0.001, 1, 2)
+    await asyncio.sleep(0)  # the turn's write fails too
+    root.handlers[0].flush()
+    assert "no space left on device" in capsys.readouterr().err, "reported as logging does"
+
+
+def test_a_broken_pipe_on_flush_and_a_closed_loop_lose_no_caller_and_no_later_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.logs import RequestFacts, RequestLog, _OurHandler
+
+    class Piped(io.StringIO):
+        broken = True
+
+        def flush(self) -> None:  # a text stream raises a broken pipe here, not in write()
+            if self.broken:
+                raise BrokenPipeError(32, "Broken pipe")
+
+    stream = Piped()
+    configure_logging(LogSettings(format="json"), "test", stream=stream)  # type: ignore[arg-type]
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers if isinstance(h, _OurHandler)])
+    log = RequestLog()
+    log.write(RequestFacts("GET", "/x", status=200, route="/x"), 0.001, 1, 2)  # no loop: now
+    assert "Broken pipe" in capsys.readouterr().err, "reported as logging does, never raised"
+    stream.broken = False
+
+    async def one_line(status: int) -> None:
+        log.write(RequestFacts("GET", "/x", status=status, route="/x"), 0.001, 1, 2)
+
+    # A loop closed with its turn's write still queued drops that write: the next loop's line
+    # schedules its own, which writes both.
+    async def last_turn() -> None:
+        await one_line(201)
+        asyncio.get_running_loop().stop()  # the loop ends with this turn, the write queued
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(last_turn())
+    loop.run_forever()
+    loop.close()
+    assert task.done()
+    assert stream.getvalue().count("\n") == 1, "the closed loop wrote nothing"
+    asyncio.run(one_line(202))
+    statuses = [json.loads(line)["status"] for line in stream.getvalue().splitlines()]
+    assert statuses == [200, 201, 202]
