@@ -173,7 +173,7 @@ bench-access: install
 # Issue 19: the Milvus backend (Milvus Lite, a db file in a temp dir) against the embedded index
 # in one run: SciFact nDCG@10 (and Milvus's own hybrid_search), p50/p99 at 5k and 100k chunks,
 # ingestion passages/s, ingest while serving. `--quick` for a short check.
-.PHONY: bench-milvus
+.PHONY: bench-milvus bench-stream-cost
 bench-milvus: install
 	$(PY) -m bench.milvus_bench --sizes 100000 --batch 5000
 
@@ -197,6 +197,11 @@ bench-stack: install redis embedder
 bench-spec: install vllm
 	$(PY) -m bench.spec_bench --llm-url $(BENCH_VLLM_URL) $(BENCH_ARGS)
 
+# What the service itself spends of the CPU per streamed request and per token, against a stub
+# model server (no engine on the cores); BENCH_ARGS="--before DIR" adds the code in DIR.
+bench-stream-cost: install redis
+	$(PY) -m bench.stream_cost $(BENCH_ARGS)
+
 bench-plots: install
 	$(PY) -m bench.plots
 
@@ -217,7 +222,7 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e
+	bench-access bench-e2e bench-stream-cost
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -3,7 +3,7 @@ against a model server that costs almost nothing (``bench.fake_upstream``), so t
 service's own and not the engine's noise.
 
     .venv/bin/python -m bench.stream_cost [--before DIR] [--clients 16] [--requests 8]
-        [--rounds 5] [--lengths 1 65] [--interval-ms 10] [--service-env KEY=VALUE]
+        [--rounds 5] [--lengths 1 65] [--interval-ms 10] [--service-env KEY=VALUE] [--quick]
 
 On these 2-core machines the service shares the cores with vLLM: every millisecond it spends
 is one the engine does not get, so its cost per token bounds its tokens/s against bare vLLM
@@ -132,7 +132,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--service-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 8 clients x 4 requests")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.clients, args.requests = 2, 8, 4
     if len(set(args.lengths)) < 2:
         parser.error("--lengths needs two different answer lengths")
     port = free_port()
