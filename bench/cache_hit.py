@@ -53,6 +53,7 @@ from pipeline.answer.completion import Completion
 from pipeline.context import RequestContext
 from pipeline.runner import Concurrent
 from pipeline.stages.cache import CacheLookup
+from tests.support.process import process_cpu_seconds
 from tests.support.servers import RedisServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,14 +245,6 @@ def start_servers(
 
 
 PIDS: dict[str, int] = {}
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process so far. On loaded cores it is what a server
-    spends per request, whoever else runs: a steadier figure than latency."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
 def lag_buckets(url: str) -> dict[str, float]:
@@ -373,13 +366,13 @@ async def main() -> None:
             lags = {name: lag_buckets(urls[name]) for name in probed}
             for _ in range(args.rounds):
                 for name, (url, headers) in targets.items():
-                    cpu = cpu_seconds(PIDS[name])
+                    cpu = process_cpu_seconds(PIDS[name])
                     if args.client == "raw":
                         result = await measure_raw(url, body, headers, args.requests, concurrency)
                     else:
                         result = await measure(url, headers, args.requests, concurrency)
                     sent = args.requests + min(50, args.requests)  # with the warm-up
-                    result["cpu_us"] = (cpu_seconds(PIDS[name]) - cpu) / sent * 1e6
+                    result["cpu_us"] = (process_cpu_seconds(PIDS[name]) - cpu) / sent * 1e6
                     runs[name].append(result)
             summary = {
                 name: {k: statistics.median(r[k] for r in results) for k in results[0]}
