@@ -55,12 +55,19 @@ def vllm() -> Iterator[VLLMServer]:
 
 
 def make_settings(redis_url: str, llm_url: str, **groups: dict[str, Any]) -> Settings:
-    """Settings of one test app: its own Redis key prefix and its own index directory."""
+    """Settings of one test app: its own Redis key prefix and its own index directory.
+
+    The features and route stages get 2 s budgets, not their 50 ms and 250 ms: on a loaded CI
+    machine the event loop can reach a reply after such a budget is spent, the stage degrades,
+    and an answer made after a degraded stage is not cached, so a miss-then-hit check fails by
+    chance. The tests of those budgets set their own."""
     data: dict[str, Any] = {
         "environment": "test",
         "redis": {"url": redis_url, "key_prefix": f"t{uuid.uuid4().hex[:8]}:"},
         "llm": {"base_url": llm_url},
         "retrieval": {"index_dir": tempfile.mkdtemp(prefix="rag-test-index-")},
+        "features": {"timeout_seconds": 2.0},
+        "routing": {"timeout_seconds": 2.0},
     }
     for group, values in groups.items():
         data[group] = {**data.get(group, {}), **values}

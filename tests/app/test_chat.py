@@ -13,7 +13,7 @@ import pytest
 from app.main import create_app
 from tests.conftest import chat_request, make_settings, unique_question
 from tests.pipeline.test_singleflight import settled
-from tests.support.servers import LiveService, wait_for
+from tests.support.servers import UNENDING, LiveService, wait_for
 
 # The default path. The group's members run concurrently.
 GROUP = ["features", "retrieve", "tools", "guard_similarity"]
@@ -321,7 +321,10 @@ def test_a_client_leaving_mid_stream_stops_the_upstream_and_caches_nothing(
 ) -> None:
     app = create_app(make_settings(redis_server.url, vllm.url))
     question = "Write a long story about a dragon. " + unique_question()
-    request = body(question, max_tokens=400, stream=True)
+    # All 600 tokens (the model may not end sooner): over 5 s on the fastest CPU engine yet.
+    request = body(question, max_tokens=600, stream=True, logit_bias=UNENDING)
+    # Nothing an earlier test left running is counted as this request.
+    assert vllm.wait_idle() == 0, "vLLM is still busy with an earlier test's requests"
     with LiveService(app) as live:
         key = live.run(app.state.services.keys.create("leaver", "lee"))
         headers = {"Authorization": f"Bearer {key}"}
@@ -343,8 +346,8 @@ def test_a_client_leaving_mid_stream_stops_the_upstream_and_caches_nothing(
             )
             return float(line.rsplit(" ", 1)[1])
 
-        # 400 tokens take vLLM on the CPU well over 4 s: only an abort ends the request sooner.
-        wait_for(lambda: running() == 0.0, 4, "vLLM dropping the abandoned request")
+        # 600 tokens take vLLM on the CPU over 5 s: only an abort ends the request sooner.
+        wait_for(lambda: running() == 0.0, 5, "vLLM dropping the abandoned request")
         again = httpx.post(
             f"{live.url}/v1/chat/completions",
             json={**request, "stream": False},

@@ -403,13 +403,19 @@ async def test_a_key_revoked_elsewhere_is_refused_once_the_news_arrives(h: AppHa
     key = await h.key()
     body = plain()
     await warm(h, key, body)
-    # Revoked by another process (`rag keys revoke`): its store announces it on the channel.
+    # Revoked by another process (`rag keys revoke`): its store announces it on the channel,
+    # which this app listens to (waited for: a loaded machine may not have subscribed yet).
+    for _ in range(1000):
+        if h.services.keys.subscribed:
+            break
+        await asyncio.sleep(0.01)
     other = ApiKeyStore(h.services.kv, prefix=h.services.keys.prefix)
     assert await other.revoke(key) is not None
-    for _ in range(200):
+    for _ in range(1000):
         if h.services.keys.cached(key) is None:
             break
         await asyncio.sleep(0.01)
+    assert h.services.keys.cached(key) is None, "the news of the revocation never arrived"
     refused = await post(h, key, body)
     assert refused.status_code == 401 and not served_fast(h, refused)
 

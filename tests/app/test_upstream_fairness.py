@@ -75,7 +75,7 @@ def idle_engine(vllm) -> None:
     assert left <= 0, f"vLLM still runs or queues {left:.0f} requests after 120 s"
 
 
-BUSY_DEADLINE_S = 4.0
+BUSY_DEADLINE_S = 6.0
 
 
 async def test_a_tenant_without_a_free_slot_gets_503_with_retry_after_while_others_go_on(
@@ -109,7 +109,8 @@ async def test_a_tenant_without_a_free_slot_gets_503_with_retry_after_while_othe
             "code": "upstream_busy",
         }
         assert int(refused.headers["retry-after"]) >= 1
-        assert BUSY_DEADLINE_S - 1.0 <= waited < BUSY_DEADLINE_S + 1.0, (
+        # Refused at the deadline, give or take what a loaded machine adds around the wait.
+        assert BUSY_DEADLINE_S - 1.0 <= waited < BUSY_DEADLINE_S + 3.0, (
             f"queued {waited:.2f} s for a {BUSY_DEADLINE_S} s deadline"
         )
         assert answered.status_code == 200, "another tenant was refused too"
@@ -140,10 +141,14 @@ def live_service(
         yield service, key
 
 
+# Long enough for a first token on a loaded machine, short against a 1,500-token answer.
+LIVE_DEADLINE_S = 6.0
+
+
 @pytest.fixture(scope="module")
 def live(redis_server, vllm) -> Iterator[tuple[LiveService, str]]:
-    """A service whose requests have a 3 s deadline."""
-    with live_service(redis_server, vllm, 3.0) as served:
+    """A service whose requests have a ``LIVE_DEADLINE_S`` deadline."""
+    with live_service(redis_server, vllm, LIVE_DEADLINE_S) as served:
         yield served
 
 
@@ -172,16 +177,19 @@ def test_a_stream_ends_at_the_request_deadline_and_frees_its_slot(live) -> None:
     elapsed = time.monotonic() - started
     assert any(content_of(e) for e in events), "no answer came before the deadline"
     assert events[-1] != "[DONE]" and events[-1]["error"]["code"] == "timeout", events[-1]
-    assert elapsed < 3.0 + 1.0, f"the stream ran {elapsed:.1f} s with a 3 s deadline"
+    # 1,500 tokens take the CPU engine well over 9 s: only the deadline ends it sooner.
+    assert elapsed < LIVE_DEADLINE_S + 3.0, (
+        f"the stream ran {elapsed:.1f} s with a {LIVE_DEADLINE_S} s deadline"
+    )
     slots = slots_of(service)
-    wait_for(lambda: slots.in_use == 0, 2, "the slot's release")
+    wait_for(lambda: slots.in_use == 0, 10, "the slot's release")
 
 
 ABANDON_DEADLINE_S = 300.0
 
 
 def test_a_stream_its_client_abandons_frees_its_slot(redis_server, vllm) -> None:
-    # A deadline far past the test (not the 3 s one of ``live``): the answer is still being
+    # A deadline far past the test (not the short one of ``live``): the answer is still being
     # written when the client leaves, however slowly its first words came, and only the
     # client's leaving can free the slot.
     with live_service(redis_server, vllm, ABANDON_DEADLINE_S) as (service, key):

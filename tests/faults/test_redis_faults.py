@@ -22,14 +22,18 @@ from tests.faults.service import ProxiedService, proxied_service, redis_errors, 
 from tests.support.faultproxy import FaultProxy
 from tests.support.servers import wait_for
 
-# Short Redis timeouts and breaker; limits on, so the limiter talks to Redis on every request;
-# a features budget above the slowed command's 100 ms; no job workers (their blocking polls
-# are not what these tests are about), and neither the similarity guard nor the router (what
-# they embed at start-up costs seconds here, and they do not use Redis).
+# A short breaker; Redis timeouts of 3 s, not the 0.5 s default, and a features budget as long:
+# the faults here fail at once (refused, cut) or are slow by at most 0.1 s a command, and each
+# command that should succeed gets 30x that. At 0.5 s a loaded CI machine (the app, the proxies
+# and the client share one process and its GIL) once ran a write of the slowed test past its
+# timeout: the breaker opened and the next lookup failed open. Limits on, so the limiter talks
+# to Redis on every request; no job workers (their blocking polls are not what these tests
+# are about), and neither the similarity guard nor the router (what they embed at start-up
+# costs seconds here, and they do not use Redis).
 SETTINGS: dict[str, dict[str, Any]] = {
-    "redis": {"timeout_seconds": 0.5, "retry_after_seconds": 0.3},
+    "redis": {"timeout_seconds": 3.0, "retry_after_seconds": 0.3},
     "limits": {"key_rpm": 100_000, "tenant_rpm": 100_000},
-    "features": {"timeout_seconds": 1.0},
+    "features": {"timeout_seconds": 3.0},
     "jobs": {"workers": 0},
     "guard": {"similarity": False},
     "routing": {"enabled": False},
@@ -98,26 +102,7 @@ def test_redis_stopped_requests_are_answered_and_it_recovers_without_a_restart(s
     service.assert_settled(before)
 
 
-# A slow Redis, not a down one: each command is held 100 ms, and the timeouts are 20x and 30x
-# that. At 0.5 s the margin was 5x: on a loaded CI machine (the app, the proxy and the client
-# share one process and its GIL) one command of the first answer's writes ran past it, the
-# breaker opened, and the next lookup failed open ("error" where a hit was due).
-SLOW_SETTINGS = SETTINGS | {
-    "redis": {"timeout_seconds": 2.0, "retry_after_seconds": 0.3},
-    "features": {"timeout_seconds": 3.0},
-}
-
-
-@pytest.fixture
-def slow_service(shared_embedder, redis_server, vllm) -> Iterator[ProxiedService]:
-    with proxied_service(shared_embedder, redis_server.url, vllm.url, **SLOW_SETTINGS) as served:
-        yield served
-
-
-def test_redis_slowed_to_100_ms_a_command_still_serves_the_cache_and_features(
-    slow_service,
-) -> None:
-    service = slow_service
+def test_redis_slowed_to_100_ms_a_command_still_serves_the_cache_and_features(service) -> None:
     key, cached = warm(service)
     before = service.counts()
 
@@ -202,7 +187,9 @@ async def test_a_full_pool_in_the_app_sheds_or_serves_hits_and_keeps_the_circuit
     shared_embedder, redis_server, vllm
 ) -> None:
     # Three connections, each command held 200 ms, eight requests at once.
-    pool = {"max_connections": 3, "pool_wait_seconds": 0.05, "timeout_seconds": 1.0}
+    # Shedding comes from the 50 ms pool wait; a command that has a connection has 25x its
+    # delay (at 5x, 1 s, a loaded machine could open the breaker).
+    pool = {"max_connections": 3, "pool_wait_seconds": 0.05, "timeout_seconds": 5.0}
     settings = {**SETTINGS, "redis": {**SETTINGS["redis"], **pool}}
     with proxied_service(shared_embedder, redis_server.url, vllm.url, **settings) as service:
         key, cached = warm(service)
@@ -256,14 +243,18 @@ async def test_a_command_past_its_timeout_fails_alone_and_its_late_reply_reaches
             proxy.url, trace.NoOpTracer(), timeout=0.3, retry_after=0.0, max_connections=1
         )
         try:
-            await kv.set("fault-late-a", b"a")
-            await kv.set("fault-late-b", b"b")
-            proxy.slow(0.6, responses=True)
+            # Written without the store's timer: the setup is not what is timed.
+            await kv.client.set("fault-late-a", b"a")
+            await kv.client.set("fault-late-b", b"b")
+            # The reply comes 6 s after the command: anything under 2 s was the 0.3 s timer
+            # (however late a loaded machine runs it), never the reply.
+            proxy.slow(3.0, responses=True)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):
                 await kv.get("fault-late-a")
-            assert time.monotonic() - started < 0.55, "the timeout bounds the command"
+            assert time.monotonic() - started < 2.0, "the timeout bounds the command"
             proxy.passing()
+            kv.timeout = 5.0  # the commands after it are not timed either
             assert await kv.get("fault-late-b") == b"b"
             assert await kv.get("fault-late-a") == b"a"
         finally:
@@ -336,23 +327,24 @@ async def _until_true(condition: Any, within: float = 10.0) -> None:
 async def test_a_stalled_event_loop_does_not_time_out_a_reply_that_arrived_during_the_stall(
     redis_server,
 ) -> None:
-    # The reply comes 0.1 s after the command; the loop is blocked for 0.5 s across the 0.2 s
-    # deadline (a garbage collection, say). The reply was there in time: the command succeeds.
-    # Without a stall, a reply later than the deadline still fails the command.
+    # The reply comes 0.2 s after the command (0.1 s each way); the loop is blocked for 2 s
+    # across the 0.2 s deadline (a garbage collection, say). The reply was there in time: the
+    # command succeeds. Without a stall, a reply later than the deadline still fails the
+    # command: it comes 6 s after it, so anything under 2 s was the timer.
     with FaultProxy(redis_server.url) as proxy:
         kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.2, retry_after=0.0)
         try:
-            await kv.set("fault-stall", b"v")
+            await kv.client.set("fault-stall", b"v")  # the setup, without the store's timer
             proxy.slow(0.1, responses=True)
             command = asyncio.create_task(kv.get("fault-stall"))
             await asyncio.sleep(0.02)  # sent; its reply is on its way
-            time.sleep(0.5)  # noqa: ASYNC251 (the stall under test: the loop cannot run)
+            time.sleep(2.0)  # noqa: ASYNC251 (the stall under test: the loop cannot run)
             assert await command == b"v"
             assert kv.available, "a stall is not Redis being down"
-            proxy.slow(0.4, responses=True)
+            proxy.slow(3.0, responses=True)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):
                 await kv.get("fault-stall")
-            assert time.monotonic() - started < 0.35
+            assert time.monotonic() - started < 2.0
         finally:
             await kv.aclose()

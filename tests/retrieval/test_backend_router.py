@@ -53,8 +53,9 @@ def test_redis_down_keeps_the_last_override_and_versions_seen(
     server = RedisServer()
     server.start()
     try:
-        overrides = RedisOverrides(server.url, "x:", reload_interval_s=0.0, timeout_s=0.2)
-        versions = RedisVersions(server.url, "x:", reload_interval_s=0.0, timeout_s=0.2)
+        # 5 s for the writes while it is up; once it is stopped, connections are refused at once.
+        overrides = RedisOverrides(server.url, "x:", reload_interval_s=0.0, timeout_s=5.0)
+        versions = RedisVersions(server.url, "x:", reload_interval_s=0.0, timeout_s=5.0)
         overrides.set("t", "milvus")
         assert versions.bump("t") == "1" and versions.bump("t") == "2"
     finally:

@@ -107,7 +107,9 @@ def test_a_killed_movers_fence_lapses_and_a_killed_writers_lease_ends(setup: Set
     wait_for(lambda: not setup.moving(), "the fence to lapse")
     enter(setup.router, setup.tenant)
 
-    writer = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=0.3)
+    # A lease of 3 s: long enough that the count just after the enter sees it on a loaded
+    # machine, short enough to wait out.
+    writer = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=3.0)
     writer.enter(setup.tenant)
     writer.close()  # the process dies mid-write: no renewal, no leave
     assert setup.fence.writes_in_flight(setup.tenant) == 1
@@ -115,9 +117,11 @@ def test_a_killed_movers_fence_lapses_and_a_killed_writers_lease_ends(setup: Set
 
 
 def test_a_write_longer_than_its_lease_keeps_it_while_it_runs(setup: Setup) -> None:
-    writer = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=0.3)
+    # Renewed every 2/3 s: a renewal can be over a second late on a loaded machine and still
+    # keep the lease.
+    writer = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=2.0)
     token, _ = writer.enter(setup.tenant)
-    time.sleep(1.2)  # four leases: renewed by the writer's thread
+    time.sleep(5.0)  # two and a half leases: renewed by the writer's thread
     assert setup.fence.writes_in_flight(setup.tenant) == 1
     writer.leave(setup.tenant, token)
     assert setup.fence.writes_in_flight(setup.tenant) == 0
@@ -212,7 +216,9 @@ def test_a_write_that_outlived_its_lease_is_refused_so_it_is_sent_again(
 ) -> None:
     """A process that could not renew its write's lease (paused, cut off from Redis) while a
     move pruned it: the write may have missed the copy, so its caller is told to retry."""
-    paused = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=0.3)
+    # 3 s: the write at the end, entered and left at once, ends within its lease however
+    # loaded the machine.
+    paused = MoveFence(setup.overrides.client, setup.prefix, setup.overrides.key, lease_s=3.0)
     paused._renewer.stop()  # its renewals never run
     router = BackendRouter(
         {"embedded": setup.embedded, "milvus": setup.milvus},

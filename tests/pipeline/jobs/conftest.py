@@ -26,7 +26,10 @@ def make_job(question: str = "hi", principal: Principal = ALICE, **fields: Any) 
 
 @pytest.fixture
 async def kv(redis_server) -> AsyncIterator[KeyValueStore]:
-    store = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer())
+    # 10 s, not the 0.5 s default: a worker's blocking read (200 ms) whose reply a loaded
+    # machine reads late would fail, and the entries it was handed would wait out the 30 s
+    # visibility timeout. The tests of a short timeout make their own store.
+    store = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer(), timeout=10.0)
     yield store
     await store.aclose()
 

@@ -214,18 +214,22 @@ async def test_stopping_mid_job_hands_it_back_to_the_queue(queue: JobQueue) -> N
     assert done is not None and (done.status, done.attempts) == (SUCCEEDED, 1)
 
 
-async def test_a_result_write_is_retried_while_redis_is_paused(
-    queue: JobQueue, kv: KeyValueStore
-) -> None:
+async def test_a_result_write_is_retried_while_redis_is_paused(redis_server, prefix: str) -> None:
+    kv = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer(), timeout=0.5)
+    queue = JobQueue(kv, prefix=prefix, max_attempts=3, result_ttl=600)
+
     async def pausing(job: Job) -> dict[str, Any]:
         # Redis stops taking writes for 1.5 s, longer than the client's 0.5 s timeout.
         await kv.client.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
         return {"written": "after the pause"}
 
-    job, _ = await queue.submit(make_job())
-    async with running(worker(queue, pausing, "w")):
-        await wait_until(all_finished(queue, [job.id]), within=60, what="the result")
-    done = await queue.get(job.id)
+    try:
+        job, _ = await queue.submit(make_job())
+        async with running(worker(queue, pausing, "w")):
+            await wait_until(all_finished(queue, [job.id]), within=60, what="the result")
+        done = await queue.get(job.id)
+    finally:
+        await kv.aclose()
     assert done is not None
     assert (done.status, done.result, done.attempts) == (
         SUCCEEDED,

@@ -41,7 +41,10 @@ async def main(url: str, prefix: str, consumer: str, delay: float) -> None:
         trace.NoOpTracer(),
         consumer=consumer,
         concurrency=2,
-        visibility_timeout=1.0,
+        # The in-process workers beside it keep the 30 s default (a heartbeat every 10 s): a
+        # shorter one here would take back a job of theirs that a loaded machine held over it,
+        # and run it twice. A killed process's job is taken back by an in-process survivor.
+        visibility_timeout=30.0,
         poll_seconds=0.2,
     )
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)

@@ -84,14 +84,16 @@ async def test_planned_tools_run_and_their_results_reach_the_prompt(tracing: Tra
 
 
 async def test_the_profile_waits_for_the_features_stage_beside_it(tracing: Tracing) -> None:
-    group = Concurrent(SlowFeatures(0.1), stage(tracing))
+    # Features that take 0.8 s (the profile tool's timeout is 2 s): the calculator's own run
+    # is far shorter than that on any machine.
+    group = Concurrent(SlowFeatures(0.8), stage(tracing))
     runner = Runner([SignIn(), group], tracing.tracer)
     ctx = await runner.run(request("What is 6 * 7, and what is on my plan?"))
     calculator, profile = ctx.tool_runs
     assert calculator.content == "6 * 7 = 42"
     assert profile.content == "The user's profile (feature set v1):\n- tier: pro"
     # The calculator did not wait for the features; the profile did.
-    assert calculator.duration_ms < 90 <= profile.duration_ms
+    assert calculator.duration_ms < 500 <= profile.duration_ms
 
 
 async def test_plan_tools_false_plans_nothing(tracing: Tracing) -> None:
