@@ -30,8 +30,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
+from bench.cache_hit import up
 from bench.e2e import chat_request, median, ratio, serve_sides, write_result
 from bench.throughput_bench import prompts, wave
 from tests.support.process import process_cpu_seconds
@@ -145,7 +147,7 @@ def main() -> None:
     redis = RedisServer()
     redis.start()
     try:
-        wait_for(lambda: _up(llm), 30, "the fake model server", step=0.1)
+        wait_for(partial(up, f"{llm}/health"), 30, "the fake model server", step=0.1)
         env = {"RAG_RETRIEVAL__ENABLED": "false"}
         env.update(item.split("=", 1) for item in args.service_env)
         with ExitStack() as stack:
@@ -172,15 +174,6 @@ def main() -> None:
     path = write_result("stream_cost", result)
     report(result, args.lengths)
     print(f"\nwritten: {path}")
-
-
-def _up(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

@@ -324,7 +324,7 @@ def test_a_client_leaving_mid_stream_stops_the_upstream_and_caches_nothing(
     # All 600 tokens (the model may not end sooner): over 5 s on the fastest CPU engine yet.
     request = body(question, max_tokens=600, stream=True, logit_bias=UNENDING)
     # Nothing an earlier test left running is counted as this request.
-    assert vllm.wait_idle() == 0, "vLLM is still busy with an earlier test's requests"
+    assert vllm.wait_idle() <= 0, "vLLM is still busy with an earlier test's requests"
     with LiveService(app) as live:
         key = live.run(app.state.services.keys.create("leaver", "lee"))
         headers = {"Authorization": f"Bearer {key}"}
