@@ -7,6 +7,7 @@
     ├── PermissionDenied      403 permission_error
     ├── NotFound              404 invalid_request_error (model_not_found, ...)
     ├── PayloadTooLarge       413 invalid_request_error
+    ├── ClientClosedRequest   499 invalid_request_error, code client_closed_request (client gone)
     ├── UpstreamError         502 api_error            (the LLM answered with an error)
     ├── ServiceUnavailable    503 service_unavailable  (the LLM cannot be reached)
     │   ├── StoreUnavailable  503 service_unavailable, code store_unavailable (Redis)
@@ -99,6 +100,21 @@ class NotFound(PipelineError):
 class PayloadTooLarge(PipelineError):
     status_code = 413
     error_type = "invalid_request_error"
+
+
+class ClientClosedRequest(PipelineError):
+    """The client closed its connection before the answer was ready, and the request was
+    stopped there (``app.http.disconnect``). The status is nginx's 499; the response goes
+    nowhere, it is what the request log and metrics record."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The client closed the connection before the answer was ready.",
+            code="client_closed_request",
+        )
 
 
 class UpstreamError(PipelineError):

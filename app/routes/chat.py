@@ -18,6 +18,7 @@ from starlette.responses import Response
 from app.http.answers import ChatCompletion
 from app.http.auth import ChatPrincipal, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
+from app.http.disconnect import queued_calls_leave_with
 from app.http.limits import charge
 from app.http.openapi import answers
 from app.http.responses import JSONResponse, chat_completion, sse_stream
@@ -60,7 +61,8 @@ async def create_chat_completion(
         cache_control=CacheControl.parse(request.headers.get("cache-control")),
     )
     hand_to_log(request.scope, ctx)
-    await paths.chat.run(ctx)
+    with queued_calls_leave_with(request.receive):
+        await paths.chat.run(ctx)
     hit = ctx.cache_status == "hit"
     headers = {"x-cache": "hit" if hit else "miss"}
     if ctx.params.stream and ctx.answer is not None:

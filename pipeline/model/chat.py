@@ -30,7 +30,7 @@ from pipeline.answer.events import (
     Usage,
     events_from_chunk,
 )
-from pipeline.errors import DeadlineExceeded, PipelineError, UpstreamBusy
+from pipeline.errors import ClientClosedRequest, DeadlineExceeded, PipelineError, UpstreamBusy
 from pipeline.model.routes import Route
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry import metrics
@@ -147,8 +147,8 @@ class TracedChat:
                         for event in events_from_chunk(chunk):
                             record.take(event)
                             yield event
-        except (GeneratorExit, asyncio.CancelledError):
-            # The caller went away; that is not the model's failure.
+        except (GeneratorExit, asyncio.CancelledError, ClientClosedRequest):
+            # The caller went away (or left the slot's queue); that is not the model's failure.
             span.set_attribute(attr.STREAM_ABANDONED, True)
             metrics.model_call_abandoned(route.model)
             raise

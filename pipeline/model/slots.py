@@ -7,6 +7,9 @@ the tenants with a caller waiting take turns (round robin, a tenant at its own b
 and each tenant's callers go in the order they came. A caller waits until shortly before its
 deadline (``GIVE_UP_BEFORE_S``, so that the 503 is ours rather than the runner's 504), then gets
 ``UpstreamBusy``: 503, code ``upstream_busy``, with ``Retry-After`` the mean time a slot is held.
+A caller that has gone meanwhile (``caller_left``: the HTTP layer's, its client closed the
+connection) leaves the queue at once with ``ClientClosedRequest`` instead of waiting its turn to
+start a generation for nobody.
 
 The bound is per process: each replica bounds its own connections to the model server, so a
 route served by N replicas may carry N x ``capacity`` calls, a tenant N x ``per_tenant``.
@@ -15,16 +18,24 @@ route served by N replicas may carry N x ``capacity`` calls, a tenant N x ``per_
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final
 
-from pipeline.errors import UpstreamBusy
+from pipeline.errors import ClientClosedRequest, UpstreamBusy
 from pipeline.telemetry import metrics
 
 GIVE_UP_BEFORE_S: Final = 0.25
 _HOLD_SMOOTHING: Final = 0.2  # weight of the newest hold time in the running mean
+
+# For the request being served: a wait that ends when its caller has gone (None: no such
+# signal, as for a job's calls). Awaited only while a call queues, so a call that finds a slot
+# costs nothing for it.
+caller_left: contextvars.ContextVar[Callable[[], Awaitable[None]] | None] = contextvars.ContextVar(
+    "rag_caller_left", default=None
+)
 
 
 class SlotPool:
@@ -88,7 +99,15 @@ class SlotPool:
         self._queues.setdefault(tenant, deque()).append(waiter)
         self._gauges.set(self.in_use, self.waiting)
         timer = None if give_up is None else loop.call_at(give_up, self._expire, tenant, waiter)
+        left = caller_left.get()
+        watcher = None if left is None else asyncio.ensure_future(left())
         try:
+            if watcher is not None:
+                await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.done() and _ended_well(watcher):
+                    self._forget(tenant, waiter)
+                    waiter.cancel()
+                    raise ClientClosedRequest()
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
@@ -99,6 +118,8 @@ class SlotPool:
         finally:
             if timer is not None:
                 timer.cancel()
+            if watcher is not None and not watcher.cancel():
+                _ended_well(watcher)  # done: its outcome, even an error, is taken
         waited = loop.time() - started
         self._gauges.waited(waited)
         return waited
@@ -157,3 +178,8 @@ class SlotPool:
     def _busy(self) -> UpstreamBusy:
         self._gauges.busy()
         return UpstreamBusy(self.name, retry_after_s=self._mean_hold_s)
+
+
+def _ended_well(task: asyncio.Future[None]) -> bool:
+    """Whether ``task`` ended with a result (a watcher that failed has seen nothing)."""
+    return task.done() and not task.cancelled() and task.exception() is None

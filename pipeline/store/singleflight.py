@@ -35,6 +35,7 @@ from typing import Any, Final, Literal
 from pipeline.answer.completion import Completion
 from pipeline.answer.events import AnswerEvent
 from pipeline.errors import (
+    ClientClosedRequest,
     DeadlineExceeded,
     PipelineError,
     ServiceUnavailable,
@@ -358,8 +359,11 @@ class Leader:
         if completion is not None:
             shared = self.still_shared() and self.storable(completion)
             self._end(Entry("done", completion=completion, shared=shared))
-        elif isinstance(error, PipelineError) and not isinstance(error, DeadlineExceeded):
-            self._end(Entry("failed", error=error))  # a follower's deadline is its own
+        elif isinstance(error, PipelineError) and not isinstance(
+            error, DeadlineExceeded | ClientClosedRequest
+        ):
+            # A follower's deadline is its own, and so is its client's leaving.
+            self._end(Entry("failed", error=error))
         else:
             detail = "the leader's caller left" if error is None else type(error).__name__
             self._end(Entry("gone", detail=detail))

@@ -23,7 +23,13 @@ from pipeline.answer.events import (
     ToolCallDelta,
     Usage,
 )
-from pipeline.errors import ContextTooLong, DeadlineExceeded, StoreUnavailable, UpstreamBusy
+from pipeline.errors import (
+    ClientClosedRequest,
+    ContextTooLong,
+    DeadlineExceeded,
+    StoreUnavailable,
+    UpstreamBusy,
+)
 from pipeline.store.flight_entries import Entry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.singleflight import Leader, Shared, SingleFlight
@@ -238,9 +244,15 @@ async def test_a_follower_waits_no_longer_than_its_deadline(
         await here.share(the_key, stream=False, deadline=await deadline(0.3))
 
 
+@pytest.mark.parametrize(
+    "why",
+    [asyncio.CancelledError, ClientClosedRequest],
+    ids=["its request cancelled", "its client left the slot's queue"],
+)
 async def test_a_leader_that_lets_go_before_its_answer_hands_the_flight_over(
     kv: KeyValueStore,
     flights: Callable[..., SingleFlight],
+    why: type[BaseException],
 ) -> None:
     here, there = flights(kv), flights(kv)
     the_key, until = key(), await deadline()
@@ -248,7 +260,7 @@ async def test_a_leader_that_lets_go_before_its_answer_hands_the_flight_over(
     assert leading.leader is not None
     follower = asyncio.create_task(there.share(the_key, stream=False, deadline=until))
     await settled(lambda: following(the_key, there) == 1)  # it follows before the leader goes
-    leading.leader.ended(None, asyncio.CancelledError())  # its request was cancelled
+    leading.leader.ended(None, why())  # not the follower's failure: it is not passed on
     taken = await follower
     assert taken.role == "leader"  # joined again and took the lock: it generates
 

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from pipeline.errors import UpstreamBusy
-from pipeline.model.slots import GIVE_UP_BEFORE_S, SlotPool
+from pipeline.errors import ClientClosedRequest, UpstreamBusy
+from pipeline.model.slots import GIVE_UP_BEFORE_S, SlotPool, caller_left
 
 
 async def settle() -> None:
@@ -130,3 +130,76 @@ def test_bounds_are_checked() -> None:
         SlotPool(2, 0)
     assert SlotPool(2, 5).per_tenant == 2
     assert SlotPool(3).per_tenant == 3
+
+
+async def queued_with(
+    pool: SlotPool, tenant: str, left: asyncio.Future[None]
+) -> asyncio.Task[float]:
+    """A call of ``tenant`` queued for a slot by a request whose caller leaves when ``left``
+    resolves (as ``app.http.disconnect`` sets it)."""
+
+    async def leaving() -> None:
+        await left
+
+    token = caller_left.set(leaving)
+    try:
+        task = asyncio.create_task(pool.acquire(tenant))  # the task keeps a copy of the context
+    finally:
+        caller_left.reset(token)
+    await settle()
+    return task
+
+
+async def test_a_queued_caller_that_leaves_leaves_the_queue_with_a_499_and_takes_no_slot() -> None:
+    pool = SlotPool(1)
+    await pool.acquire("holder")
+    left: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    gone = await queued_with(pool, "a", left)
+    stays = asyncio.create_task(pool.acquire("b"))  # no signal: waits as before
+    await settle()
+    assert pool.waiting == 2
+    left.set_result(None)
+    with pytest.raises(ClientClosedRequest) as caught:
+        await asyncio.wait_for(gone, 1)
+    assert caught.value.status_code == 499 and caught.value.code == "client_closed_request"
+    assert pool.waiting == 1 and pool.held_by("a") == 0
+    pool.release("holder")
+    await asyncio.wait_for(stays, 1)
+    assert (pool.held_by("b"), pool.in_use, pool.waiting) == (1, 1, 0)
+
+
+async def test_a_caller_that_stays_gets_its_slot_and_a_failed_watch_is_no_leaving() -> None:
+    pool = SlotPool(1)
+    await pool.acquire("holder")
+    stays: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    served = await queued_with(pool, "a", stays)
+    pool.release("holder")
+    assert await asyncio.wait_for(served, 1) >= 0.0
+    assert pool.held_by("a") == 1 and pool.waiting == 0
+    pool.release("a")
+
+    # A watch that fails has seen nothing: the call waits on for its turn.
+    await pool.acquire("holder")
+    broken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiting = await queued_with(pool, "a", broken)
+    broken.set_exception(RuntimeError("no such message"))
+    await settle()
+    assert not waiting.done() and pool.waiting == 1
+    pool.release("holder")
+    await asyncio.wait_for(waiting, 1)
+    assert pool.held_by("a") == 1
+
+
+async def test_a_caller_that_finds_a_free_slot_never_starts_the_watch() -> None:
+    pool = SlotPool(1)
+    watched: list[bool] = []
+
+    async def leaving() -> None:
+        watched.append(True)
+
+    token = caller_left.set(leaving)
+    try:
+        assert await pool.acquire("a") == 0.0
+    finally:
+        caller_left.reset(token)
+    assert watched == [] and pool.held_by("a") == 1
