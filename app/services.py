@@ -67,7 +67,11 @@ class Services:
     guards: Guards | None = None
 
     def __post_init__(self) -> None:
-        self.chat = TracedChat(self.tracer, capture_content=self.settings.telemetry.capture_content)
+        self.chat = TracedChat(
+            self.tracer,
+            capture_content=self.settings.telemetry.capture_content,
+            counter=self.tokens,
+        )
 
     @property
     def llm(self) -> LLMClient:

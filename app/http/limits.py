@@ -72,8 +72,9 @@ def annotate_limits(decision: Decision) -> None:
 
 
 def charge(services: Services, principal: Principal, tokens: int) -> None:
-    """Charge an answer's tokens to its key and tenant, in the background: a client that went
-    away (a cancelled stream) is still charged, and no answer waits for it."""
+    """Charge an answer's tokens to its key and tenant, in the background, so that no answer
+    waits for it (a stream its client cut short included: what it spent until then,
+    ``pipeline.model.spend``)."""
     if services.limits is None or tokens <= 0:
         return
     task = asyncio.get_running_loop().create_task(services.limits.settle(principal, tokens))

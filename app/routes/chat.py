@@ -29,6 +29,7 @@ from app.path import PathsDep
 from app.services import Services, ServicesDep
 from pipeline.answer.stream import AnswerStream
 from pipeline.context import CacheControl, Principal, RequestContext
+from pipeline.model.spend import Spend, spent
 
 router = APIRouter(tags=["chat"])
 
@@ -61,14 +62,22 @@ async def create_chat_completion(
         cache_control=CacheControl.parse(request.headers.get("cache-control")),
     )
     hand_to_log(request.scope, ctx)
-    with queued_calls_leave_with(request.receive):
-        await paths.chat.run(ctx)
+    # The model calls of this request, the streamed answer's included, add what they spend
+    # (the task's context, copied into every task started for it).
+    spend = Spend()
+    spent.set(spend)
+    try:
+        with queued_calls_leave_with(request.receive):
+            await paths.chat.run(ctx)
+    except BaseException:
+        charge(services, principal, spend.tokens)  # a call that ended without an answer
+        raise
     hit = ctx.cache_status == "hit"
     headers = {"x-cache": "hit" if hit else "miss"}
     if ctx.params.stream and ctx.answer is not None:
         events = sse_stream(ctx, ctx.answer)
         return EventStreamResponse(
-            events if hit else _charged(events, ctx.answer, services, principal),
+            events if hit else _charged(events, ctx.answer, services, principal, spend),
             deadline=ctx.deadline,
             write_stall_s=settings.server.stream_write_stall_seconds,
             headers={**headers, "cache-control": "no-cache"},
@@ -81,14 +90,20 @@ async def create_chat_completion(
 
 
 async def _charged(
-    body: AsyncGenerator[bytes], answer: AnswerStream, services: Services, principal: Principal
+    body: AsyncGenerator[bytes],
+    answer: AnswerStream,
+    services: Services,
+    principal: Principal,
+    spend: Spend,
 ) -> AsyncGenerator[bytes]:
-    """The stream, and its tokens charged to the caller's limits when it ends (or is cut);
-    ``body`` is closed at once however this one ends."""
+    """The stream, and its tokens charged to the caller's limits however it ends: its usage
+    when it has ended, else what its model calls spent until it was cut (``spend``, complete
+    once ``body`` is closed: ``pipeline.model.spend``); ``body`` is closed at once however this
+    one ends."""
     try:
         async with aclosing(body):
             async for chunk in body:
                 yield chunk
     finally:
-        if answer.completion is not None:
-            charge(services, principal, answer.completion.total_tokens)
+        done = answer.completion
+        charge(services, principal, done.total_tokens if done is not None else spend.tokens)

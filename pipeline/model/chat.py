@@ -32,6 +32,8 @@ from pipeline.answer.events import (
 )
 from pipeline.errors import ClientClosedRequest, DeadlineExceeded, PipelineError, UpstreamBusy
 from pipeline.model.routes import Route
+from pipeline.model.spend import prompt_tokens, spent
+from pipeline.model.tokens import TokenCounter
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry import metrics
 from pipeline.telemetry.spans import mark_failed
@@ -65,18 +67,32 @@ class _RoundRecord:
         self.text: list[str] = []
         self.finish: str | None = None
         self.usage = Usage(0, 0)
+        self.usage_came = False
         self.model: str | None = None
+        self.deltas = 0
 
     def take(self, event: StreamEvent) -> None:
-        if isinstance(event, ContentDelta | ToolCallDelta) and self.first_chunk_s is None:
-            self.first_chunk_s = time.perf_counter() - self.started
-            self.span.set_attribute(gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first_chunk_s)
+        if isinstance(event, ContentDelta | ToolCallDelta):
+            self.deltas += 1
+            if self.first_chunk_s is None:
+                self.first_chunk_s = time.perf_counter() - self.started
+                self.span.set_attribute(
+                    gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first_chunk_s
+                )
         if isinstance(event, ContentDelta):
             self.text.append(event.text)
         elif isinstance(event, Finish):
             self.finish = event.reason
         elif isinstance(event, Usage):
-            self.usage = event
+            self.usage, self.usage_came = event, True
+
+    def spent(self, payload: dict[str, Any], counter: TokenCounter | None) -> int:
+        """The call's tokens (``pipeline.model.spend``): its usage, else an estimate."""
+        if self.usage_came:
+            return self.usage.prompt_tokens + self.usage.completion_tokens
+        if not self.deltas:
+            return 0
+        return self.deltas + (prompt_tokens(payload, counter) if counter is not None else 0)
 
     def close(self, capture_content: bool, model: str) -> None:
         metrics.model_call_finished(
@@ -104,9 +120,17 @@ class _RoundRecord:
 class TracedChat:
     """Streams one model call as typed events inside its ``chat {model}`` span."""
 
-    def __init__(self, tracer: trace.Tracer, *, capture_content: bool = False) -> None:
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        *,
+        capture_content: bool = False,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        """``counter``: the model's, for what a call that ended without usage spent."""
         self.tracer = tracer
         self.capture_content = capture_content
+        self.counter = counter
 
     async def stream(
         self,
@@ -130,6 +154,7 @@ class TracedChat:
             messages = orjson.dumps(payload.get("messages", [])).decode()
             span.set_attribute(gen_ai.GEN_AI_INPUT_MESSAGES, messages)
         record = _RoundRecord(span)
+        spend = spent.get()  # the request's, read now: the stream may end in another context
         waiting = time.perf_counter()
         # One timer bounds all the reads (``pipeline.watchdog``), not one per chunk.
         watchdog = Watchdog()
@@ -144,9 +169,16 @@ class TracedChat:
                 ) as upstream:
                     while (chunk := await _read(upstream, deadline, watchdog)) is not None:
                         record.model = chunk.get("model") or record.model
-                        for event in events_from_chunk(chunk):
+                        events = events_from_chunk(chunk)
+                        for event in events:  # the whole chunk's, before any is passed on
                             record.take(event)
-                            yield event
+                        for event in events:
+                            # The usage may come on every chunk, running (what a call cut
+                            # short spent): the last one is the answer's, passed on at the end.
+                            if not isinstance(event, Usage):
+                                yield event
+                    if record.usage_came:
+                        yield record.usage
         except (GeneratorExit, asyncio.CancelledError, ClientClosedRequest):
             # The caller went away (or left the slot's queue); that is not the model's failure.
             span.set_attribute(attr.STREAM_ABANDONED, True)
@@ -164,6 +196,8 @@ class TracedChat:
         finally:
             watchdog.close()
             span.end()
+            if spend is not None:
+                spend.add(record.spent(payload, self.counter))
 
 
 async def _read(

@@ -37,6 +37,7 @@ END_OF_BODY_S: Final = 0.05
 END_OF_BODY_LINES: Final = 4
 END_OF_BODY_MARGIN_S: Final = 0.01
 KEEPALIVE_EXPIRY_S: Final = 2.0
+STREAM_OPTIONS: Final = {"include_usage": True, "continuous_usage_stats": True}
 
 
 class UpstreamRateLimited(PipelineError):
@@ -221,7 +222,9 @@ class LLMClient:
         """Yield the upstream's SSE chunks as dicts; raise a ``PipelineError`` on any failure.
         ``deadline`` (event-loop time): the caller's bound on its reads, which this keeps
         clear of (the caller enforces it)."""
-        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        # The usage on every chunk (vLLM's continuous usage stats), so that a stream cut short
+        # knows what it spent (``pipeline.model.spend``); the last chunk has the whole answer's.
+        body = {**payload, "stream": True, "stream_options": STREAM_OPTIONS}
         try:
             async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code >= 400:

@@ -17,9 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from app.main import create_app
 from tests.conftest import AppHarness, chat_request, make_settings, unique_question
 from tests.support.process import BIN, ServiceProcess
-from tests.support.servers import RedisServer, VLLMServer
+from tests.support.servers import UNENDING, LiveService, RedisServer, VLLMServer, wait_for
 
 
 def limited(redis_url: str, llm_url: str, **limits: Any) -> Any:
@@ -104,6 +105,59 @@ async def test_tokens_of_real_answers_are_charged(
             text = "".join([chunk async for chunk in stream.aiter_text()])
         assert text.rstrip().endswith("data: [DONE]")
         assert await charged(before) > 0
+
+
+def test_a_stream_its_client_cuts_short_is_charged_what_it_spent(
+    redis_server: RedisServer, vllm: VLLMServer
+) -> None:
+    """Without this, a client could read long answers for free by hanging up before their end
+    (where the usage comes): the charge is the usage of the last chunk the service read."""
+    app = create_app(limited(redis_server.url, vllm.url, key_tpm=100_000))
+    # Longer than the test reads on any engine: the model may not end it (UNENDING).
+    request = chat_request(
+        "Write a long story about a dragon. " + unique_question(),
+        max_tokens=400,
+        stream=True,
+        logit_bias=UNENDING,
+    )
+    with LiveService(app) as live:
+        key = live.run(app.state.services.keys.create("cutter", "cat", frozenset({"chat"})))
+        headers = {"Authorization": f"Bearer {key}"}
+
+        def remaining() -> int:
+            answer = httpx.get(f"{live.url}/v1/models", headers=headers, timeout=10)
+            return int(answer.headers["x-ratelimit-remaining-tokens"])
+
+        before = remaining()
+        read = 0
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST", f"{live.url}/v1/chat/completions", json=request, headers=headers
+            ) as response,
+        ):
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"content"' in line:
+                    read += 1
+                    if read == 10:
+                        break  # hang up with most of the answer still to come
+        assert "[DONE]" not in line
+        wait_for(lambda: remaining() != before, 10, "the cut stream's charge")
+        charged = before - remaining()
+        # The same prompt, asked for one token: the model server's own count of it.
+        one = httpx.post(
+            f"{live.url}/v1/chat/completions",
+            json={**request, "stream": False, "max_tokens": 1},
+            headers={**headers, "Cache-Control": "no-store"},
+            timeout=60,
+        )
+        assert one.status_code == 200, one.text
+        prompt = one.json()["usage"]["prompt_tokens"]
+    # The prompt, the deltas read and any written before the cut was seen (the running usage
+    # on the last chunk the service read); never the 400 tokens not generated.
+    told = f"charged {charged} tokens for {read} deltas read and a {prompt}-token prompt"
+    assert prompt + read <= charged < prompt + 400, told
 
 
 async def test_a_tenant_over_its_tokens_gets_429(

@@ -252,7 +252,7 @@ def test_a_call_queued_for_a_slot_leaves_the_queue_when_its_client_leaves(
             service.run(release())
         assert (slots.in_use, slots.waiting) == (0, 0)
         wait_for(
-            lambda: closed_requests(service.url) == closed_before + 1,
+            lambda: closed_requests(service.url) >= closed_before + 1,
             10,
             "the request's 499 in the metrics",
         )

@@ -1,0 +1,107 @@
+"""What a model call spent (``pipeline.model.spend``): the running usage when the upstream sends
+it, passed on once at the end; an estimate when it sends none; nothing for a call that streamed
+nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from opentelemetry.trace import NoOpTracer
+
+from pipeline.answer.events import ContentDelta, Usage
+from pipeline.model.chat import TracedChat
+from pipeline.model.routes import Route
+from pipeline.model.slots import SlotPool
+from pipeline.model.spend import MESSAGE_OVERHEAD_TOKENS, Spend, prompt_tokens, spent
+from pipeline.model.tokens import ApproximateTokenCounter
+
+PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "Tell me about dragons."}]}
+
+
+class Upstream:
+    """Streams the given chunks, as ``LLMClient.stream_chat`` would."""
+
+    base_url = "http://upstream.invalid"
+
+    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+        self.chunks = chunks
+
+    async def stream_chat(
+        self, payload: dict[str, Any], *, deadline: float | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+def delta(text: str, usage: tuple[int, int] | None = None) -> dict[str, Any]:
+    chunk: dict[str, Any] = {"choices": [{"index": 0, "delta": {"content": text}}]}
+    if usage is not None:
+        chunk["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1]}
+    return chunk
+
+
+def route(chunks: list[dict[str, Any]]) -> Route:
+    return Route(name="small", model="m", client=Upstream(chunks), slots=SlotPool(4))  # type: ignore[arg-type]
+
+
+async def read(chat: TracedChat, chunks: list[dict[str, Any]], upto: int | None = None) -> Any:
+    """The events read (all, or ``upto`` of them before the reader lets go) and the spend."""
+    spend = Spend()
+    token = spent.set(spend)
+    try:
+        events = []
+        stream = chat.stream(route(chunks), PAYLOAD)
+        async for event in stream:
+            events.append(event)
+            if upto is not None and len(events) == upto:
+                break
+        await stream.aclose()
+    finally:
+        spent.reset(token)
+    return events, spend.tokens
+
+
+async def test_running_usage_is_spent_as_read_and_passed_on_once_at_the_end() -> None:
+    chunks = [delta("Dra", (20, 1)), delta("gons", (20, 2)), delta(" fly", (20, 3))]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 3}})
+    events, tokens = await read(TracedChat(NoOpTracer()), chunks)
+    assert [e for e in events if isinstance(e, Usage)] == [Usage(20, 3)]  # one, the last
+    assert [e.text for e in events if isinstance(e, ContentDelta)] == ["Dra", "gons", " fly"]
+    assert tokens == 23
+
+    # Cut after two deltas: what the last chunk read said.
+    events, tokens = await read(TracedChat(NoOpTracer()), chunks, upto=2)
+    assert tokens == 22 and not any(isinstance(e, Usage) for e in events)
+
+
+async def test_without_usage_the_prompt_is_counted_and_each_delta_is_a_token() -> None:
+    counter = ApproximateTokenCounter()
+    chunks = [delta("Dra"), delta("gons"), delta(" fly")]
+    _, tokens = await read(TracedChat(NoOpTracer(), counter=counter), chunks, upto=2)
+    prompt = prompt_tokens(PAYLOAD, counter)
+    assert prompt == MESSAGE_OVERHEAD_TOKENS + counter.count("Tell me about dragons.") > 4
+    assert tokens == prompt + 2
+
+
+async def test_a_call_that_streamed_nothing_spent_nothing() -> None:
+    _, tokens = await read(TracedChat(NoOpTracer(), counter=ApproximateTokenCounter()), [])
+    assert tokens == 0
+
+
+def test_the_prompt_counts_text_parts_tool_calls_and_tools() -> None:
+    counter = ApproximateTokenCounter()
+    plain = prompt_tokens(PAYLOAD, counter)
+    parts = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Tell me about dragons."}]}
+        ]
+    }
+    assert prompt_tokens(parts, counter) == plain
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    more = {
+        "messages": [*PAYLOAD["messages"], {"role": "assistant", "tool_calls": call}],
+        "tools": tool,
+    }
+    assert prompt_tokens(more, counter) > plain + MESSAGE_OVERHEAD_TOKENS
