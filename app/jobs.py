@@ -26,6 +26,7 @@ from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
 from pipeline.jobs.worker import JobWorker
+from pipeline.model.spend import Spend, spent
 from pipeline.runner import Runner
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.limits import RateLimiter
@@ -51,11 +52,20 @@ async def run_job(
         deadline=asyncio.get_running_loop().time() + settings.jobs.timeout_seconds,
         cache_control=CacheControl(),
     )
-    await runner.run(ctx)
+    spend = Spend()  # what the job's model calls spent, charged if it fails after them
+    token = spent.set(spend)
+    try:
+        await runner.run(ctx)
+    except Exception:
+        if limits is not None and ctx.principal is not None:
+            await limits.settle(ctx.principal, spend.tokens)
+        raise
+    finally:
+        spent.reset(token)
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
     if limits is not None and ctx.cache_status != "hit" and ctx.principal is not None:
-        await limits.settle(ctx.principal, ctx.completion.total_tokens)
+        await limits.settle(ctx.principal, spend.charge(ctx.completion))
     return chat_completion(ctx, ctx.completion)
 
 

@@ -85,7 +85,7 @@ async def create_chat_completion(
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
     if not hit:
-        charge(services, principal, ctx.completion.total_tokens)
+        charge(services, principal, spend.charge(ctx.completion))
     return JSONResponse(chat_completion(ctx, ctx.completion), headers=headers)
 
 
@@ -105,5 +105,4 @@ async def _charged(
             async for chunk in body:
                 yield chunk
     finally:
-        done = answer.completion
-        charge(services, principal, done.total_tokens if done is not None else spend.tokens)
+        charge(services, principal, spend.charge(answer.completion))

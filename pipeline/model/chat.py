@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -140,7 +140,7 @@ class TracedChat:
         *,
         tenant: str = "",
         deadline: float | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """The call's events. It holds one of the route's slots for ``tenant`` from the request
         until the stream ends or is closed, and no read of the model server goes past
         ``deadline`` (event-loop time): a stream too ends there, with ``DeadlineExceeded``."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.answer.completion import Completion
 from pipeline.model.tokens import TokenCounter
 
 # The framing of one chat message around its content (role and separators), as chat templates
@@ -34,6 +35,12 @@ class Spend:
 
     def add(self, tokens: int) -> None:
         self.tokens += max(0, tokens)
+
+    def charge(self, completion: Completion | None) -> int:
+        """What the request is charged: its answer's usage, or what its calls spent where that
+        is more (an answer cut short, or ended by a filter before its usage was read); a
+        follower of a shared generation, which spent nothing itself, pays the answer's."""
+        return max(completion.total_tokens if completion is not None else 0, self.tokens)
 
 
 spent: contextvars.ContextVar[Spend | None] = contextvars.ContextVar("rag_spent", default=None)

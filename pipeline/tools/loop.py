@@ -20,7 +20,8 @@ answer); a blocked term or PII kind there ends the answer with ``content_filter`
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ from pipeline.context import ToolRun
 from pipeline.tools.base import ToolContext
 from pipeline.tools.offer import forced_name
 
-ModelRound = Callable[[dict[str, Any]], AsyncIterator[StreamEvent]]
+ModelRound = Callable[[dict[str, Any]], AsyncGenerator[StreamEvent, None]]
 _SHOWN_NAME = 64  # characters of a name the model made up that are shown back to it
 
 
@@ -119,7 +120,7 @@ class _Round:
 
 async def _forced_call(
     model_round: ModelRound, request: dict[str, Any], name: str
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncGenerator[StreamEvent, None]:
     """A call of the named function, made with structured output: the model writes the
     function's arguments under a JSON-schema constraint, and its text becomes the call.
 
@@ -138,14 +139,19 @@ async def _forced_call(
     }
     call_id = f"call_{uuid.uuid4().hex[:24]}"
     first = True
-    async for event in model_round(structured):
-        if isinstance(event, ContentDelta):
-            yield ToolCallDelta(0, call_id if first else None, name if first else None, event.text)
-            first = False
-        elif isinstance(event, Finish):
-            yield Finish("tool_calls")
-        else:
-            yield event
+    # Closed here however this ends, not left to the collector: the call's slot, its upstream
+    # request and what it spent (``pipeline.model.spend``) are settled before the caller goes on.
+    async with aclosing(model_round(structured)) as events:
+        async for event in events:
+            if isinstance(event, ContentDelta):
+                yield ToolCallDelta(
+                    0, call_id if first else None, name if first else None, event.text
+                )
+                first = False
+            elif isinstance(event, Finish):
+                yield Finish("tool_calls")
+            else:
+                yield event
     if first:  # no text at all: still a call, with empty arguments (the tool will say so)
         yield ToolCallDelta(0, call_id, name, "")
 
@@ -188,17 +194,19 @@ class ToolLoop:
         for number in range(self.max_rounds + 1):
             request = self._request(payload, messages, number)
             current = _Round(self.client_tools)
-            async for event in self._round(request):
-                if isinstance(event, Usage):
-                    usage = _add(usage, event)
-                elif isinstance(event, Finish):
-                    current.finish = event.reason
-                elif isinstance(event, ToolCallDelta):
-                    for passed in current.take(event):
-                        yield passed
-                else:
-                    current.text.append(event.text)
-                    yield event
+            # Closed at once however the reader lets go (as in ``_forced_call``).
+            async with aclosing(self._round(request)) as events:
+                async for event in events:
+                    if isinstance(event, Usage):
+                        usage = _add(usage, event)
+                    elif isinstance(event, Finish):
+                        current.finish = event.reason
+                    elif isinstance(event, ToolCallDelta):
+                        for passed in current.take(event):
+                            yield passed
+                    else:
+                        current.text.append(event.text)
+                        yield event
             calls = current.server_calls()
             if current.clients and calls:
                 # The answer goes back to the client, which will send the conversation again.
@@ -219,7 +227,7 @@ class ToolLoop:
         yield Finish("length")  # not reached: the last round is asked for no tool calls
         yield usage
 
-    def _round(self, request: dict[str, Any]) -> AsyncIterator[StreamEvent]:
+    def _round(self, request: dict[str, Any]) -> AsyncGenerator[StreamEvent, None]:
         forced = forced_name(request.get("tool_choice"))
         if forced is None or "tools" not in request:
             return self.model_round(request)

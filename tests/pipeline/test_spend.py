@@ -9,12 +9,16 @@ from typing import Any
 
 from opentelemetry.trace import NoOpTracer
 
+from pipeline.answer.completion import Completion
 from pipeline.answer.events import ContentDelta, Usage
+from pipeline.context import Principal
 from pipeline.model.chat import TracedChat
 from pipeline.model.routes import Route
 from pipeline.model.slots import SlotPool
 from pipeline.model.spend import MESSAGE_OVERHEAD_TOKENS, Spend, prompt_tokens, spent
 from pipeline.model.tokens import ApproximateTokenCounter
+from pipeline.tools.base import ToolContext
+from pipeline.tools.loop import ToolLoop
 
 PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "Tell me about dragons."}]}
 
@@ -105,3 +109,42 @@ def test_the_prompt_counts_text_parts_tool_calls_and_tools() -> None:
         "tools": tool,
     }
     assert prompt_tokens(more, counter) > plain + MESSAGE_OVERHEAD_TOKENS
+
+
+async def test_a_round_closed_mid_stream_through_the_tool_loop_is_spent_at_once() -> None:
+    """The reader lets go (a stalled write closes the body: no cancellation reaches the model
+    read): the round is closed before the loop is, so its spend is there for the charge."""
+    chunks = [delta(w, (30, n)) for n, w in enumerate(["Once", " upon", " a", " time"], 1)]
+    chat = TracedChat(NoOpTracer())
+    loop = ToolLoop(
+        lambda request: chat.stream(route(chunks), request),
+        None,
+        ToolContext(Principal("acme", "alice", frozenset({"chat"}), "k1")),
+        client_tools=frozenset(),
+        max_rounds=1,
+        parent=None,
+        runs=[],
+    )
+    spend = Spend()
+    token = spent.set(spend)
+    try:
+        events = loop.events(PAYLOAD)
+        assert isinstance(await anext(events), ContentDelta)
+        assert isinstance(await anext(events), ContentDelta)
+        await events.aclose()  # no loop turn between this and the charge
+        assert spend.tokens == 32
+    finally:
+        spent.reset(token)
+
+
+def test_the_charge_is_the_answers_usage_or_the_spend_where_that_is_more() -> None:
+    spend = Spend()
+    spend.add(50)
+    spend.add(-3)  # never takes any back
+    filtered = Completion(content="", finish_reason="content_filter", model="m")  # no usage read
+    answered = Completion(
+        content="x", finish_reason="stop", model="m", prompt_tokens=40, completion_tokens=40
+    )
+    assert spend.charge(None) == 50  # cut short
+    assert spend.charge(filtered) == 50  # ended by a filter before its usage came
+    assert spend.charge(answered) == 80  # a follower pays the shared answer's usage
