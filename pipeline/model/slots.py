@@ -110,7 +110,7 @@ class SlotPool:
                     raise ClientClosedRequest()
             await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            if _ended_well(waiter):
                 self.release(tenant)  # granted as the caller was cancelled: pass it on
             else:
                 self._forget(tenant, waiter)
@@ -181,5 +181,6 @@ class SlotPool:
 
 
 def _ended_well(task: asyncio.Future[None]) -> bool:
-    """Whether ``task`` ended with a result (a watcher that failed has seen nothing)."""
+    """Whether ``task`` ended with a result (a waiter granted its slot; a watcher that saw its
+    caller leave, where one that failed has seen nothing)."""
     return task.done() and not task.cancelled() and task.exception() is None

@@ -13,7 +13,7 @@ import pytest
 from app.main import create_app
 from tests.conftest import chat_request, make_settings, unique_question
 from tests.pipeline.test_singleflight import settled
-from tests.support.servers import UNENDING, LiveService, wait_for
+from tests.support.servers import UNENDING, LiveService, streamed_chat, wait_for
 
 # The default path. The group's members run concurrently.
 GROUP = ["features", "retrieve", "tools", "guard_similarity"]
@@ -328,12 +328,7 @@ def test_a_client_leaving_mid_stream_stops_the_upstream_and_caches_nothing(
     with LiveService(app) as live:
         key = live.run(app.state.services.keys.create("leaver", "lee"))
         headers = {"Authorization": f"Bearer {key}"}
-        with (
-            httpx.Client(timeout=60) as client,
-            client.stream(
-                "POST", f"{live.url}/v1/chat/completions", json=request, headers=headers
-            ) as response,
-        ):
+        with streamed_chat(live.url, key, request, 60) as response:
             assert response.status_code == 200
             for number, _ in enumerate(response.iter_lines()):
                 if number > 6:

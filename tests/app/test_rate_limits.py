@@ -20,7 +20,14 @@ import pytest
 from app.main import create_app
 from tests.conftest import AppHarness, chat_request, make_settings, unique_question
 from tests.support.process import BIN, ServiceProcess
-from tests.support.servers import UNENDING, LiveService, RedisServer, VLLMServer, wait_for
+from tests.support.servers import (
+    UNENDING,
+    LiveService,
+    RedisServer,
+    VLLMServer,
+    streamed_chat,
+    wait_for,
+)
 
 
 def limited(redis_url: str, llm_url: str, **limits: Any) -> Any:
@@ -130,12 +137,7 @@ def test_a_stream_its_client_cuts_short_is_charged_what_it_spent(
 
         before = remaining()
         read = 0
-        with (
-            httpx.Client(timeout=60) as client,
-            client.stream(
-                "POST", f"{live.url}/v1/chat/completions", json=request, headers=headers
-            ) as response,
-        ):
+        with streamed_chat(live.url, key, request, 60) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
                 if line.startswith("data: {") and '"content"' in line:

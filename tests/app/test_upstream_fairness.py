@@ -34,7 +34,7 @@ from app.main import create_app
 from pipeline.telemetry import attributes as attr
 from tests.conftest import chat_request, make_settings, unique_question
 from tests.support.process import ServiceProcess, post_head
-from tests.support.servers import UNENDING, LiveService, wait_for
+from tests.support.servers import UNENDING, LiveService, streamed_chat, wait_for
 
 ROUTE = "small"
 # A prompt the small model answers at length; with UNENDING it writes until max_tokens.
@@ -150,17 +150,6 @@ def live(redis_server, vllm) -> Iterator[tuple[LiveService, str]]:
     """A service whose requests have a ``LIVE_DEADLINE_S`` deadline."""
     with live_service(redis_server, vllm, LIVE_DEADLINE_S) as served:
         yield served
-
-
-def streamed_chat(url: str, key: str, body: dict[str, Any], timeout: float) -> Any:
-    """A streamed chat request to the service at ``url`` (a context manager, as httpx's)."""
-    return httpx.stream(
-        "POST",
-        f"{url}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=timeout,
-    )
 
 
 def slots_of(service: LiveService) -> Any:

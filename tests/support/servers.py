@@ -214,3 +214,14 @@ class LiveService:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def streamed_chat(url: str, key: str, body: dict[str, Any], timeout: float) -> Any:
+    """A streamed chat request to the service at ``url`` (a context manager, as httpx's)."""
+    return httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=timeout,
+    )
