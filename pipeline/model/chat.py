@@ -179,10 +179,10 @@ class TracedChat:
                                 yield event
                     if record.usage_came:
                         yield record.usage
-        except (GeneratorExit, asyncio.CancelledError, ClientClosedRequest):
+        except (GeneratorExit, asyncio.CancelledError, ClientClosedRequest) as exc:
             # The caller went away (or left the slot's queue); that is not the model's failure.
             span.set_attribute(attr.STREAM_ABANDONED, True)
-            metrics.model_call_abandoned(route.model)
+            metrics.model_call_abandoned(route.model, queued=isinstance(exc, ClientClosedRequest))
             raise
         except BaseException as exc:
             if isinstance(exc, UpstreamBusy):  # queued until the deadline: the wait is the story

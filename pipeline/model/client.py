@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
@@ -31,13 +32,20 @@ from pipeline.errors import (
     retry_after,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_RETRY_AFTER_S = 60.0
 # After ``[DONE]``: how long, and how many lines, the end of a stream's body is waited for.
 END_OF_BODY_S: Final = 0.05
 END_OF_BODY_LINES: Final = 4
 END_OF_BODY_MARGIN_S: Final = 0.01
 KEEPALIVE_EXPIRY_S: Final = 2.0
+# The usage on every chunk (vLLM's continuous usage stats), so that a stream cut short knows
+# what it spent (``pipeline.model.spend``); the last chunk has the whole answer's. A server
+# that refuses the field (a strict OpenAI-compatible one) gets only the final usage.
 STREAM_OPTIONS: Final = {"include_usage": True, "continuous_usage_stats": True}
+FINAL_USAGE: Final = {"include_usage": True}
+RUNNING_USAGE_FIELD: Final = b"continuous_usage_stats"
 
 
 class UpstreamRateLimited(PipelineError):
@@ -171,6 +179,13 @@ async def _read_to_end(lines: AsyncIterator[str], deadline: float | None) -> Non
                     return
 
 
+def _refuses_running_usage(status: int, body: bytes) -> bool:
+    """Whether the model server refused the request for the running-usage field alone: a
+    strict server (OpenAI's own, or one validating against its schema) names the unknown
+    field in its refusal."""
+    return status in (400, 422) and RUNNING_USAGE_FIELD in body
+
+
 def convert_transport_error(exc: httpx.HTTPError, base_url: str) -> PipelineError:
     if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.PoolTimeout):
         return ServiceUnavailable(
@@ -200,6 +215,8 @@ class LLMClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # Whether to ask for the usage on every chunk; off once the server refuses it.
+        self.running_usage = True
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
@@ -216,20 +233,39 @@ class LLMClient:
             transport=transport,
         )
 
+    @contextlib.asynccontextmanager
+    async def _answering(self, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
+        """The model server's streamed response, its refusal raised. A server that refuses the
+        running usage is asked again without it, and from then on never asked for it (the
+        spend of a call cut short is then an estimate)."""
+        while True:
+            running = self.running_usage
+            options = STREAM_OPTIONS if running else FINAL_USAGE
+            body = {**payload, "stream": True, "stream_options": options}
+            async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
+                if response.status_code < 400:
+                    yield response
+                    return
+                refused = await response.aread()
+                if not (running and _refuses_running_usage(response.status_code, refused)):
+                    raise upstream_error(response.status_code, refused, response.headers)
+            if self.running_usage:
+                self.running_usage = False
+                log.warning(
+                    "the model server at %s refuses stream_options.continuous_usage_stats: "
+                    "asking it for the final usage only (a stream cut short is charged an "
+                    "estimate)",
+                    self.base_url,
+                )
+
     async def stream_chat(
         self, payload: dict[str, Any], *, deadline: float | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Yield the upstream's SSE chunks as dicts; raise a ``PipelineError`` on any failure.
         ``deadline`` (event-loop time): the caller's bound on its reads, which this keeps
         clear of (the caller enforces it)."""
-        # The usage on every chunk (vLLM's continuous usage stats), so that a stream cut short
-        # knows what it spent (``pipeline.model.spend``); the last chunk has the whole answer's.
-        body = {**payload, "stream": True, "stream_options": STREAM_OPTIONS}
         try:
-            async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
-                if response.status_code >= 400:
-                    refused = await response.aread()
-                    raise upstream_error(response.status_code, refused, response.headers)
+            async with self._answering(payload) as response:
                 started = finished = done = False
                 lines = response.aiter_lines()
                 async for line in lines:

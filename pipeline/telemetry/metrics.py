@@ -77,7 +77,7 @@ RETRIEVAL_RESULTS: Final = Histogram(
 )
 LLM_CALLS: Final = Counter(
     "rag_llm_calls_total",
-    "Model calls by model and outcome (ok, error, abandoned).",
+    "Model calls by model and outcome (ok, error, abandoned, left_queue).",
     ["model", "outcome"],
 )
 LLM_TTFT: Final = Histogram(
@@ -150,8 +150,10 @@ def model_call_failed(model: str, kind: str) -> None:
     LLM_ERRORS.labels(model, kind).inc()
 
 
-def model_call_abandoned(model: str) -> None:
-    LLM_CALLS.labels(model, "abandoned").inc()
+def model_call_abandoned(model: str, *, queued: bool = False) -> None:
+    """A call its caller let go: cut short (``abandoned``), or before it reached the model
+    server, its client gone while it queued for a slot (``left_queue``: no model time spent)."""
+    LLM_CALLS.labels(model, "left_queue" if queued else "abandoned").inc()
 
 
 def ratelimit_refused(scope: str, kind: str) -> None:

@@ -199,16 +199,20 @@ def test_a_stream_its_client_abandons_frees_its_slot(redis_server, vllm) -> None
         assert time.monotonic() - left < ABANDON_DEADLINE_S / 10  # not by the deadline
 
 
-def closed_requests(url: str) -> float:
-    """The service's count of chat requests ended by their client's leaving (status 499)."""
+def counted(url: str, series: str) -> float:
+    """The value of one series (a line's start up to its value) of the service's metrics."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = re.search(
-        r'^rag_http_request_duration_seconds_count\{[^}]*route="/v1/chat/completions"[^}]*'
-        r'status="499"[^}]*\} ([0-9.e+]+)$',
-        text,
-        re.MULTILINE,
-    )
+    found = re.search(rf"^{series}[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+# Chat requests ended by their client's leaving (status 499), and the model calls that left the
+# queue (their client gone) before they reached vLLM.
+CLOSED = (
+    r"rag_http_request_duration_seconds_count\{"
+    r'[^}]*route="/v1/chat/completions"[^}]*status="499"'
+)
+LEFT_QUEUE = r'rag_llm_calls_total\{[^}]*outcome="left_queue"'
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -221,7 +225,8 @@ def test_a_call_queued_for_a_slot_leaves_the_queue_when_its_client_leaves(
         slots = slots_of(service)
         for _ in range(2):  # acme's whole share, held by calls of its own
             service.run(slots.acquire("acme"))
-        closed_before = closed_requests(service.url)
+        closed_before = counted(service.url, CLOSED)
+        left_before = counted(service.url, LEFT_QUEUE)
         try:
             body = orjson.dumps(chat_request(unique_question(), max_tokens=8, stream=stream))
             sock = socket.create_connection(("127.0.0.1", service.port))
@@ -241,10 +246,11 @@ def test_a_call_queued_for_a_slot_leaves_the_queue_when_its_client_leaves(
             service.run(release())
         assert (slots.in_use, slots.waiting) == (0, 0)
         wait_for(
-            lambda: closed_requests(service.url) >= closed_before + 1,
+            lambda: counted(service.url, CLOSED) >= closed_before + 1,
             10,
             "the request's 499 in the metrics",
         )
+        assert counted(service.url, LEFT_QUEUE) >= left_before + 1
 
 
 # The issue's test. -----------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
+from pipeline.errors import InvalidRequest
 from pipeline.model import client as client_module
 from pipeline.model.chat import _read as read_before
 from pipeline.model.client import LLMClient
@@ -133,3 +135,69 @@ async def test_the_wait_for_the_body_end_never_runs_into_the_callers_deadline(mo
     deadline = asyncio.get_running_loop().time() + 1.0
     chunks, _ = await stream_after_done(b"", hang=True, deadline=deadline)
     assert deltas(chunks) == [{"content": "Blue"}, {}]
+
+
+class StrictServer:
+    """A model server that checks request bodies as OpenAI's API does: it refuses an unknown
+    ``stream_options`` field, and with ``refusing`` set, every request (naming that field)."""
+
+    def __init__(self, *, refusing: str | None = None) -> None:
+        self.refusing = refusing
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        self.bodies.append(body)
+        unknown = sorted(set(body.get("stream_options") or {}) - {"include_usage"})
+        if self.refusing or unknown:
+            param = self.refusing or f"stream_options.{unknown[0]}"
+            error = {
+                "message": f"Unknown parameter: '{param}'.",
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "unknown_parameter",
+            }
+            return httpx.Response(400, json={"error": error})
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=sse(*CHUNKS, b"[DONE]")
+        )
+
+
+async def test_a_server_that_refuses_the_running_usage_is_asked_without_it_from_then_on() -> None:
+    server = StrictServer()
+    client = LLMClient("http://llm", transport=httpx.MockTransport(server))
+    try:
+        first, second = await answer(client), await answer(client)
+    finally:
+        await client.aclose()
+    assert deltas(first) == deltas(second) == [{"content": "Blue"}, {}]
+    options = [body["stream_options"] for body in server.bodies]
+    # Refused once, asked again at once without it, and never asked for it again.
+    final_only = {"include_usage": True}
+    assert options == [client_module.STREAM_OPTIONS, final_only, final_only], options
+    assert not client.running_usage
+
+
+async def test_a_refusal_of_another_field_is_the_callers_and_keeps_the_running_usage() -> None:
+    server = StrictServer(refusing="logit_bias")
+    client = LLMClient("http://llm", transport=httpx.MockTransport(server))
+    try:
+        with pytest.raises(InvalidRequest) as refused:
+            await answer(client)
+    finally:
+        await client.aclose()
+    assert (refused.value.code, refused.value.param) == ("upstream_rejected", "logit_bias")
+    assert len(server.bodies) == 1  # not asked again
+    assert client.running_usage
+
+
+async def test_a_server_that_refuses_the_field_even_when_not_sent_is_asked_twice_at_most() -> None:
+    # A server naming the field in every refusal (whatever the body): one retry, then its 400.
+    server = StrictServer(refusing="stream_options.continuous_usage_stats")
+    client = LLMClient("http://llm", transport=httpx.MockTransport(server))
+    try:
+        with pytest.raises(InvalidRequest):
+            await answer(client)
+    finally:
+        await client.aclose()
+    assert len(server.bodies) == 2
