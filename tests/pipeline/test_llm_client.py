@@ -20,6 +20,7 @@ from pipeline.model.chat import _read as read_before
 from pipeline.model.client import LLMClient
 from pipeline.watchdog import Watchdog
 from tests.support.faultproxy import FaultProxy
+from tests.support.strict_gateway import refusal, unknown_parameter
 
 
 def ask(max_tokens: int = 4) -> dict[str, Any]:
@@ -148,16 +149,8 @@ class StrictServer:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = orjson.loads(request.content)
         self.bodies.append(body)
-        unknown = sorted(set(body.get("stream_options") or {}) - {"include_usage"})
-        if self.refusing or unknown:
-            param = self.refusing or f"stream_options.{unknown[0]}"
-            error = {
-                "message": f"Unknown parameter: '{param}'.",
-                "type": "invalid_request_error",
-                "param": param,
-                "code": "unknown_parameter",
-            }
-            return httpx.Response(400, json={"error": error})
+        if param := self.refusing or unknown_parameter(body):
+            return httpx.Response(400, json=refusal(param))
         return httpx.Response(
             200, headers={"content-type": "text/event-stream"}, content=sse(*CHUNKS, b"[DONE]")
         )

@@ -18,6 +18,24 @@ from starlette.background import BackgroundTask
 KNOWN_STREAM_OPTIONS = frozenset({"include_usage"})
 
 
+def unknown_parameter(body: dict[str, Any]) -> str | None:
+    """The first ``stream_options`` field of ``body`` that OpenAI's API does not know, by its
+    dotted name (None: all known)."""
+    unknown = sorted(set(body.get("stream_options") or {}) - KNOWN_STREAM_OPTIONS)
+    return f"stream_options.{unknown[0]}" if unknown else None
+
+
+def refusal(param: str) -> dict[str, Any]:
+    """OpenAI's 400 body for a request parameter it does not know."""
+    error = {
+        "message": f"Unknown parameter: '{param}'.",
+        "type": "invalid_request_error",
+        "param": param,
+        "code": "unknown_parameter",
+    }
+    return {"error": error}
+
+
 def strict_gateway(upstream: str) -> FastAPI:
     """The gateway's app; ``app.state.refused`` counts its refusals, ``app.state.forwarded``
     holds the bodies it passed on."""
@@ -39,17 +57,9 @@ def strict_gateway(upstream: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body: dict[str, Any] = await request.json()
-        unknown = sorted(set(body.get("stream_options") or {}) - KNOWN_STREAM_OPTIONS)
-        if unknown:
+        if (param := unknown_parameter(body)) is not None:
             app.state.refused += 1
-            param = f"stream_options.{unknown[0]}"
-            error = {
-                "message": f"Unknown parameter: '{param}'.",
-                "type": "invalid_request_error",
-                "param": param,
-                "code": "unknown_parameter",
-            }
-            return JSONResponse({"error": error}, status_code=400)
+            return JSONResponse(refusal(param), status_code=400)
         app.state.forwarded.append(body)
         client: httpx.AsyncClient = app.state.client
         answer = await client.send(
