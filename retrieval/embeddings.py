@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -129,6 +131,21 @@ def embedding_executor(threads: int, torch_threads: int, name: str) -> ThreadPoo
 _Pending = tuple[str, "asyncio.Future[FloatArray]"]
 
 
+@dataclass
+class _Shared:
+    """One embedding in flight, and how many callers wait for it."""
+
+    future: asyncio.Future[FloatArray]
+    waiting: int = 0
+
+
+class EmbedQuery(Protocol):
+    """What embeds one query for a stage (``QueryBatcher.embed``, ``PassageSearch.embed``):
+    the callers of one ``scope``, the tenant, waiting for the same text share one embedding."""
+
+    def __call__(self, text: str, /, *, scope: str = "") -> Awaitable[FloatArray]: ...
+
+
 class QueryBatcher:
     """Batches the query embeddings of concurrent callers into single `embed()` calls.
 
@@ -136,6 +153,12 @@ class QueryBatcher:
     `max_batch`) rides in the same batch. The batch runs in one worker thread, so the event loop
     never blocks, and while it runs the next batch gathers. ``torch_threads`` is how many threads
     torch uses in it (0: its default; see `embedding_executor`).
+
+    Callers of one ``scope`` (the tenant) who ask for the same text while it is queued or being
+    embedded share that one embedding: a burst of identical requests embeds each text once,
+    where it would otherwise fill batch after batch and make the stages that wait on them run
+    past their budgets. Only within a scope, so how fast a text is embedded says nothing of what
+    another tenant asked; nothing is kept once the embedding is handed out.
     """
 
     def __init__(
@@ -153,17 +176,31 @@ class QueryBatcher:
         self._worker: asyncio.Task[None] | None = None
         self._executor = embedding_executor(1, torch_threads, "query-embed")
         self._closed = False
+        self._in_flight: dict[tuple[str, str], _Shared] = {}
 
-    async def embed(self, text: str) -> FloatArray:
-        """Return the unit vector (384,) of one query."""
+    async def embed(self, text: str, *, scope: str = "") -> FloatArray:
+        """Return the unit vector (384,) of one query (shared with the callers of ``scope``
+        waiting for the same text)."""
         if self._closed:
             raise RuntimeError("QueryBatcher is closed")
         if self._queue is None:
             self._queue = asyncio.Queue()
             self._worker = asyncio.create_task(self._run(self._queue), name="query-batcher")
-        future: asyncio.Future[FloatArray] = asyncio.get_running_loop().create_future()
-        await self._queue.put((text, future))
-        return await future
+        key = (scope, text)
+        shared = self._in_flight.get(key)
+        if shared is None:
+            future: asyncio.Future[FloatArray] = asyncio.get_running_loop().create_future()
+            shared = self._in_flight[key] = _Shared(future)
+            future.add_done_callback(lambda _: self._in_flight.pop(key, None))
+            self._queue.put_nowait((text, future))
+        shared.waiting += 1
+        try:
+            # Shielded: a caller that leaves does not take the embedding from the others ...
+            return await asyncio.shield(shared.future)
+        finally:
+            shared.waiting -= 1
+            if shared.waiting == 0 and not shared.future.done():
+                shared.future.cancel()  # ... but the last one takes it out of its batch
 
     async def aclose(self) -> None:
         """Stop the worker; callers still waiting get a RuntimeError."""

@@ -130,13 +130,14 @@ class PassageSearch:
         tenant = principal.tenant
         return self.backend(tenant).access_scope(tenant, viewer_of(principal))
 
-    async def embed(self, query: str) -> FloatArray:
-        """The query's vector (batched with other requests' queries, off the event loop).
+    async def embed(self, query: str, *, scope: str = "") -> FloatArray:
+        """The query's vector (batched with other requests' queries, off the event loop; one
+        embedding for the callers of ``scope``, the tenant, waiting for the same text).
 
         A failure of the embedding model is converted here: a 503 for the request, never an
         unhandled error."""
         try:
-            return await self.queries.embed(query)
+            return await self.queries.embed(query, scope=scope)
         except Exception as exc:
             raise ServiceUnavailable(
                 f"The embedding model failed ({type(exc).__name__}).", code="embedding_unavailable"
@@ -165,7 +166,7 @@ class PassageSearch:
         ) as span:
             started = time.perf_counter()
             if vector is None:
-                vector = await self.embed(query)
+                vector = await self.embed(query, scope=tenant)
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await self._off_loop(
                 self._searches,

@@ -138,14 +138,22 @@ def searched_the_keyed_version(ctx: RequestContext) -> bool:
     return searched <= {keyed}
 
 
-def not_kept(ctx: RequestContext) -> str | None:
+def degraded(ctx: RequestContext) -> str:
+    """The stages that degraded on this request, sorted and comma-joined ("" when none did):
+    they ran past their budget or failed, and the answer is made with their defaults."""
+    return ",".join(sorted({r.name for r in ctx.records if r.status == "degraded"}))
+
+
+def not_kept(ctx: RequestContext, *, count_degraded: bool = True) -> str | None:
     """Why the cache store will not keep this request's answer, as far as is known before the
-    answer ends (None: it will, if ``storable``); see ``CacheStore``."""
-    degraded = [r.name for r in ctx.records if r.status == "degraded"]
-    if degraded:
+    answer ends (None: it will, if ``storable``); see ``CacheStore``. ``count_degraded=False``
+    leaves degraded stages out of the reasons (request coalescing shares such answers among
+    requests degraded alike: see ``unshareable``)."""
+    stages = degraded(ctx) if count_degraded else ""
+    if stages:
         # Made with defaults in place of what failed (features, tools, the route): not the
         # answer this key stands for.
-        return f"degraded: {', '.join(degraded)}"
+        return f"degraded: {stages.replace(',', ', ')}"
     if not searched_the_keyed_version(ctx):
         return "another index version was searched"
     if any(run.cache_ttl == 0 for run in ctx.tool_runs):
@@ -165,14 +173,21 @@ def unshareable(ctx: RequestContext) -> str | None:
     would serve them a moment later (a looked-up miss that may be stored), and the key
     decides who may share. Requests offering client tools do not coalesce either: their
     answers are often tool calls, which are never stored, and followers would wait for the
-    leader only to generate alone."""
+    leader only to generate alone.
+
+    A request made after a degraded stage may share too, though the cache will not keep its
+    answer: a burst that makes the router or the feature lookup run late is when coalescing
+    matters most. It shares only with requests degraded in the same stages (``degraded``:
+    the same defaults, so the answer each would have made alone), or follows a flight of its
+    key that this process has under way without them (the answer the cache would serve it a
+    moment later); it never leads that flight."""
     if ctx.cache_key is None or ctx.cache_status != "miss":
         return f"cache {ctx.cache_status}"  # bypass (no-cache) or error (Redis)
     if ctx.cache_control.no_store:
         return "no-store"
     if ctx.params.tools:
         return "client tools"
-    return not_kept(ctx)
+    return not_kept(ctx, count_degraded=False)
 
 
 def no_index(tenant: str) -> str:

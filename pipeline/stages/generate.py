@@ -30,7 +30,7 @@ from pipeline.model.prompt import build_messages, personalisation
 from pipeline.model.routes import Route, RouteTable
 from pipeline.model.tokens import TokenCounter
 from pipeline.runner import StageSpec
-from pipeline.stages.cache import searched_the_keyed_version, storable, unshareable
+from pipeline.stages.cache import degraded, searched_the_keyed_version, storable, unshareable
 from pipeline.store.singleflight import Leader, Shared, SingleFlight
 from pipeline.telemetry import attributes as attr
 from pipeline.tools.access import ToolAccess
@@ -131,12 +131,15 @@ class Generate:
         the leader's answer, or fails with its error), or generate alone (None)."""
         assert self.flights is not None
         why = unshareable(ctx)
+        variant = degraded(ctx)  # shared only with requests degraded alike
         if why is not None or ctx.cache_key is None:
             shared = Shared("off", detail=why or "no cache key")
         else:
             shared = await self.flights.share(
-                ctx.cache_key, stream=ctx.params.stream, deadline=ctx.deadline
+                ctx.cache_key, stream=ctx.params.stream, deadline=ctx.deadline, variant=variant
             )
+            if variant and not shared.detail:
+                shared.detail = f"degraded: {variant}"
         ctx.annotate(**{attr.COALESCED: shared.role, attr.COALESCE_DETAIL: shared.detail or None})
         if shared.error is not None:
             raise shared.error

@@ -29,7 +29,6 @@ The verdict depends on the text alone, never on load:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from pipeline.context import RequestContext
 from pipeline.errors import ServiceUnavailable
@@ -40,9 +39,9 @@ from pipeline.model.messages import last_user_text
 from pipeline.runner import StageSpec, available
 from pipeline.stages.guard_in import refuse_injection
 from pipeline.telemetry import attributes as attr
+from retrieval.embeddings import EmbedQuery
 from retrieval.vectors import FloatArray
 
-Embed = Callable[[str], Awaitable[FloatArray]]
 BATCH_NOISE = 1e-3  # cosine; batching moves it by ~1e-6 at most
 
 
@@ -51,7 +50,7 @@ class GuardSimilarity:
         self,
         policies: PolicyBook,
         detector: InjectionDetector,
-        embed: Embed,
+        embed: EmbedQuery,
         *,
         beside_retrieval: bool,
     ) -> None:
@@ -75,7 +74,7 @@ class GuardSimilarity:
             await available("query_vector")
         vector = ctx.query_vector
         if vector is None:
-            vector = await self.embed(text)
+            vector = await self.embed(text, scope=ctx.caller.tenant)
         near = await self.closeness(text, vector)
         if near is None:
             return ctx

@@ -80,7 +80,7 @@ class Retrieve:
             ctx.annotate(**{attr.RETRIEVAL_SKIPPED: skipped})
             return ctx
         own, *earlier = await asyncio.gather(
-            *(self.search.embed(text) for text in (query, *conversation.earlier))
+            *(self.search.embed(text, scope=tenant) for text in (query, *conversation.earlier))
         )
         ctx.query_vector = own
         ctx.annotate(

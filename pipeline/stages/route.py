@@ -9,7 +9,6 @@ when it fails or runs past its budget, the default route answers and the reason 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from pipeline.context import RequestContext, RouteChoice
@@ -20,10 +19,7 @@ from pipeline.routing.router import Router
 from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry import metrics
-from retrieval.vectors import FloatArray
-
-EmbedQuery = Callable[[str], Awaitable[FloatArray]]
-
+from retrieval.embeddings import EmbedQuery
 
 OFFLOAD_CHARS = 8192
 
@@ -57,7 +53,8 @@ class ChooseRoute:
             reads={
                 "params",
                 *(name for name, on in optional.items() if on),
-                *(["principal"] if load is not None else []),
+                # The tenant: its callers waiting for one text share one embedding.
+                *(["principal"] if load is not None or embed is not None else []),
             },
             optional=optional.keys(),  # read all the same: their defaults when not on the path
             writes={"route", *(["cache_control"] if load is not None else [])},
@@ -79,7 +76,8 @@ class ChooseRoute:
             vector = ctx.query_vector
             if vector is None:
                 assert self.embed is not None  # checked in __init__
-                vector = await self.embed(last_user_text(ctx.params.messages))
+                text = last_user_text(ctx.params.messages)
+                vector = await self.embed(text, scope=ctx.caller.tenant)
             choice = self.router.by_vector(ctx.params, vector)
         self._take(ctx, self._relieve(ctx, choice) if self.load is not None else choice)
         return ctx

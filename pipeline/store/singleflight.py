@@ -16,6 +16,12 @@ In one process, the requests of one key share one flight object: its entries are
 memory, so a local leader's followers read them at once, and a remote leader's are read from
 Redis by one task per flight, not one per request.
 
+A request made after a degraded stage (``pipeline.stages.cache.degraded``: its answer is made
+with defaults, and the cache will not keep it) shares through the flight of its key and its
+*variant*, the stages that degraded, so only with requests degraded alike; before that it
+follows its key's own flight if this process has one under way (the answer the cache would
+serve it a moment later). It never leads its key's own flight.
+
 A follower that has sent nothing to its caller yet recovers from a leader that let go: it joins
 again (one of them takes the lock over and leads); from a leader that died without a word (a
 replica killed) the same way once the lock has expired (followers check it while the stream is
@@ -163,40 +169,77 @@ class SingleFlight:
     def stream_key(self, key: str, token: str) -> str:
         return f"{self.prefix}{key}:{token}"
 
-    async def share(self, key: str, *, stream: bool, deadline: float) -> Shared:
-        """Lead the key's flight, or follow it to the leader's answer (see ``Shared``)."""
+    async def share(self, key: str, *, stream: bool, deadline: float, variant: str = "") -> Shared:
+        """Lead the key's flight, or follow it to the leader's answer (see ``Shared``).
+
+        A ``variant`` (a request made with defaults: the stages that degraded on it) first
+        follows the key's own flight where this process has one under way, and never leads
+        it; otherwise it leads or follows the flight of its variant, shared only with requests
+        of the same key and variant."""
         try:
             async with asyncio.timeout_at(deadline):
-                return await self._share(key, stream=stream, deadline=deadline)
+                if variant:
+                    followed = await self._follow_local(key, stream=stream, deadline=deadline)
+                    if followed is not None:
+                        return followed
+                    return await self._share(
+                        f"{key}~{variant}", key, stream=stream, deadline=deadline
+                    )
+                return await self._share(key, key, stream=stream, deadline=deadline)
         except TimeoutError as exc:
             raise DeadlineExceeded() from exc
 
-    async def _share(self, key: str, *, stream: bool, deadline: float) -> Shared:
+    async def _share(self, key: str, cached: str, *, stream: bool, deadline: float) -> Shared:
+        """Lead or follow the flight ``key``; a new leader looks ``cached`` up first."""
         for _ in range(self.joins):
             flight, first_here = await self._join(key)
             if flight.role == "off":
                 return Shared("off", detail=flight.detail)
             if flight.role == "leader" and first_here:
-                return await self._lead(flight)
-            flight.readers += 1
-            entries = flight.read()
-            try:
-                entry = await anext(entries)
-                while not stream and not entry.terminal:
-                    entry = await anext(entries)  # a plain request waits for the answer
-            except BaseException:
-                flight.readers -= 1
-                raise
-            if entry.kind == "events":  # streamed: the rest is read as the caller reads it
-                return _follow(flight, entry, entries, deadline)
-            flight.readers -= 1
-            if entry.kind == "done" and entry.shared and entry.completion is not None:
-                return Shared("follower", completion=entry.completion)
-            if entry.kind == "failed" and entry.error is not None:
-                return Shared("follower", error=entry.error)
-            if entry.kind != "gone":  # unshared, not cacheable, or Redis lost: alone
-                return Shared("off", detail=entry.detail or entry.kind)
+                return await self._lead(flight, cached)
+            shared = await self._read(flight, stream=stream, deadline=deadline)
+            if shared is not None:
+                return shared
         return Shared("off", detail="the flight's leaders kept letting go")
+
+    async def _follow_local(self, key: str, *, stream: bool, deadline: float) -> Shared | None:
+        """The leader's answer, when this process has the key's flight under way and it gives
+        one; None otherwise (no flight, or its leader let go or could not share)."""
+        flight = self._flights.get(key)
+        if flight is None or flight.ended:
+            return None
+        await flight.decided.wait()
+        if flight.role not in ("leader", "remote"):
+            return None
+        shared = await self._read(flight, stream=stream, deadline=deadline)
+        if shared is None or shared.role != "follower":
+            return None
+        shared.detail = "followed an answer made without defaults"
+        return shared
+
+    async def _read(self, flight: Flight, *, stream: bool, deadline: float) -> Shared | None:
+        """Follow ``flight``: its answer (a plain request's completion, a streamed one's
+        events), its error, or nothing to share ("off"); None when its leader let go before
+        its answer (join again)."""
+        flight.readers += 1
+        entries = flight.read()
+        try:
+            entry = await anext(entries)
+            while not stream and not entry.terminal:
+                entry = await anext(entries)  # a plain request waits for the answer
+        except BaseException:
+            flight.readers -= 1
+            raise
+        if entry.kind == "events":  # streamed: the rest is read as the caller reads it
+            return _follow(flight, entry, entries, deadline)
+        flight.readers -= 1
+        if entry.kind == "done" and entry.shared and entry.completion is not None:
+            return Shared("follower", completion=entry.completion)
+        if entry.kind == "failed" and entry.error is not None:
+            return Shared("follower", error=entry.error)
+        if entry.kind == "gone":
+            return None
+        return Shared("off", detail=entry.detail or entry.kind)  # unshared, not cacheable, ...
 
     async def _join(self, key: str) -> tuple[_Led, bool]:
         """The key's flight in this process, and whether this call started it (and so leads
@@ -228,14 +271,14 @@ class SingleFlight:
         self._start(_read_remote(self, led, held))
         return led, True
 
-    async def _lead(self, flight: _Led) -> Shared:
-        """A new leader first looks in the cache once more: a flight of the key that ended
-        since this request's lookup has stored its answer there."""
+    async def _lead(self, flight: _Led, cached: str) -> Shared:
+        """A new leader first looks in the cache once more (under ``cached``, the key's): a
+        flight of the key that ended since this request's lookup has stored its answer there."""
         leader = Leader(flight)  # from here the flight ends however this request does
         hit: Completion | None = None
         if self.cached is not None:
             try:
-                hit = await self.cached(flight.key)
+                hit = await self.cached(cached)
             except StoreUnavailable:
                 hit = None
         if hit is not None:

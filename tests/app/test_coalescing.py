@@ -41,8 +41,9 @@ WORDS = [
 def settings(redis_url: str, llm_url: str, **groups: dict[str, Any]) -> Any:
     """A test app's settings, with routing and features off: under a burst on two shared cores
     the router and the feature lookup run past their time budgets and degrade, and an answer
-    made after a degraded stage is neither cached nor shared (``pipeline.stages.cache``'s
-    ``not_kept``); here the sharing is under test. Redis gets a longer socket timeout for the
+    made after a degraded stage is shared only among requests degraded alike
+    (``pipeline.stages.cache``'s ``unshareable``; a test of its own below); here one flight per
+    prompt is under test. Redis gets a longer socket timeout for the
     same reason (an event loop busy with 256 requests reads its replies late)."""
     return make_settings(
         redis_url,
@@ -293,6 +294,42 @@ async def test_requests_the_cache_would_not_serve_or_keep_do_not_coalesce(replic
     assert all(response.status_code == 200 for response in answers)
     assert generations(one) == 4
     assert roles(one) == Counter({"off": 4})
+
+
+async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncached(
+    make_app, redis_server, vllm
+) -> None:
+    """The feature lookup degrades on every request (a budget no Redis reply can meet): the
+    answers are made with the features' defaults, shared among the requests of one prompt, on
+    both replicas, and not cached."""
+    degrading = make_settings(
+        redis_server.url,
+        vllm.url,
+        routing={"enabled": False},
+        features={"enabled": True, "timeout_seconds": 1e-6},
+        redis={"timeout_seconds": 2.0},
+    )
+    async with make_app(degrading) as one, make_app(degrading) as two:
+        key = await one.key("defaults")
+        tag = unique_question()[-11:]
+        prompts = [f"Say the word {word}. {tag}" for word in WORDS[:4]]
+        answers = await asyncio.gather(
+            *((one, two)[(i // 4) % 2].chat(key, ask(prompts[i % 4])) for i in range(32))
+        )
+        texts = {prompts[i % 4]: set[str]() for i in range(32)}
+        for i, response in enumerate(answers):
+            texts[prompts[i % 4]].add(content(response))
+        assert generations(one, two) == 4
+        assert roles(one, two) == Counter({"leader": 4, "follower": 28})
+        details = {
+            (span.attributes or {}).get(attr.COALESCE_DETAIL)
+            for span in spans(one, two)
+            if span.name == "stage generate"
+        }
+        assert details == {"degraded: features"}
+        assert all(len(found) == 1 for found in texts.values()), texts
+        again = await one.chat(key, ask(prompts[0]))
+        assert again.headers["x-cache"] == "miss"  # made with defaults: never cached
 
 
 async def test_coalescing_can_be_switched_off(make_app, redis_server, vllm) -> None:

@@ -14,7 +14,14 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline.context import ChatParams, Features, RagOptions, RequestContext, RouteChoice
+from pipeline.context import (
+    ChatParams,
+    Features,
+    Principal,
+    RagOptions,
+    RequestContext,
+    RouteChoice,
+)
 from pipeline.errors import InvalidRequest
 from pipeline.model.client import LLMClient
 from pipeline.model.routes import Route, RouteTable
@@ -234,7 +241,8 @@ async def run_route(
     **fields: Any,
 ) -> tuple[RequestContext, Recorder]:
     recorder = Recorder()
-    # Fields given here stand for what earlier stages (features, retrieve) wrote.
+    # Fields given here stand for what earlier stages (auth, features, retrieve) wrote.
+    fields.setdefault("principal", Principal("acme", "alice", frozenset({"chat"}), "k1"))
     runner = Runner(
         [stage, recorder], tracing[0].get_tracer("test"), inputs=INPUTS | frozenset(fields)
     )
@@ -258,7 +266,7 @@ async def test_stage_embeds_only_what_the_rules_leave_open_and_sets_span_attribu
 ) -> None:
     asked: list[str] = []
 
-    async def embed(text: str) -> Any:
+    async def embed(text: str, *, scope: str = "") -> Any:
         asked.append(text)
         return (await asyncio.to_thread(shared_embedder.embed, [text]))[0]
 
@@ -282,7 +290,7 @@ async def test_stage_reuses_the_query_vector_retrieval_computed(
     shared_embedder: Embedder,
     tracing: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
-    async def must_not_embed(text: str) -> Any:
+    async def must_not_embed(text: str, *, scope: str = "") -> Any:
         raise AssertionError("the stage embedded a query retrieval had embedded already")
 
     text = "A baleia é um mamífero?"
@@ -296,7 +304,7 @@ async def test_stage_reuses_the_query_vector_retrieval_computed(
 async def test_failed_embedding_degrades_to_the_default_route_and_the_request_goes_on(
     router: Router, tracing: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    async def broken(text: str) -> Any:
+    async def broken(text: str, *, scope: str = "") -> Any:
         raise RuntimeError("embedding model unavailable")
 
     text = "A baleia é um mamífero?"  # left open by the rules: it needs the embedding
@@ -315,7 +323,7 @@ async def test_failed_embedding_degrades_to_the_default_route_and_the_request_go
 async def test_an_embedding_past_the_budget_degrades_in_time(
     router: Router, tracing: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    async def hangs(text: str) -> Any:
+    async def hangs(text: str, *, scope: str = "") -> Any:
         await asyncio.sleep(30)
 
     stage = ChooseRoute(router, embed=hangs, timeout_s=0.05)
@@ -326,12 +334,12 @@ async def test_an_embedding_past_the_budget_degrades_in_time(
 
 
 async def test_reads_follow_the_path(router: Router) -> None:
-    async def embed(text: str) -> Any:
+    async def embed(text: str, *, scope: str = "") -> Any:
         return np.zeros(384, dtype=np.float32)
 
-    assert ChooseRoute(router, embed=embed).spec.reads == frozenset({"params"})
+    assert ChooseRoute(router, embed=embed).spec.reads == frozenset({"params", "principal"})
     both = ChooseRoute(router, embed=embed, with_features=True, with_query_vector=True)
-    assert both.spec.reads == frozenset({"params", "features", "query_vector"})
+    assert both.spec.reads == frozenset({"params", "principal", "features", "query_vector"})
     with pytest.raises(PathError, match="route reads"):
         Runner([both], TracerProvider().get_tracer("test"))
     with pytest.raises(ValueError, match="embed"):

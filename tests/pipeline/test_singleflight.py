@@ -124,10 +124,12 @@ def test_entries_keep_every_event_the_completion_and_the_error_class_on_the_wire
     assert again.headers == {"Retry-After": "3"}
 
 
-async def request(replica: SingleFlight, the_key: str, joined: list[Shared], until: float) -> None:
+async def request(
+    replica: SingleFlight, the_key: str, joined: list[Shared], until: float, variant: str = ""
+) -> None:
     """A request's part: join, and (a leader) stay alive until the test ends it, as a request
     does while it generates (a leader's flight ends with its request)."""
-    shared = await replica.share(the_key, stream=False, deadline=until)
+    shared = await replica.share(the_key, stream=False, deadline=until, variant=variant)
     joined.append(shared)
     if shared.role == "leader":
         await asyncio.sleep(30)
@@ -263,6 +265,82 @@ async def test_a_leader_that_lets_go_before_its_answer_hands_the_flight_over(
     leading.leader.ended(None, why())  # not the follower's failure: it is not passed on
     taken = await follower
     assert taken.role == "leader"  # joined again and took the lock: it generates
+
+
+async def test_a_degraded_request_follows_its_keys_flight_under_way_in_its_process(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    """Made with defaults (a ``variant``), it may follow the answer made without them: the
+    answer the cache would serve it a moment later."""
+    here = flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=False, deadline=until)
+    assert leading.leader is not None
+    degraded = asyncio.create_task(
+        here.share(the_key, stream=False, deadline=until, variant="features")
+    )
+    await settled(lambda: following(the_key, here) == 1)
+    publish(leading.leader, EVENTS, ANSWER)
+    shared = await degraded
+    assert (shared.role, shared.completion) == ("follower", ANSWER)
+    assert shared.detail == "followed an answer made without defaults"
+
+
+async def test_degraded_requests_share_only_with_requests_degraded_alike(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    here, there = flights(kv), flights(kv)
+    the_key, until, joined = key(), await deadline(), []
+    tasks = [asyncio.create_task(request(here, the_key, joined, until, variant="features"))]
+    await settled(lambda: len(joined) == 1)  # no flight of the key: it leads its variant's
+    tasks += [
+        asyncio.create_task(request(r, the_key, joined, until, variant="features"))
+        for r in (here, there)
+    ]
+    await settled(lambda: following(f"{the_key}~features", here, there) == 2)
+    # Degraded in other stages, and not degraded: neither follows the flight above.
+    tasks += [
+        asyncio.create_task(request(here, the_key, joined, until, variant=variant))
+        for variant in ("features,route", "")
+    ]
+    await settled(lambda: len(joined) == 3)
+    assert [shared.role for shared in joined] == ["leader"] * 3
+    led = [shared.leader.flight.key for shared in joined if shared.leader is not None]
+    assert sorted(led) == sorted([f"{the_key}~features", f"{the_key}~features,route", the_key])
+    assert joined[0].leader is not None
+    publish(joined[0].leader, EVENTS, ANSWER)
+    await settled(lambda: len(joined) == 5)
+    assert [(shared.role, shared.completion) for shared in joined[3:]] == [("follower", ANSWER)] * 2
+    for task in tasks:
+        task.cancel()
+
+
+async def test_a_degraded_request_never_takes_over_its_keys_flight(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    """Its leader let go: a request made with defaults leads its variant's flight, and leaves
+    the key's own to a request made without them."""
+    here = flights(kv)
+    the_key, until, joined = key(), await deadline(), []
+    leading = await here.share(the_key, stream=False, deadline=until)
+    assert leading.leader is not None
+    task = asyncio.create_task(request(here, the_key, joined, until, variant="route"))
+    await settled(lambda: following(the_key, here) == 1)
+    leading.leader.ended(None, asyncio.CancelledError())
+    await settled(lambda: len(joined) == 1)
+    taken = joined[0]
+    assert taken.role == "leader" and taken.leader is not None
+    assert taken.leader.flight.key == f"{the_key}~route"
+    assert await kv.get(here.lock_key(f"{the_key}~route")) is not None
+    for _ in range(100):  # the let-go flight's lock is released, and nobody took it
+        if await kv.get(here.lock_key(the_key)) is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await kv.get(here.lock_key(the_key)) is None
+    task.cancel()
 
 
 async def test_redis_down_turns_coalescing_off(flights: Callable[..., SingleFlight]) -> None:

@@ -39,6 +39,45 @@ async def test_query_batcher_batches_concurrent_callers_with_unbatched_results(
         np.testing.assert_allclose(vector, alone, atol=1e-5)
 
 
+async def test_callers_of_one_scope_waiting_for_one_text_share_one_embedding(
+    counting_embedder: CountingEmbedder,
+) -> None:
+    """A burst of identical requests embeds its text once; another scope (tenant) gets its
+    own, and nothing is kept once handed out."""
+    batcher = QueryBatcher(counting_embedder, max_batch=32, window_s=0.02)
+    try:
+        same = await asyncio.gather(*(batcher.embed(QUERIES[0], scope="acme") for _ in range(10)))
+        assert counting_embedder.calls == [1]
+        other, later = await asyncio.gather(
+            batcher.embed(QUERIES[0], scope="globex"), batcher.embed(QUERIES[0], scope="acme")
+        )
+    finally:
+        await batcher.aclose()
+    assert counting_embedder.calls == [1, 2]
+    for vector in (*same, other, later):
+        np.testing.assert_allclose(vector, same[0], atol=1e-6)
+
+
+async def test_a_caller_that_leaves_does_not_take_the_shared_embedding_from_the_others(
+    counting_embedder: CountingEmbedder,
+) -> None:
+    """... but when its last caller leaves, a text is taken out of its batch."""
+    batcher = QueryBatcher(counting_embedder, max_batch=32, window_s=0.05)
+    try:
+        leaving = asyncio.create_task(batcher.embed(QUERIES[1], scope="acme"))
+        staying = asyncio.create_task(batcher.embed(QUERIES[1], scope="acme"))
+        alone = asyncio.create_task(batcher.embed(QUERIES[2], scope="acme"))
+        await asyncio.sleep(0.01)  # all wait on their embeddings, their batch still open
+        leaving.cancel()
+        alone.cancel()
+        vector = await staying
+    finally:
+        await batcher.aclose()
+    assert leaving.cancelled() and alone.cancelled()
+    assert counting_embedder.texts == [[QUERIES[1]]]
+    np.testing.assert_allclose(vector, counting_embedder.embed([QUERIES[1]])[0], atol=1e-5)
+
+
 async def test_query_batcher_respects_max_batch(counting_embedder: CountingEmbedder) -> None:
     batcher = QueryBatcher(counting_embedder, max_batch=5, window_s=0.05)
     try:
