@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Awaitable
@@ -143,7 +144,7 @@ class EmbedQuery(Protocol):
     """What embeds one query for a stage (``QueryBatcher.embed``, ``PassageSearch.embed``):
     the callers of one ``scope``, the tenant, waiting for the same text share one embedding."""
 
-    def __call__(self, text: str, /, *, scope: str = "") -> Awaitable[FloatArray]: ...
+    def __call__(self, text: str, /, *, scope: str) -> Awaitable[FloatArray]: ...
 
 
 class QueryBatcher:
@@ -178,7 +179,7 @@ class QueryBatcher:
         self._closed = False
         self._in_flight: dict[tuple[str, str], _Shared] = {}
 
-    async def embed(self, text: str, *, scope: str = "") -> FloatArray:
+    async def embed(self, text: str, *, scope: str) -> FloatArray:
         """Return the unit vector (384,) of one query (shared with the callers of ``scope``
         waiting for the same text)."""
         if self._closed:
@@ -188,10 +189,10 @@ class QueryBatcher:
             self._worker = asyncio.create_task(self._run(self._queue), name="query-batcher")
         key = (scope, text)
         shared = self._in_flight.get(key)
-        if shared is None:
+        if shared is None or shared.future.done():  # done: its callbacks have yet to run
             future: asyncio.Future[FloatArray] = asyncio.get_running_loop().create_future()
             shared = self._in_flight[key] = _Shared(future)
-            future.add_done_callback(lambda _: self._in_flight.pop(key, None))
+            future.add_done_callback(functools.partial(self._ended, key, shared))
             self._queue.put_nowait((text, future))
         shared.waiting += 1
         try:
@@ -200,7 +201,17 @@ class QueryBatcher:
         finally:
             shared.waiting -= 1
             if shared.waiting == 0 and not shared.future.done():
-                shared.future.cancel()  # ... but the last one takes it out of its batch
+                # ... but the last one takes it out of its batch, and out of reach at once: a
+                # caller that comes next gets an embedding of its own, not a cancelled one.
+                self._forget(key, shared)
+                shared.future.cancel()
+
+    def _ended(self, key: tuple[str, str], shared: _Shared, _: object) -> None:
+        self._forget(key, shared)
+
+    def _forget(self, key: tuple[str, str], shared: _Shared) -> None:
+        if self._in_flight.get(key) is shared:  # not a newer one for the same text
+            del self._in_flight[key]
 
     async def aclose(self) -> None:
         """Stop the worker; callers still waiting get a RuntimeError."""

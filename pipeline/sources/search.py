@@ -130,7 +130,7 @@ class PassageSearch:
         tenant = principal.tenant
         return self.backend(tenant).access_scope(tenant, viewer_of(principal))
 
-    async def embed(self, query: str, *, scope: str = "") -> FloatArray:
+    async def embed(self, query: str, *, scope: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop; one
         embedding for the callers of ``scope``, the tenant, waiting for the same text).
 

@@ -302,34 +302,42 @@ async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncac
     """The feature lookup degrades on every request (a budget no Redis reply can meet): the
     answers are made with the features' defaults, shared among the requests of one prompt, on
     both replicas, and not cached."""
-    degrading = make_settings(
-        redis_server.url,
-        vllm.url,
-        routing={"enabled": False},
-        features={"enabled": True, "timeout_seconds": 1e-6},
-        redis={"timeout_seconds": 2.0},
-    )
-    async with make_app(degrading) as one, make_app(degrading) as two:
-        key = await one.key("defaults")
-        tag = unique_question()[-11:]
-        prompts = [f"Say the word {word}. {tag}" for word in WORDS[:4]]
-        answers = await asyncio.gather(
-            *((one, two)[(i // 4) % 2].chat(key, ask(prompts[i % 4])) for i in range(32))
+    with FaultProxy(vllm.url) as llm:
+        degrading = make_settings(
+            redis_server.url,
+            llm.url,
+            routing={"enabled": False},
+            features={"enabled": True, "timeout_seconds": 1e-6},
+            redis={"timeout_seconds": 2.0},
         )
-        texts = {prompts[i % 4]: set[str]() for i in range(32)}
-        for i, response in enumerate(answers):
-            texts[prompts[i % 4]].add(content(response))
-        assert generations(one, two) == 4
-        assert roles(one, two) == Counter({"leader": 4, "follower": 28})
-        details = {
-            (span.attributes or {}).get(attr.COALESCE_DETAIL)
-            for span in spans(one, two)
-            if span.name == "stage generate"
-        }
-        assert details == {"degraded: features"}
-        assert all(len(found) == 1 for found in texts.values()), texts
-        again = await one.chat(key, ask(prompts[0]))
-        assert again.headers["x-cache"] == "miss"  # made with defaults: never cached
+        async with make_app(degrading) as one, make_app(degrading) as two:
+            key = await one.key("defaults")
+            tag = unique_question()[-11:]
+            prompts = [f"Say the word {word}. {tag}" for word in WORDS[:4]]
+            llm.pause()  # the answers come once every request has joined, however slow
+            try:
+                asking = [
+                    asyncio.create_task((one, two)[(i // 4) % 2].chat(key, ask(prompts[i % 4])))
+                    for i in range(32)
+                ]
+                await settled(lambda: followers_waiting(one, two) == 28, seconds=120)
+            finally:
+                llm.passing()
+            answers = await asyncio.gather(*asking)
+            again = await one.chat(key, ask(prompts[0]))
+            found = spans(one, two)
+
+    texts: dict[str, set[str]] = {prompt: set() for prompt in prompts}
+    for i, response in enumerate(answers):
+        texts[prompts[i % 4]].add(content(response))
+    assert all(len(answered) == 1 for answered in texts.values()), texts
+    assert sum(1 for span in found if span.name.startswith("chat ")) == 5  # again: its own
+    generated = [span.attributes or {} for span in found if span.name == "stage generate"]
+    assert Counter(str(a.get(attr.COALESCED)) for a in generated) == Counter(
+        {"leader": 5, "follower": 28}
+    )
+    assert {a.get(attr.COALESCE_DETAIL) for a in generated} == {"degraded: features"}
+    assert again.headers["x-cache"] == "miss"  # made with defaults: never cached
 
 
 async def test_coalescing_can_be_switched_off(make_app, redis_server, vllm) -> None:

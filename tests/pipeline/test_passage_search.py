@@ -115,7 +115,7 @@ def test_searches_and_ingests_give_the_same_answers_from_their_own_pools(
     async def main() -> tuple[str, str, set[str]]:
         try:
             result = await search.ingest("acme", DOCS)
-            vector = await search.embed("capital of France")
+            vector = await search.embed("capital of France", scope="acme")
             hits = await search.search("acme", "capital of France", top_k=1, vector=vector)
             await search.delete("acme", ["rome"])
             names = {

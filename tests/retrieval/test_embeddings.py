@@ -29,7 +29,7 @@ async def test_query_batcher_batches_concurrent_callers_with_unbatched_results(
 ) -> None:
     batcher = QueryBatcher(counting_embedder, max_batch=32, window_s=0.02)
     try:
-        results = await asyncio.gather(*(batcher.embed(q) for q in QUERIES))
+        results = await asyncio.gather(*(batcher.embed(q, scope="t") for q in QUERIES))
     finally:
         await batcher.aclose()
     assert sum(counting_embedder.calls) == len(QUERIES)
@@ -78,10 +78,31 @@ async def test_a_caller_that_leaves_does_not_take_the_shared_embedding_from_the_
     np.testing.assert_allclose(vector, counting_embedder.embed([QUERIES[1]])[0], atol=1e-5)
 
 
+async def test_a_text_asked_for_again_as_its_last_caller_leaves_is_embedded_anew(
+    counting_embedder: CountingEmbedder,
+) -> None:
+    """The left embedding is cancelled; the next caller, in the same turn of the loop, does
+    not get that cancellation but an embedding of its own."""
+    batcher = QueryBatcher(counting_embedder, max_batch=32, window_s=0.05)
+    try:
+        leaving = asyncio.create_task(batcher.embed(QUERIES[3], scope="acme"))
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        # Runs right after the leaving caller's last step, before the callbacks it scheduled.
+        coming = asyncio.create_task(batcher.embed(QUERIES[3], scope="acme"))
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        vector = await coming
+    finally:
+        await batcher.aclose()
+    assert counting_embedder.texts == [[QUERIES[3]]]
+    np.testing.assert_allclose(vector, counting_embedder.embed([QUERIES[3]])[0], atol=1e-5)
+
+
 async def test_query_batcher_respects_max_batch(counting_embedder: CountingEmbedder) -> None:
     batcher = QueryBatcher(counting_embedder, max_batch=5, window_s=0.05)
     try:
-        await asyncio.gather(*(batcher.embed(q) for q in QUERIES[:12]))
+        await asyncio.gather(*(batcher.embed(q, scope="t") for q in QUERIES[:12]))
     finally:
         await batcher.aclose()
     assert max(counting_embedder.calls) <= 5 and sum(counting_embedder.calls) == 12
@@ -99,7 +120,7 @@ async def test_query_batcher_keeps_the_event_loop_free(counting_embedder: Counti
 
     task = asyncio.create_task(ticker())
     try:
-        await asyncio.gather(*(batcher.embed(q * 20) for q in QUERIES))
+        await asyncio.gather(*(batcher.embed(q * 20, scope="t") for q in QUERIES))
     finally:
         task.cancel()
         await batcher.aclose()
@@ -108,10 +129,10 @@ async def test_query_batcher_keeps_the_event_loop_free(counting_embedder: Counti
 
 async def test_closed_batcher_refuses_new_queries(counting_embedder: CountingEmbedder) -> None:
     batcher = QueryBatcher(counting_embedder)
-    await batcher.embed("hello")
+    await batcher.embed("hello", scope="t")
     await batcher.aclose()
     with pytest.raises(RuntimeError, match="closed"):
-        await batcher.embed("again")
+        await batcher.embed("again", scope="t")
 
 
 async def test_embed_errors_reach_every_caller_of_the_batch(embedder: Embedder) -> None:
@@ -122,7 +143,7 @@ async def test_embed_errors_reach_every_caller_of_the_batch(embedder: Embedder) 
     batcher = QueryBatcher(Broken(), window_s=0.01)
     try:
         results = await asyncio.gather(
-            *(batcher.embed(q) for q in QUERIES[:3]), return_exceptions=True
+            *(batcher.embed(q, scope="t") for q in QUERIES[:3]), return_exceptions=True
         )
     finally:
         await batcher.aclose()

@@ -170,7 +170,7 @@ async def test_a_verdict_is_the_same_idle_and_while_32_other_queries_are_embedde
         others = [f"What is the boiling point of water at altitude {i} metres?" for i in range(32)]
         loaded = await asyncio.gather(
             *(_flagged(stage, text) for stage, text in cases),
-            *(batcher.embed(other * (1 + i % 5)) for i, other in enumerate(others)),
+            *(batcher.embed(other * (1 + i % 5), scope="t") for i, other in enumerate(others)),
         )
     finally:
         await batcher.aclose()
