@@ -245,7 +245,7 @@ APP_WITHOUT_TORCH = textwrap.dedent(
             ready = await client.get("/readyz")
             services = app.state.services
             queries = services.retrieval.queries
-            vector = await queries.embed("does aspirin prevent heart attacks?")
+            vector = await queries.embed("does aspirin prevent heart attacks?", scope="t")
             ingested = await asyncio.to_thread(
                 services.retrieval.store.upsert,
                 "acme",
