@@ -19,10 +19,11 @@ requests, the burst's wall time, and how many stages degraded (past their time b
 services' ``rag_stage_duration_seconds_count{status="degraded"}``); medians over the rounds, and
 the ratios off / on.
 
-Routing and the feature lookup are off unless ``--default-stages``: with them on at their
-production budgets, a burst on two cores makes them degrade, and such requests share only with
-requests degraded alike (``pipeline.stages.cache.unshareable``), so generations go above one per
-prompt by how the degradations fall.
+Routing and the feature lookup are off unless ``--default-stages`` (on at their production
+budgets). A stage that degrades makes its request share only with requests degraded alike
+(``pipeline.stages.cache.unshareable``), so generations go above one per prompt by how the
+degradations fall; since the budgets count only time in which the event loop ran on time
+(``pipeline.looptime``), a burst on two cores no longer makes them degrade.
 """
 
 from __future__ import annotations

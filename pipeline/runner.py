@@ -12,7 +12,9 @@ The policy says what a failure means: ``fatal`` (auth, validation, retrieval, ge
 the request with that error and cancels the siblings of its group; ``degrade`` (features, tools)
 is recorded on the span and in ``rag.explain`` and the request goes on, after the stage's
 ``fallback`` (the ``Fallback`` protocol) has put defaults in place. ``timeout_s`` bounds a
-degrading stage. Degrading is for faults (a dependency down, a budget spent): a stage's refusal
+degrading stage, in time the event loop ran on time (``pipeline.looptime.Bound``): a burst that
+backlogs the loop is not the stage's dependency being slow, and degrading would not make the
+request any faster. Degrading is for faults (a dependency down, a budget spent): a stage's refusal
 of the request (a 4xx) and the request's own deadline end the request whatever the policy.
 """
 
@@ -29,10 +31,14 @@ from opentelemetry import trace
 
 from pipeline.context import RequestContext, StageRecord, _current_record
 from pipeline.errors import DeadlineExceeded, Described, PipelineError
+from pipeline.looptime import Bound
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import current_span, mark_failed
 
 FailurePolicy = Literal["fatal", "degrade"]
+
+# A budgeted stage's span says how much of its time was the event loop's lag, from this much.
+LAG_SHOWN_S = 0.001
 
 # Fields every request starts with (set by whoever builds the context).
 INPUTS = frozenset({"params", "deadline", "cache_control", "credential"})
@@ -256,13 +262,19 @@ class Runner:
         if spec.timeout_s is None or spec.policy != "degrade":
             await stage(ctx)
             return
+        bound = Bound(spec.timeout_s)
         try:
-            async with asyncio.timeout(spec.timeout_s):
+            async with bound:
                 await stage(ctx)
         except TimeoutError as exc:
             raise StageTimeout(
                 f"{spec.name} ran past its budget of {spec.timeout_s * 1000:.0f} ms"
             ) from exc
+        finally:
+            if bound.lag_s >= LAG_SHOWN_S:  # what the stage's time on its span does not say
+                trace.get_current_span().set_attribute(
+                    attr.STAGE_LOOP_LAG_MS, round(bound.lag_s * 1000.0, 1)
+                )
 
     def _degrade(
         self, stage: Stage, ctx: RequestContext, record: StageRecord, exc: Exception

@@ -47,7 +47,8 @@ from redis.asyncio.client import PubSub
 
 from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
-from pipeline.store.kv import UNREACHABLE, Deadline, KeyValueStore
+from pipeline.looptime import Bound
+from pipeline.store.kv import UNREACHABLE, KeyValueStore
 from pipeline.telemetry import metrics
 from retrieval.access import AccessError, check_names
 
@@ -352,12 +353,12 @@ class ApiKeyStore:
         # socket has no timeout, and a (re)connect's handshake happens inside subscribe,
         # get_message and ping.
         bound = self.kv.timeout
-        async with Deadline(bound):
+        async with Bound(bound):
             await pubsub.subscribe(self.channel)
         answered = time.monotonic()
         pinged = 0.0
         while self._listening:
-            async with Deadline(None if bound is None else ping_seconds / 2 + bound):
+            async with Bound(None if bound is None else ping_seconds / 2 + bound):
                 message = await pubsub.get_message(timeout=ping_seconds / 2)
             now = time.monotonic()
             if message is not None:
@@ -373,7 +374,7 @@ class ApiKeyStore:
                     if isinstance(data, bytes):
                         self.forget(data.decode("ascii", "replace"))
             if now - pinged >= ping_seconds:
-                async with Deadline(bound):
+                async with Bound(bound):
                     await pubsub.ping()
                 pinged = now
             if now - answered > 2 * ping_seconds + 0.5:

@@ -12,7 +12,9 @@ other request.
 
 ``timeout`` bounds each command's whole round trip (taking a connection, the send, the reply,
 the one retry on a stale connection) with one timer, instead of redis-py's own per socket
-operation (a task per send and a timer per read on Python 3.11: an eighth of a cache hit).
+operation (a task per send and a timer per read on Python 3.11: an eighth of a cache hit). It
+counts only time in which the event loop ran on time (``pipeline.looptime.Bound``): a loop
+stalled or backlogged past the bound is not Redis being down, and does not open the circuit.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from redis.exceptions import MaxConnectionsError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline.errors import StoreBusy, StoreUnavailable
+from pipeline.looptime import Bound
 from pipeline.telemetry import metrics
 from pipeline.telemetry.spans import in_unsampled_trace, mark_failed
 
@@ -46,49 +49,8 @@ ScriptArg = str | int | float | bytes
 # reached open the circuit; any other Redis error fails the one command.
 UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 
-
-# A deadline timer that runs this late ran behind a stalled event loop, not a slow Redis.
-STALL_S: Final = 0.05
-
-
-class Deadline:
-    """``asyncio.timeout(seconds)``, except that a stall of the event loop itself at the
-    deadline (a garbage collection, a long synchronous call elsewhere) is given back, once: the
-    reply may have arrived during it, and only the loop's turn decides which is seen first.
-    The bound is then ``seconds`` plus that one stall, however loaded the process; None: no
-    bound."""
-
-    __slots__ = ("_at", "_extended", "_handle", "_loop", "_timeout", "seconds")
-
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-
-    async def __aenter__(self) -> Deadline:
-        self._loop = asyncio.get_running_loop()
-        self._timeout = asyncio.timeout(None)
-        await self._timeout.__aenter__()
-        self._handle: asyncio.TimerHandle | None = None
-        self._extended = False
-        if self.seconds is not None:
-            self._at = self._loop.time() + self.seconds
-            self._handle = self._loop.call_at(self._at, self._expire)
-        return self
-
-    def _expire(self) -> None:
-        now = self._loop.time()
-        late = now - self._at
-        if late > STALL_S and not self._extended:
-            self._extended = True
-            self._at = now + late
-            self._handle = self._loop.call_at(self._at, self._expire)
-            return
-        # Expires at the loop's next turn, after a reply that arrived with this one.
-        self._timeout.reschedule(now)
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        await self._timeout.__aexit__(*exc)
+# redis-py's own bound on a connect, behind the store's bound on the whole command.
+CONNECT_BACKSTOP_S: Final = 5.0
 
 
 class KeyValueStore:
@@ -132,7 +94,11 @@ class KeyValueStore:
         pool = redis.ConnectionPool.from_url(
             url,
             max_connections=max_connections,
-            socket_connect_timeout=timeout,
+            # Every command, a connect inside it included, is under the store's own bound,
+            # which does not count the event loop's lag; the client's own bound on a connect
+            # counts it, so a burst that backlogs the loop while the pool grows failed connects
+            # (and opened the circuit) at `timeout`. It is only a backstop now.
+            socket_connect_timeout=max(timeout, CONNECT_BACKSTOP_S),
             socket_timeout=None,  # `timeout` bounds each command (redis-py's default is 5 s)
             # One quick retry replaces a connection that went stale while Redis restarted;
             # more would only multiply the wait while it is down.
@@ -177,7 +143,7 @@ class KeyValueStore:
                 # On expiry redis-py drops the connection it was using (a late reply never
                 # reaches the next command) and this raises TimeoutError, an OSError: Redis
                 # is unreachable.
-                async with Deadline(self.timeout):
+                async with Bound(self.timeout):
                     result = await fn()
             except (*UNREACHABLE, RedisError) as exc:
                 if isinstance(exc, UNREACHABLE) and not isinstance(exc, MaxConnectionsError):
@@ -219,7 +185,7 @@ class KeyValueStore:
             await slots.acquire()  # returns at once
             return
         try:
-            async with asyncio.timeout(self.pool_wait):
+            async with Bound(self.pool_wait):
                 await slots.acquire()
         except TimeoutError:
             metrics.redis_failed(command, "MaxConnectionsError")
@@ -371,7 +337,7 @@ class KeyValueStore:
         except StoreBusy:
             return False
         try:
-            async with Deadline(self.timeout):
+            async with Bound(self.timeout):
                 ok = bool(await self.client.ping())
         except (RedisError, OSError):  # TimeoutError is an OSError
             return False

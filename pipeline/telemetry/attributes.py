@@ -6,6 +6,8 @@ GenAI and HTTP keys come from the OpenTelemetry semantic-conventions package ins
 from typing import Final
 
 STAGE: Final = "rag.stage"
+# The event loop's lag that a budgeted stage's budget did not count (pipeline.looptime).
+STAGE_LOOP_LAG_MS: Final = "rag.stage.loop_lag_ms"
 TENANT: Final = "rag.tenant"
 CACHE_STATUS: Final = "rag.cache.status"
 CACHE_ERROR: Final = "rag.cache.error"

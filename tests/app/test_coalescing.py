@@ -22,7 +22,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.main import create_app
+from pipeline.features.store import FeatureStore
+from pipeline.runner import Concurrent
+from pipeline.stages.features import LoadFeatures
 from pipeline.stages.generate import Generate
+from pipeline.store.kv import KeyValueStore
 from pipeline.store.singleflight import SingleFlight
 from pipeline.telemetry import attributes as attr
 from tests.app.test_access import PUBLIC, SECRET, ingest
@@ -299,18 +303,25 @@ async def test_requests_the_cache_would_not_serve_or_keep_do_not_coalesce(replic
 async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncached(
     make_app, redis_server, vllm
 ) -> None:
-    """The feature lookup degrades on every request (a budget no Redis reply can meet): the
-    answers are made with the features' defaults, shared among the requests of one prompt, on
-    both replicas, and not cached."""
-    with FaultProxy(vllm.url) as llm:
+    """The feature lookup degrades on every request (its Redis, behind a proxy, answers seconds
+    after the 10 ms budget): the answers are made with the features' defaults, shared among the
+    requests of one prompt, on both replicas, and not cached."""
+    with FaultProxy(vllm.url) as llm, FaultProxy(redis_server.url) as slow_redis:
         degrading = make_settings(
             redis_server.url,
             llm.url,
             routing={"enabled": False},
-            features={"enabled": True, "timeout_seconds": 1e-6},
+            features={"enabled": True, "timeout_seconds": 0.01},
             redis={"timeout_seconds": 2.0},
         )
+        slow_redis.slow(5.0)
         async with make_app(degrading) as one, make_app(degrading) as two:
+            for replica in (one, two):
+                lookup = features_stage(replica)
+                lookup.store = FeatureStore(
+                    KeyValueStore.from_url(slow_redis.url, replica.services.tracer, timeout=10.0),
+                    prefix=lookup.store.prefix,
+                )
             key = await one.key("defaults")
             tag = unique_question()[-11:]
             prompts = [f"Say the word {word}. {tag}" for word in WORDS[:4]]
@@ -326,6 +337,8 @@ async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncac
             answers = await asyncio.gather(*asking)
             again = await one.chat(key, ask(prompts[0]))
             found = spans(one, two)
+            for replica in (one, two):
+                await features_stage(replica).store.kv.aclose()
 
     texts: dict[str, set[str]] = {prompt: set() for prompt in prompts}
     for i, response in enumerate(answers):
@@ -338,6 +351,14 @@ async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncac
     )
     assert {a.get(attr.COALESCE_DETAIL) for a in generated} == {"degraded: features"}
     assert again.headers["x-cache"] == "miss"  # made with defaults: never cached
+
+
+def features_stage(harness: AppHarness) -> LoadFeatures:
+    for step in harness.app.state.paths.chat.steps:
+        for stage in step.stages if isinstance(step, Concurrent) else (step,):
+            if isinstance(stage, LoadFeatures):
+                return stage
+    raise AssertionError("no features stage on the path")
 
 
 async def test_coalescing_can_be_switched_off(make_app, redis_server, vllm) -> None:

@@ -19,6 +19,7 @@ from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.store.kv import KeyValueStore
 from tests.conftest import chat_request, unique_question
 from tests.faults.service import ProxiedService, proxied_service, redis_errors, sse_events
+from tests.support.backlog import backlog
 from tests.support.faultproxy import FaultProxy
 from tests.support.servers import wait_for
 
@@ -346,5 +347,31 @@ async def test_a_stalled_event_loop_does_not_time_out_a_reply_that_arrived_durin
             with pytest.raises(StoreUnavailable):
                 await kv.get("fault-stall")
             assert time.monotonic() - started < 2.0
+        finally:
+            await kv.aclose()
+
+
+async def test_a_backlogged_event_loop_neither_fails_commands_nor_opens_the_circuit(
+    redis_server,
+) -> None:
+    # A burst of requests in one process: every turn of the loop takes 40 ms, for 2 s, and
+    # each command opens a connection, as a burst's commands do while the pool grows (the
+    # connect and the client's handshake, then the command: about five round trips). Redis
+    # answers each 5 ms after it is asked (the proxy), about 25 ms a command, a quarter of its
+    # 0.1 s bound; but each round trip waits a turn or two of the loop. Before the bound
+    # counted the loop's lag, every command here failed and opened the circuit.
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.1)
+        try:
+            await kv.client.set("fault-backlog", b"v")  # the setup, without the store's timer
+            proxy.slow(0.005)
+            neighbour = asyncio.create_task(backlog(0.04, 2.0))
+            replies = []
+            while not neighbour.done():
+                await kv.client.connection_pool.disconnect()
+                replies.append(await kv.get("fault-backlog"))
+                assert kv.available, "a backlogged loop is not Redis being down"
+            assert len(replies) > 2 and set(replies) == {b"v"}
+            assert await neighbour > 10
         finally:
             await kv.aclose()

@@ -24,6 +24,8 @@ from pipeline.runner import INPUTS, Runner
 from pipeline.stages.features import LoadFeatures
 from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
+from tests.support.backlog import backlog
+from tests.support.faultproxy import FaultProxy
 from tests.support.servers import RedisServer
 
 BATCH = sorted(name for name, spec in SPECS.items() if spec.source == "batch")
@@ -246,6 +248,35 @@ async def test_a_lookup_past_its_budget_falls_back_to_defaults(tracing) -> None:
     finally:
         await kv.aclose()
         server.stop()
+
+
+async def test_a_lookup_held_up_by_a_backlogged_event_loop_is_not_past_its_budget(
+    redis_server, tracing
+) -> None:
+    # A burst in one process: every turn of the loop takes 80 ms, longer than the stage's
+    # 50 ms budget, and Redis answers 10 ms after the lookup (the proxy). The reply comes in
+    # during the turn after the send and is read at the start of the next, where the budget's
+    # timer is found expired too: the stage waited for the loop, not for Redis, and the lookup
+    # is used. Before the budget counted the loop's lag, it degraded to the defaults.
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(proxy.url, tracing[0].get_tracer("t"), timeout=2.0)
+        store = FeatureStore(kv, prefix=f"f{uuid.uuid4().hex[:8]}:")
+        try:
+            await store.write_many([FeatureRow("acme", "alice", {"tier": "pro"})])
+            proxy.slow(0.01, responses=True)
+            neighbour = asyncio.create_task(backlog(0.08, 1.0))
+            try:
+                ctx = await run_stage(LoadFeatures(store, timeout_s=0.05), tracing, context())
+            finally:
+                await neighbour
+        finally:
+            await kv.aclose()
+    [record] = ctx.records
+    assert record.status == "ok", record.info
+    assert ctx.features.values["tier"] == "pro"
+    # The span says how much of the stage's time was the loop's.
+    span = next(s for s in tracing[1].get_finished_spans() if s.name == "stage features")
+    assert span.attributes[attr.STAGE_LOOP_LAG_MS] > 50
 
 
 async def test_redis_down_leaves_the_defaults_and_says_so(tracing) -> None:

@@ -1,0 +1,107 @@
+"""``pipeline.looptime.Bound``: a time bound that counts a dependency's time, not the event
+loop's backlog. On a loop that keeps time it is ``asyncio.timeout``; on a backlogged loop it
+lets a reply that came in during the backlog be read, where ``asyncio.timeout`` cancels it in
+the same turn; and a loop that stays backlogged still ends it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from pipeline.looptime import Bound, LoopLag
+from tests.support.backlog import backlog
+
+
+def reply_from_a_thread(after_s: float) -> asyncio.Future[str]:
+    """A future set from another thread ``after_s`` from now, as a socket's reply wakes the
+    loop: it is read at the loop's next turn, however busy this one is."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[str] = loop.create_future()
+    timer = threading.Timer(after_s, loop.call_soon_threadsafe, (future.set_result, "reply"))
+    timer.start()
+    return future
+
+
+async def test_an_await_that_outlasts_the_bound_on_a_loop_that_keeps_time_times_out() -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        async with Bound(0.05) as bound:
+            await asyncio.sleep(30)
+    # Not a speed assertion: the bound ended the 30 s wait, near its 0.05 s on an idle loop.
+    assert loop.time() - started < 10
+    assert bound.lag_s < 0.05
+
+
+async def test_a_reply_that_came_during_a_backlog_is_read_where_asyncio_timeout_drops_it() -> None:
+    # Each turn of the loop takes 60 ms; the reply comes after 20 ms, in the first turn. Both
+    # bounds' timers are found expired at the start of the second turn, with the reply: the
+    # plain timeout cancels the waiting task before it runs, the loop-time bound gives the
+    # backlog back and the task reads its reply one turn later.
+    neighbour = asyncio.create_task(backlog(0.06, 0.5))
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await reply_from_a_thread(0.02)
+    await neighbour
+
+    neighbour = asyncio.create_task(backlog(0.06, 0.5))
+    async with Bound(0.05) as bound:
+        assert await reply_from_a_thread(0.02) == "reply"
+    await neighbour
+    assert bound.lag_s > 0.0
+
+
+async def test_a_loop_that_stays_backlogged_still_ends_the_bound() -> None:
+    # Turns of 30 ms and an await that never ends: each tick of the lag clock (10 ms) counts,
+    # so 0.05 s of the bound pass within some turns. The outer timeout turns a hang into a
+    # failure.
+    neighbour = asyncio.create_task(backlog(0.03, 20.0))
+    try:
+        async with asyncio.timeout(15):
+            with pytest.raises(TimeoutError):
+                async with Bound(0.05):
+                    await asyncio.get_running_loop().create_future()
+    finally:
+        neighbour.cancel()
+
+
+async def test_the_lag_clock_ticks_only_while_a_bound_is_open() -> None:
+    clock = LoopLag.of(asyncio.get_running_loop())
+    async with Bound(1.0), Bound(2.0):
+        await asyncio.sleep(0.05)
+        assert clock.ticking
+    await asyncio.sleep(0.05)  # its next tick finds nobody holding it
+    assert not clock.ticking
+    async with Bound(None):  # no bound: no clock
+        await asyncio.sleep(0.02)
+    assert not clock.ticking
+
+
+async def test_a_cancellation_from_elsewhere_passes_through_the_bound() -> None:
+    async def waits() -> None:
+        async with Bound(5.0):
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(waits())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_inner_bound_that_expires_first_is_the_one_that_raises() -> None:
+    with pytest.raises(TimeoutError):
+        async with Bound(5.0) as outer, Bound(0.02):
+            await asyncio.sleep(30)
+    # The outer bound saw a TimeoutError pass, not a cancellation of its own.
+    assert not outer._expired
+
+    async def outer_first() -> None:
+        async with Bound(0.02), Bound(5.0):
+            await asyncio.sleep(30)
+
+    with pytest.raises(TimeoutError):
+        await outer_first()
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
