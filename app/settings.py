@@ -89,7 +89,12 @@ class Durations(BaseModel):
 class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
     timeout_seconds: float = Field(
-        0.5, gt=0, description="Connect timeout, and the bound on each command's round trip."
+        0.5,
+        gt=0,
+        description=(
+            "The bound on each command's round trip, a connect included, in time the event loop "
+            "ran on time (the client's own connect timeout is a backstop of at least 5 s)."
+        ),
     )
     retry_after_seconds: float = Field(
         1.0, ge=0, description="After a failure, skip Redis this long before trying again."

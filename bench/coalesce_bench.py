@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,19 @@ DEGRADED = re.compile(
 REDIS_ERRORS = re.compile(r"^rag_redis_errors_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 ALONE = re.compile(r'^rag_coalesced_total\{role="off"\} ([0-9.e+]+)$', re.M)
 ARMS = ("on", "off", "on x2")
+
+
+STAGE = re.compile(r'stage="([^"]+)"')
+
+
+def degraded_by_stage(urls: list[str]) -> Counter[str]:
+    """How many times each stage degraded, over the services."""
+    counts: Counter[str] = Counter()
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if DEGRADED.match(line) and (stage := STAGE.search(line)):
+                counts[stage.group(1)] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
 
 
 def counter(url: str, pattern: re.Pattern[str]) -> float:
@@ -179,6 +193,7 @@ def main() -> None:
                     before = sum(counter(s.url, CALLS) for s in services)
                     vllm_before = counter(args.llm_url, VLLM_DONE)
                     degraded_before = sum(counter(s.url, DEGRADED) for s in services)
+                    by_stage_before = degraded_by_stage([s.url for s in services])
                     redis_before = sum(counter(s.url, REDIS_ERRORS) for s in services)
                     alone_before = sum(counter(s.url, ALONE) for s in services)
                     figures = asyncio.run(
@@ -195,6 +210,8 @@ def main() -> None:
                     figures["degraded_stages"] = (
                         sum(counter(s.url, DEGRADED) for s in services) - degraded_before
                     )
+                    by_stage = degraded_by_stage([s.url for s in services]) - by_stage_before
+                    figures["degraded_by_stage"] = dict(by_stage)
                     figures["redis_errors"] = (
                         sum(counter(s.url, REDIS_ERRORS) for s in services) - redis_before
                     )
@@ -203,7 +220,8 @@ def main() -> None:
                     print(
                         f"round {round_ + 1} {name:6}: {figures['generations']:.0f} generations "
                         f"(vLLM saw {figures['vllm_requests']:.0f}), "
-                        f"{figures['degraded_stages']:.0f} stages degraded, "
+                        f"{figures['degraded_stages']:.0f} stages degraded "
+                        f"{figures['degraded_by_stage'] or ''}, "
                         f"{figures['alone']:.0f} generated alone, "
                         f"{figures['redis_errors']:.0f} Redis errors, p50 "
                         f"{figures['p50_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms, wall "

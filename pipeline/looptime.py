@@ -11,15 +11,22 @@ nor shared with the requests made without defaults), none the faster for it.
 
 ``Bound`` counts only the time in which the loop ran on time: when its timer fires, the loop's
 lag since the bound began (``LoopLag``) is given back and the timer set again for what is left.
-A dependency that is slow while the loop keeps time still fails at the bound; a loop that is
-never on time still ends it, at ``MAX_STRETCH`` times the bound on the wall clock. Where a
-caller needs a bound on the wall clock (the request's deadline), it keeps ``asyncio.timeout``.
+The lag is what a clock ticking every ``TICK_S`` sees: how late each tick runs, summed. While
+the loop's turns are shorter than a tick that is a small share of the time, and a bound is
+about as long as ``asyncio.timeout``'s. While they are longer (the loop is backlogged: its
+timers run more than a tick late), the clock ticks ``BACKLOG_TICK_S`` after each late tick, so
+a bound counts about that much of each turn: an await of a few round trips, each waiting a turn
+or two, is not cut off by the turns' length. A
+dependency that is slow while the loop keeps time still fails at the bound; a loop that is never
+on time still ends it, at ``MAX_STRETCH`` times the bound on the wall clock. The bounded code's
+own work on the loop counts as lag too: a stage that blocks the loop cannot be cut off during
+it, and once it is done, its result is not thrown away. Where a caller needs a bound on the
+wall clock (the request's deadline, a tool's timeout), it keeps ``asyncio.timeout``.
 
-The lag is measured by a clock that ticks while some bound is open, summing how late each tick
-runs: every ``TICK_S`` while the loop keeps time, at every turn of the loop while it is busy (a
-tick more than ``BUSY_S`` late), so that all of a backlog is counted. It stops at the first tick
-that finds no bound open: an idle process makes no wake-ups, and bounds opened back to back
-share one running clock.
+The clock ticks only while some bound is open and stops at the first tick that finds none, so
+bounds opened back to back share one running clock. A process with a bound open all the time (a
+key listener's or a job worker's long poll) ticks all the time, a hundred times a second, as
+the app's lag probe (``app/lag.py``) does anyway.
 """
 
 from __future__ import annotations
@@ -30,14 +37,14 @@ from types import TracebackType
 from typing import Final
 
 TICK_S: Final = 0.01
-# A tick later than this found the loop busy; the next comes at the loop's next turn.
-BUSY_S: Final = 0.001
+BACKLOG_TICK_S: Final = 0.001
 # At most this many times a bound on the wall clock, whatever the loop's lag.
 MAX_STRETCH: Final = 10.0
 # Less than this left of a bound when its timer fires: spent (the loop's clock is coarser).
 SLACK_S: Final = 0.0005
 
-# Per loop, and the last one asked for, found without the dictionary; neither keeps a loop.
+# Per loop, and the last one asked for, found without the dictionary. A clock holds no
+# reference to its loop (its pending tick is the loop's), so neither keeps a closed loop alive.
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLag] = weakref.WeakKeyDictionary()
 _last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLag] | None = None
 
@@ -45,13 +52,13 @@ _last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLag] | None = None
 class LoopLag:
     """The lag of one event loop, summed over the time some bound was open."""
 
-    __slots__ = ("_due", "_handle", "_summed", "_users")
+    __slots__ = ("_due", "_summed", "_ticking", "_users")
 
     def __init__(self) -> None:
         self._users = 0
         self._summed = 0.0
         self._due = 0.0
-        self._handle: asyncio.Handle | None = None
+        self._ticking = False
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> LoopLag:
@@ -67,20 +74,21 @@ class LoopLag:
 
     @property
     def ticking(self) -> bool:
-        return self._handle is not None
+        return self._ticking
 
     def summed(self, now: float) -> float:
-        """The lag until ``now`` (the loop's time): how late the ticks fired, and the pending
+        """The lag until ``now`` (the loop's time): how late the ticks ran, and the pending
         tick's lateness if it is overdue (the loop is late right now, before the tick ran)."""
-        if self._handle is None or now <= self._due:
+        if not self._ticking or now <= self._due:
             return self._summed
         return self._summed + now - self._due
 
     def hold(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
         self._users += 1
-        if self._handle is None:
+        if not self._ticking:
+            self._ticking = True
             self._due = now + TICK_S
-            self._handle = loop.call_at(self._due, self._tick, loop)
+            loop.call_at(self._due, self._tick, loop)
 
     def release(self) -> None:
         # The clock runs on to its next tick, which stops it if nobody holds it by then.
@@ -88,20 +96,16 @@ class LoopLag:
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
-        late = now - self._due
-        if late > 0.0:
-            self._summed += late
+        if now > self._due:
+            self._summed += now - self._due
         if self._users <= 0:
-            self._handle = None
+            self._ticking = False
             return
-        if late > BUSY_S:
-            # The loop is busy: tick at its next turn, so the whole of a backlog is counted,
-            # not all but TICK_S a turn (the loop does not wait in select while work is ready).
-            self._due = now
-            self._handle = loop.call_soon(self._tick, loop)
-        else:
-            self._due = now + TICK_S
-            self._handle = loop.call_at(self._due, self._tick, loop)
+        # A tick more than a tick late found the loop backlogged (its turns longer than a
+        # tick): the next comes sooner, so that each long turn gives a bound BACKLOG_TICK_S of
+        # its time, not TICK_S.
+        self._due = now + (BACKLOG_TICK_S if now - self._due > TICK_S else TICK_S)
+        loop.call_at(self._due, self._tick, loop)
 
 
 class Bound:
@@ -116,6 +120,7 @@ class Bound:
     __slots__ = (
         "_cancelling",
         "_clock",
+        "_entered",
         "_expired",
         "_handle",
         "_lag_at",
@@ -129,21 +134,27 @@ class Bound:
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.lag_s = 0.0
+        self._entered = False
 
     async def __aenter__(self) -> Bound:
+        if self._entered:
+            raise RuntimeError("a Bound is entered once")
+        self._entered = True
         if self.seconds is None:
             return self
         task = asyncio.current_task()
-        assert task is not None, "a bound is on an await of a task"
+        if task is None:
+            raise RuntimeError("Bound should be used inside a task")
+        loop = self._loop = asyncio.get_running_loop()
+        started = self._started = loop.time()
+        at = started + self.seconds  # a bad `seconds` fails here, before the clock is held
         self._task = task
         self._cancelling = task.cancelling()
         self._expired = False
-        loop = self._loop = asyncio.get_running_loop()
         clock = self._clock = LoopLag.of(loop)
-        started = self._started = loop.time()
         clock.hold(loop, started)
         self._lag_at = clock.summed(started)
-        self._handle: asyncio.Handle | None = loop.call_at(started + self.seconds, self._expire)
+        self._handle: asyncio.Handle | None = loop.call_at(at, self._expire)
         return self
 
     def _expire(self) -> None:

@@ -6,7 +6,9 @@ the same turn; and a loop that stays backlogged still ends it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -105,3 +107,52 @@ async def test_an_inner_bound_that_expires_first_is_the_one_that_raises() -> Non
     with pytest.raises(TimeoutError):
         await outer_first()
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_a_loop_busy_in_short_turns_gives_back_only_a_small_share() -> None:
+    # Turns of 2 ms keep time: timers run within a turn. The lag given back is how late the
+    # clock's 10 ms ticks ran, a fraction of the bound, not every busy turn (which would
+    # stretch each bound to MAX_STRETCH times its length under ordinary load).
+    loop = asyncio.get_running_loop()
+    neighbour = asyncio.create_task(backlog(0.002, 20.0))
+    started = loop.time()
+    try:
+        with pytest.raises(TimeoutError):
+            async with Bound(0.1) as bound:
+                await loop.create_future()
+    finally:
+        neighbour.cancel()
+    elapsed = loop.time() - started
+    assert bound.lag_s < 0.5 * elapsed, (bound.lag_s, elapsed)
+
+
+def test_a_closed_loop_is_not_kept_alive_by_its_clock() -> None:
+    async def bounded() -> None:
+        async with Bound(1.0):
+            await asyncio.sleep(0)  # closed while its clock's tick is still pending
+
+    loops = []
+    for _ in range(3):
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(bounded())
+        loop.close()
+        loops.append(weakref.ref(loop))
+        del loop
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
+
+
+async def test_a_bound_is_entered_once_and_a_bad_length_holds_no_clock() -> None:
+    bound = Bound(1.0)
+    async with bound:
+        with pytest.raises(RuntimeError):
+            async with bound:
+                pass
+    clock = LoopLag.of(asyncio.get_running_loop())
+    await asyncio.sleep(0.05)  # the clock's last tick
+    assert not clock.ticking
+    with pytest.raises(TypeError):
+        async with Bound("0.1"):  # type: ignore[arg-type]
+            pass
+    await asyncio.sleep(0.05)
+    assert not clock.ticking
