@@ -110,11 +110,11 @@ async def test_an_inner_bound_that_expires_first_is_the_one_that_raises() -> Non
 
 
 async def test_a_loop_busy_in_short_turns_gives_back_only_a_small_share() -> None:
-    # Turns of 2 ms keep time: timers run within a turn. The lag given back is how late the
-    # clock's 10 ms ticks ran, a fraction of the bound, not every busy turn (which would
+    # Turns of 1 ms keep time: timers run within a turn or two. The lag given back is how
+    # late the clock's ticks ran, a fraction of the bound, not every busy turn (which would
     # stretch each bound to MAX_STRETCH times its length under ordinary load).
     loop = asyncio.get_running_loop()
-    neighbour = asyncio.create_task(backlog(0.002, 20.0))
+    neighbour = asyncio.create_task(backlog(0.001, 20.0))
     started = loop.time()
     try:
         with pytest.raises(TimeoutError):
