@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 
-from pipeline.looptime import Bound, LoopLag
+from pipeline.looptime import TICK_S, Bound, LoopLag
 from tests.support.backlog import backlog
 
 
@@ -155,4 +155,39 @@ async def test_a_bound_is_entered_once_and_a_bad_length_holds_no_clock() -> None
         async with Bound("0.1"):  # type: ignore[arg-type]
             pass
     await asyncio.sleep(0.05)
+    assert not clock.ticking
+
+
+class ScriptedLoop:
+    """Just what the lag clock asks of a loop: the time, and a timer (recorded, not run)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: object, *args: object) -> None:
+        self.timers.append(when)
+
+
+def test_the_later_a_tick_runs_the_sooner_the_next_so_the_stretch_grows_smoothly() -> None:
+    # The gap to the next tick is TICK_S squared over TICK_S plus the lateness: 10 ms on time,
+    # 5 ms at 10 ms late, 2 ms at 40 ms late. A long turn gives a bound about that gap, so
+    # a bound stretches by the turns' length smoothly, not in a jump at some lateness.
+    loop = ScriptedLoop()
+    clock = LoopLag()
+    clock.hold(loop, 0.0)  # type: ignore[arg-type]
+    assert loop.timers == [pytest.approx(TICK_S)]
+    gaps = []
+    for late in (0.0, 0.005, 0.01, 0.04):
+        loop.now = loop.timers[-1] + late
+        clock._tick(loop)  # type: ignore[arg-type]
+        gaps.append(loop.timers[-1] - loop.now)
+    assert gaps == [pytest.approx(g) for g in (0.01, 0.01 / 1.5, 0.005, 0.002)]
+    assert clock.summed(loop.now) == pytest.approx(0.055)
+    clock.release()
+    loop.now = loop.timers[-1]
+    clock._tick(loop)  # type: ignore[arg-type]
     assert not clock.ticking
