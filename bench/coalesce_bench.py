@@ -54,24 +54,22 @@ WORDS = [
 ]  # fmt: skip
 CALLS = re.compile(r"^rag_llm_calls_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 VLLM_DONE = re.compile(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", re.M)
-DEGRADED = re.compile(
-    r'^rag_stage_duration_seconds_count\{(?=[^}]*status="degraded")[^}]*\} ([0-9.e+]+)$', re.M
+DEGRADED = re.compile(  # by stage
+    r'^rag_stage_duration_seconds_count\{(?=[^}]*status="degraded")[^}]*\bstage="([^"]+)"[^}]*\}'
+    r" ([0-9.e+]+)$",
+    re.M,
 )
 REDIS_ERRORS = re.compile(r"^rag_redis_errors_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 ALONE = re.compile(r'^rag_coalesced_total\{role="off"\} ([0-9.e+]+)$', re.M)
 ARMS = ("on", "off", "on x2")
 
 
-STAGE = re.compile(r'stage="([^"]+)"')
-
-
 def degraded_by_stage(urls: list[str]) -> Counter[str]:
     """How many times each stage degraded, over the services."""
     counts: Counter[str] = Counter()
     for url in urls:
-        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-            if DEGRADED.match(line) and (stage := STAGE.search(line)):
-                counts[stage.group(1)] += int(float(line.rsplit(" ", 1)[1]))
+        for stage, value in DEGRADED.findall(httpx.get(f"{url}/metrics", timeout=10).text):
+            counts[stage] += int(float(value))
     return counts
 
 
@@ -192,8 +190,7 @@ def main() -> None:
                     ]
                     before = sum(counter(s.url, CALLS) for s in services)
                     vllm_before = counter(args.llm_url, VLLM_DONE)
-                    degraded_before = sum(counter(s.url, DEGRADED) for s in services)
-                    by_stage_before = degraded_by_stage([s.url for s in services])
+                    degraded_before = degraded_by_stage([s.url for s in services])
                     redis_before = sum(counter(s.url, REDIS_ERRORS) for s in services)
                     alone_before = sum(counter(s.url, ALONE) for s in services)
                     figures = asyncio.run(
@@ -207,10 +204,8 @@ def main() -> None:
                     )
                     figures["generations"] = sum(counter(s.url, CALLS) for s in services) - before
                     figures["vllm_requests"] = counter(args.llm_url, VLLM_DONE) - vllm_before
-                    figures["degraded_stages"] = (
-                        sum(counter(s.url, DEGRADED) for s in services) - degraded_before
-                    )
-                    by_stage = degraded_by_stage([s.url for s in services]) - by_stage_before
+                    by_stage = degraded_by_stage([s.url for s in services]) - degraded_before
+                    figures["degraded_stages"] = sum(by_stage.values())
                     figures["degraded_by_stage"] = dict(by_stage)
                     figures["redis_errors"] = (
                         sum(counter(s.url, REDIS_ERRORS) for s in services) - redis_before

@@ -96,15 +96,14 @@ class LoopLag:
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
-        if now > self._due:
-            self._summed += now - self._due
+        late = max(now - self._due, 0.0)
+        self._summed += late
         if self._users <= 0:
             self._ticking = False
             return
         # The later the tick, the sooner the next: a long turn gives a bound about the gap
         # between ticks of its time, so a backlogged loop's turns each count little of a
         # bound, while a loop that keeps time ticks every TICK_S (smoothly between the two).
-        late = max(now - self._due, 0.0)
         self._due = now + TICK_S * TICK_S / (TICK_S + late)
         loop.call_at(self._due, self._tick, loop)
 

@@ -185,12 +185,16 @@ class Runner:
         self.observers = list(observers)
 
     @property
-    def stage_names(self) -> list[str]:
-        names: list[str] = []
+    def stages(self) -> list[Stage]:
+        """Every stage of the path in order, those of a concurrent group in the group's order."""
+        stages: list[Stage] = []
         for step in self.steps:
-            stages = step.stages if isinstance(step, Concurrent) else [step]
-            names.extend(stage.spec.name for stage in stages)
-        return names
+            stages.extend(step.stages if isinstance(step, Concurrent) else (step,))
+        return stages
+
+    @property
+    def stage_names(self) -> list[str]:
+        return [stage.spec.name for stage in self.stages]
 
     async def run(self, ctx: RequestContext) -> RequestContext:
         try:

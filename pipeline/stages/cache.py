@@ -138,10 +138,10 @@ def searched_the_keyed_version(ctx: RequestContext) -> bool:
     return searched <= {keyed}
 
 
-def degraded(ctx: RequestContext) -> str:
-    """The stages that degraded on this request, sorted and comma-joined ("" when none did):
-    they ran past their budget or failed, and the answer is made with their defaults."""
-    return ",".join(sorted({r.name for r in ctx.records if r.status == "degraded"}))
+def degraded(ctx: RequestContext) -> list[str]:
+    """The stages that degraded on this request, sorted: they ran past their budget or failed,
+    and the answer is made with their defaults."""
+    return sorted({r.name for r in ctx.records if r.status == "degraded"})
 
 
 def not_kept(ctx: RequestContext, *, count_degraded: bool = True) -> str | None:
@@ -149,11 +149,11 @@ def not_kept(ctx: RequestContext, *, count_degraded: bool = True) -> str | None:
     answer ends (None: it will, if ``storable``); see ``CacheStore``. ``count_degraded=False``
     leaves degraded stages out of the reasons (request coalescing shares such answers among
     requests degraded alike: see ``unshareable``)."""
-    stages = degraded(ctx) if count_degraded else ""
+    stages = degraded(ctx) if count_degraded else []
     if stages:
         # Made with defaults in place of what failed (features, tools, the route): not the
         # answer this key stands for.
-        return f"degraded: {stages.replace(',', ', ')}"
+        return f"degraded: {', '.join(stages)}"
     if not searched_the_keyed_version(ctx):
         return "another index version was searched"
     if any(run.cache_ttl == 0 for run in ctx.tool_runs):

@@ -131,7 +131,7 @@ class Generate:
         the leader's answer, or fails with its error), or generate alone (None)."""
         assert self.flights is not None
         why = unshareable(ctx)
-        variant = degraded(ctx)  # shared only with requests degraded alike
+        variant = ",".join(degraded(ctx))  # shared only with requests degraded alike
         if why is not None or ctx.cache_key is None:
             shared = Shared("off", detail=why or "no cache key")
         else:

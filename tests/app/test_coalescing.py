@@ -23,7 +23,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from app.main import create_app
 from pipeline.features.store import FeatureStore
-from pipeline.runner import Concurrent
 from pipeline.stages.features import LoadFeatures
 from pipeline.stages.generate import Generate
 from pipeline.store.kv import KeyValueStore
@@ -354,11 +353,10 @@ async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncac
 
 
 def features_stage(harness: AppHarness) -> LoadFeatures:
-    for step in harness.app.state.paths.chat.steps:
-        for stage in step.stages if isinstance(step, Concurrent) else (step,):
-            if isinstance(stage, LoadFeatures):
-                return stage
-    raise AssertionError("no features stage on the path")
+    stages = harness.app.state.paths.chat.stages
+    found = next((stage for stage in stages if isinstance(stage, LoadFeatures)), None)
+    assert found is not None, "no features stage on the path"
+    return found
 
 
 async def test_coalescing_can_be_switched_off(make_app, redis_server, vllm) -> None:

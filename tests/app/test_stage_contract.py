@@ -109,11 +109,7 @@ LOGS: list[list[Access]] = []
 
 
 def specs(harness: Any) -> dict[str, StageSpec]:
-    out: dict[str, StageSpec] = {}
-    for step in harness.paths.chat.steps:
-        for stage in step.stages if isinstance(step, Concurrent) else (step,):
-            out[stage.spec.name] = stage.spec
-    return out
+    return {stage.spec.name: stage.spec for stage in harness.paths.chat.stages}
 
 
 def violations(log: list[Access], declared: dict[str, StageSpec]) -> list[str]:
