@@ -173,7 +173,7 @@ bench-access: install
 # Issue 19: the Milvus backend (Milvus Lite, a db file in a temp dir) against the embedded index
 # in one run: SciFact nDCG@10 (and Milvus's own hybrid_search), p50/p99 at 5k and 100k chunks,
 # ingestion passages/s, ingest while serving. `--quick` for a short check.
-.PHONY: bench-milvus bench-stream-cost
+.PHONY: bench-milvus bench-stream-cost bench-idle
 bench-milvus: install
 	$(PY) -m bench.milvus_bench --sizes 100000 --batch 5000
 
@@ -202,6 +202,11 @@ bench-spec: install vllm
 bench-stream-cost: install redis
 	$(PY) -m bench.stream_cost $(BENCH_ARGS)
 
+# What a replica spends of the CPU at rest (no request: its timers and listeners alone);
+# BENCH_ARGS="--before DIR" measures the code in DIR beside it, over the same windows.
+bench-idle: install redis
+	$(PY) -m bench.idle_cost $(BENCH_ARGS)
+
 bench-plots: install
 	$(PY) -m bench.plots
 
@@ -222,7 +227,7 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e bench-stream-cost
+	bench-access bench-e2e bench-stream-cost bench-idle
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

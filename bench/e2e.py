@@ -45,6 +45,7 @@ class Streamed:
     trace_id: str = ""  # the service's x-trace-id
     cache: str = ""  # the service's x-cache
     body: bytes = b""
+    second_s: float | None = None  # the second piece of answer text
 
     @property
     def ok(self) -> bool:
@@ -91,6 +92,7 @@ class StreamConnection:
                 trace_id=answer.headers.get(b"x-trace-id", b"").decode(),
                 cache=answer.headers.get(b"x-cache", b"").decode(),
                 body=answer.body,
+                second_s=answer.second,
             )
         raise AssertionError("unreachable")
 

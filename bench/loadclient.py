@@ -183,11 +183,15 @@ class Answer:
     headers: dict[bytes, bytes]
     body: bytes
     ttft: float | None
+    # When the second piece of answer text came: what a client sees first through a filter
+    # that needs the next token to decide the first (the service's exact output redaction).
+    second: float | None = None
 
 
 async def read_answer(reader: asyncio.StreamReader, started: float) -> Answer:
     """One HTTP/1.1 response, its body read by Content-Length or by chunks; ``ttft`` is when
-    the first chunk with answer text arrived (seconds after ``started``)."""
+    the first chunk with answer text arrived (seconds after ``started``), ``second`` when the
+    second piece of answer text did (a chunk may hold several SSE events)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head[:-4].split(b"\r\n")
     if not lines[0].startswith(b"HTTP/1.1 ") or len(lines[0]) < 12:
@@ -202,7 +206,7 @@ async def read_answer(reader: asyncio.StreamReader, started: float) -> Answer:
         return Answer(status, headers, body, None)
     if headers.get(b"transfer-encoding", b"").lower() != b"chunked":
         raise ProtocolError("neither Content-Length nor chunked")
-    parts, ttft = [], None
+    parts, ttft, second, texts = [], None, None, 0
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         if size == 0:
@@ -212,10 +216,13 @@ async def read_answer(reader: asyncio.StreamReader, started: float) -> Answer:
         chunk = await reader.readexactly(size + 2)
         if chunk[-2:] != b"\r\n":
             raise ProtocolError("a chunk longer than its size")
-        if ttft is None and FIRST_TEXT.search(chunk):
-            ttft = time.perf_counter() - started
+        if second is None and (found := len(FIRST_TEXT.findall(chunk))):
+            now = time.perf_counter() - started
+            ttft = now if ttft is None else ttft
+            texts += found
+            second = now if texts >= 2 else None
         parts.append(chunk[:-2])
-    return Answer(status, headers, b"".join(parts), ttft)
+    return Answer(status, headers, b"".join(parts), ttft, second)
 
 
 def judge(stream: bool, answer: Answer) -> str:

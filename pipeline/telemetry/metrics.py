@@ -49,7 +49,7 @@ NOT_ROUTED: Final = "none"
 HTTP_IN_FLIGHT: Final = Gauge("rag_http_requests_in_flight", "HTTP requests being served.")
 EVENT_LOOP_LAG: Final = Histogram(  # fed by app.lag.LagProbe
     "rag_event_loop_lag_seconds",
-    "How much later than asked a 10 ms sleep on the event loop woke up.",
+    "How late the event loop's clock ticks ran (every 10 ms while the loop keeps time).",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
 EVENT_LOOP_LAG_MAX: Final = Gauge(  # fed by app.lag.LagProbe

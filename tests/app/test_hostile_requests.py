@@ -1,7 +1,7 @@
 """Hostile requests against the service as its own process: a caller without a key costs the
 server a constant however large and crafted its body (it is refused before the body is read),
 and no single request, with a key or without, holds the event loop for 50 ms (a lag probe in
-the server records how late a 10 ms sleep wakes; `app.lag`).
+the server records how late the loop's 10 ms clock ticks run; `app.lag`).
 
 CPU time is read from /proc for the server process; its clock ticks are 10 ms, so each figure
 is the median of several requests. The bounds are the issue's (50 ms); the measured costs are a

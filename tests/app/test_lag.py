@@ -37,3 +37,28 @@ def test_the_worst_lag_gauge_shows_a_stall_for_a_window_or_two_then_forgets_it()
     seen, later, waited = asyncio.run(main())
     assert seen >= 0.12  # a lower bound: a loaded machine only makes the stall look longer
     assert later < seen, f"the stall still showed {waited:.0f} s (150 windows) after it ended"
+
+
+def test_the_probe_reads_the_clock_the_time_bounds_use_with_no_timer_of_its_own() -> None:
+    """One clock wakes the loop for both: the probe's samples are that clock's ticks, it keeps
+    the clock ticking while no bound is open, and stopping it stops the clock."""
+    import asyncio
+
+    from pipeline.looptime import LoopLag
+
+    async def main() -> tuple[bool, int, bool, int]:
+        loop = asyncio.get_running_loop()
+        clock = LoopLag.of(loop)
+        probe = LagProbe(record=False).start()
+        scheduled = len(loop._scheduled)  # type: ignore[attr-defined]  # asyncio's timers
+        await asyncio.sleep(0.1)
+        ticking = clock.ticking
+        await probe.stop()
+        counted = probe.samples
+        await asyncio.sleep(0.05)
+        return ticking, counted, clock.ticking, scheduled
+
+    ticking, counted, still_ticking, scheduled = asyncio.run(main())
+    assert ticking and not still_ticking
+    assert counted >= 3  # about 10 in 0.1 s; fewer only on a machine that stalls the process
+    assert scheduled == 1  # the clock's next tick, and nothing of the probe's own

@@ -4,6 +4,8 @@ spans broken down by stage, the percentiles, the toggles' settings."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from bench.e2e import (
     span_views,
     write_result,
 )
+from bench.loadclient import read_answer
 from bench.stack_bench import TOGGLES, has_setting, overrides
 from bench.throughput_bench import prompts
 from pipeline.model.prompt import INSTRUCTIONS
@@ -55,6 +58,44 @@ async def test_a_stream_from_vllm_is_read_whole_with_its_first_token_and_usage(
         assert answer.ok, answer.body[:200]
         assert answer.completion_tokens == 6
         assert answer.ttft_s is not None and 0 < answer.ttft_s <= answer.total_s
+        assert answer.second_s is not None and answer.ttft_s <= answer.second_s <= answer.total_s
+
+
+def sse_response(*chunks: bytes) -> bytes:
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return head + body + b"0\r\n\r\n"
+
+
+def text_event(text: str) -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % text.encode()
+
+
+async def test_the_second_piece_of_text_is_timed_across_chunks_and_within_one() -> None:
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    done = b"data: [DONE]\n\n"
+    whole = sse_response(role, text_event("The"), text_event(" answer"), done)
+    cut = whole.index(b" answer") - 40  # inside the second text chunk's head
+    apart = asyncio.StreamReader()
+    apart.feed_data(whole[:cut])
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, apart.feed_data, whole[cut:])
+    loop.call_later(0.05, apart.feed_eof)
+    answer = await read_answer(apart, time.perf_counter())
+    assert answer.ttft is not None and answer.second is not None
+    assert answer.second - answer.ttft >= 0.04  # timed when the second chunk came
+    together = asyncio.StreamReader()
+    together.feed_data(sse_response(role, text_event("The") + text_event(" answer"), done))
+    together.feed_eof()
+    answer = await read_answer(together, 0.0)
+    assert answer.second is not None and answer.second == answer.ttft
+    alone = asyncio.StreamReader()
+    alone.feed_data(sse_response(role, text_event("Yes"), done))
+    alone.feed_eof()
+    answer = await read_answer(alone, 0.0)
+    assert answer.ttft is not None and answer.second is None  # a one-token answer has none
 
 
 async def test_a_misses_spans_break_down_into_the_stages_before_the_upstream_call(

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import threading
+import time
 import weakref
 
 import pytest
@@ -79,6 +81,51 @@ async def test_the_lag_clock_ticks_only_while_a_bound_is_open() -> None:
     async with Bound(None):  # no bound: no clock
         await asyncio.sleep(0.02)
     assert not clock.ticking
+
+
+async def test_a_watcher_sees_every_tick_and_its_lateness_until_it_stops_watching() -> None:
+    loop = asyncio.get_running_loop()
+    clock = LoopLag.of(loop)
+    ticks: list[tuple[float, float]] = []
+
+    def watcher(late: float, now: float) -> None:
+        ticks.append((late, now))
+
+    clock.watch(loop, watcher)
+    await asyncio.sleep(0.05)
+    assert clock.ticking  # no bound open: the watcher alone keeps the clock going
+    time.sleep(0.06)  # noqa: ASYNC251 - one turn of 60 ms: the tick due in it runs late
+    await asyncio.sleep(0.03)
+    clock.unwatch(watcher)
+    clock.unwatch(watcher)  # a second unwatch is a no-op, not a second release
+    seen = len(ticks)
+    await asyncio.sleep(0.05)
+    assert not clock.ticking  # its next tick found nobody
+    assert len(ticks) == seen
+    assert seen >= 4
+    assert max(late for late, _ in ticks) >= 0.03
+    assert all(a[1] < b[1] for a, b in itertools.pairwise(ticks))
+
+
+def test_a_closed_loop_is_not_kept_alive_by_a_watched_clock() -> None:
+    """A watcher that outlives its loop (never unwatched) keeps neither alive."""
+
+    class Probe:
+        def sample(self, late: float, now: float) -> None:
+            pass
+
+    async def watched() -> None:
+        loop = asyncio.get_running_loop()
+        LoopLag.of(loop).watch(loop, Probe().sample)
+        await asyncio.sleep(0.02)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(watched())
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert ref() is None
 
 
 async def test_a_cancellation_from_elsewhere_passes_through_the_bound() -> None:
