@@ -31,15 +31,18 @@ class LagProbe:
         self.max_lag = 0.0
         self.samples = 0
         self._clock: LoopLag | None = None
+        self._watcher = self._sample  # one object: the clock unwatches by identity
         self._window_ends = 0.0
         self._worst = 0.0  # this window's
         self._previous = 0.0  # the last window's
 
     def start(self) -> LagProbe:
+        if self._clock is not None:
+            raise RuntimeError("the lag probe is already started")
         loop = asyncio.get_running_loop()
         self._window_ends = loop.time() + self.window_s
         self._clock = LoopLag.of(loop)
-        self._clock.watch(loop, self._sample)
+        self._clock.watch(loop, self._watcher)
         return self
 
     def reset(self) -> float:
@@ -63,5 +66,5 @@ class LagProbe:
 
     async def stop(self) -> None:
         if self._clock is not None:
-            self._clock.unwatch(self._sample)
+            self._clock.unwatch(self._watcher)
             self._clock = None

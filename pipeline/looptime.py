@@ -102,18 +102,20 @@ class LoopLag:
     def watch(
         self, loop: asyncio.AbstractEventLoop, watcher: Callable[[float, float], None]
     ) -> None:
-        """Call ``watcher(late, now)`` at every tick until ``unwatch``: how late the tick ran
-        and the loop's time then. The clock ticks all that while, every ``TICK_S`` while the
-        loop keeps time (sooner after a late tick). A watcher must not raise."""
+        """Call ``watcher(late, now)`` at every tick until ``unwatch`` (the same object):
+        how late the tick ran and the loop's time then. The clock ticks all that while, every
+        ``TICK_S`` while the loop keeps time (sooner after a late tick). A watcher that raises
+        is reported to the loop's exception handler once and unwatched. It must hold no
+        reference to the loop: the clock would then keep a closed loop alive."""
         self._watchers = (*self._watchers, watcher)
         self.hold(loop, loop.time())
 
     def unwatch(self, watcher: Callable[[float, float], None]) -> None:
-        watchers = list(self._watchers)
-        if watcher in watchers:
-            watchers.remove(watcher)
-            self._watchers = tuple(watchers)
-            self.release()
+        for index, watching in enumerate(self._watchers):
+            if watching is watcher:
+                self._watchers = self._watchers[:index] + self._watchers[index + 1 :]
+                self.release()
+                return
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
@@ -128,7 +130,13 @@ class LoopLag:
         self._due = now + TICK_S * TICK_S / (TICK_S + late)
         loop.call_at(self._due, self._tick, loop)
         for watcher in self._watchers:  # after the next tick is set: it ticks on regardless
-            watcher(late, now)
+            try:
+                watcher(late, now)
+            except Exception as exc:  # not every tick's, and not the watchers' after it
+                self.unwatch(watcher)
+                loop.call_exception_handler(
+                    {"message": "a LoopLag watcher raised: it was unwatched", "exception": exc}
+                )
 
 
 class Bound:

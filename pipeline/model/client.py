@@ -40,6 +40,14 @@ END_OF_BODY_S: Final = 0.05
 END_OF_BODY_LINES: Final = 4
 END_OF_BODY_MARGIN_S: Final = 0.01
 KEEPALIVE_EXPIRY_S: Final = 2.0
+# Connection pools per client. httpcore's pool walks all of its connections on every request
+# and at the end of every response (and checks each idle one against all the others, with a
+# readability poll of its socket), so one pool serving N streams at once costs O(N) to O(N^2)
+# per call: 3.6-4.4 ms of CPU per 8-token call at 32 concurrent streams against 1.4-1.8 ms
+# with the calls spread over 4-16 pools, 5.2 against 1.6-1.9 ms at 128 (BENCHMARKS.md, issue
+# 18). A call takes the pool with the fewest calls in flight, the first of those, so at low
+# concurrency every call reuses the first pool's connection.
+POOLS: Final = 8
 # The usage on every chunk (vLLM's continuous usage stats), so that a stream cut short knows
 # what it spent (``pipeline.model.spend``); the last chunk has the whole answer's. A server
 # that refuses the field (a strict OpenAI-compatible one) gets only the final usage.
@@ -218,31 +226,50 @@ class LLMClient:
         # Whether to ask for the usage on every chunk; off once the server refuses it.
         self.running_usage = True
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                # Under the model server's own idle limit (vLLM's is 5 s, as uvicorn's): a
-                # pooled connection is dropped here first, never closed by the server just as
-                # a request goes out on it.
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            ),
-            transport=transport,
-        )
+        # A transport given (a test's) is one pool's: it is not shared between clients.
+        pools = 1 if transport is not None else min(POOLS, max_connections)
+        per_pool = -(-max_connections // pools)
+        self._pools = [
+            httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+                limits=httpx.Limits(
+                    max_connections=per_pool,
+                    max_keepalive_connections=per_pool,
+                    # Under the model server's own idle limit (vLLM's is 5 s, as uvicorn's): a
+                    # pooled connection is dropped here first, never closed by the server just
+                    # as a request goes out on it.
+                    keepalive_expiry=KEEPALIVE_EXPIRY_S,
+                ),
+                transport=transport,
+            )
+            for _ in range(pools)
+        ]
+        self._in_flight = [0] * pools
+        self.client = self._pools[0]  # the health probe's
 
     @contextlib.asynccontextmanager
     async def _answering(self, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
         """The model server's streamed response, its refusal raised. A server that refuses the
         running usage is asked again without it, and from then on never asked for it (the
         spend of a call cut short is then an estimate)."""
+        pool = min(range(len(self._pools)), key=self._in_flight.__getitem__)
+        self._in_flight[pool] += 1
+        try:
+            async with self._call(pool, payload) as response:
+                yield response
+        finally:
+            self._in_flight[pool] -= 1
+
+    @contextlib.asynccontextmanager
+    async def _call(self, pool: int, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
         while True:
             running = self.running_usage
             options = STREAM_OPTIONS if running else FINAL_USAGE
             body = {**payload, "stream": True, "stream_options": options}
-            async with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
+            client = self._pools[pool]
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code < 400:
                     yield response
                     return
@@ -300,4 +327,5 @@ class LLMClient:
         return response.status_code == 200
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for client in self._pools:
+            await client.aclose()

@@ -158,8 +158,9 @@ def lag_while(service: ServiceProcess, path: str, body: bytes, key: str) -> tupl
     for _ in range(5):
         _, late_before = service.lag_samples()
         response = raw_request(service.port, post_head(path, len(body), key), body, timeout=300)
-        # The probe's sample that spans the request's end is in once two more are (10 ms
-        # apart, however late a loaded machine runs them); a sleep of 50 ms was a hope.
+        # The probe's sample that spans the request's end is in once two more are (the loop's
+        # clock ticks, 10 ms apart or sooner after a late one, however late a loaded machine
+        # runs them); a sleep of 50 ms was a hope.
         counted, _ = service.lag_samples()
         wait_for(
             lambda: service.lag_samples()[0] >= counted + 2,  # noqa: B023 - used at once

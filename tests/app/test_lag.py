@@ -59,6 +59,22 @@ def test_the_probe_reads_the_clock_the_time_bounds_use_with_no_timer_of_its_own(
         return ticking, counted, clock.ticking, scheduled
 
     ticking, counted, still_ticking, scheduled = asyncio.run(main())
+    assert scheduled == 1  # the clock's next tick, and nothing of the probe's own
     assert ticking and not still_ticking
     assert counted >= 3  # about 10 in 0.1 s; fewer only on a machine that stalls the process
-    assert scheduled == 1  # the clock's next tick, and nothing of the probe's own
+
+
+def test_a_probe_is_started_once() -> None:
+    """A second start would watch the clock twice and one stop leave it ticking for good."""
+    import asyncio
+
+    import pytest
+
+    async def main() -> None:
+        probe = LagProbe(record=False).start()
+        with pytest.raises(RuntimeError):
+            probe.start()
+        await probe.stop()
+        await probe.stop()  # a second stop is a no-op
+
+    asyncio.run(main())

@@ -194,3 +194,73 @@ async def test_a_server_that_refuses_the_field_even_when_not_sent_is_asked_twice
     finally:
         await client.aclose()
     assert len(server.bodies) == 2
+
+
+class CountingUpstream:
+    """``bench.fake_upstream`` in this process, counting the connections it accepts and how
+    many are open at once."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.accepted = 0
+        self.open = 0
+        self.most_open = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> CountingUpstream:
+        from bench.fake_upstream import handle
+
+        async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.accepted += 1
+            self.open += 1
+            self.most_open = max(self.most_open, self.open)
+            try:
+                await handle(reader, writer, self.interval_s)
+            finally:
+                self.open -= 1
+
+        self._server = await asyncio.start_server(counted, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+
+def pooled(client: LLMClient) -> list[int]:
+    """The connections each of the client's pools holds (httpcore's pool, read as it is)."""
+    return [len(pool._transport._pool.connections) for pool in client._pools]  # type: ignore[attr-defined]
+
+
+async def test_concurrent_calls_are_spread_over_the_pools_and_a_lone_call_reuses_the_first() -> (
+    None
+):
+    """httpcore walks every connection of a pool on each call: concurrent calls go to the pool
+    with the fewest in flight, so no pool holds more than its share; one call at a time always
+    takes the first pool, so it reuses one connection, as before."""
+    async with CountingUpstream(interval_s=0.02) as upstream:
+        client = LLMClient(upstream.url)
+        try:
+            answers = await asyncio.gather(*(answer(client) for _ in range(16)))
+            assert all(finished(chunks) for chunks in answers)
+            assert upstream.accepted == 16  # one connection per stream
+            assert max(pooled(client)) <= -(-16 // client_module.POOLS)
+            assert len(client._pools) == client_module.POOLS
+            for _ in range(3):
+                assert finished(await answer(client))
+            assert upstream.accepted == 16  # each lone call reused the first pool's connection
+        finally:
+            await client.aclose()
+
+
+async def test_the_pools_together_hold_no_more_connections_than_the_client_may_open() -> None:
+    async with CountingUpstream(interval_s=0.02) as upstream:
+        client = LLMClient(upstream.url, max_connections=4)
+        try:
+            answers = await asyncio.gather(*(answer(client) for _ in range(12)))
+            assert all(finished(chunks) for chunks in answers)
+            assert upstream.most_open <= 4
+        finally:
+            await client.aclose()

@@ -107,6 +107,35 @@ async def test_a_watcher_sees_every_tick_and_its_lateness_until_it_stops_watchin
     assert all(a[1] < b[1] for a, b in itertools.pairwise(ticks))
 
 
+async def test_a_watcher_that_raises_is_reported_once_and_dropped_and_the_clock_ticks_on() -> None:
+    loop = asyncio.get_running_loop()
+    clock = LoopLag.of(loop)
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    calls = {"bad": 0, "good": 0}
+
+    def bad(late: float, now: float) -> None:
+        calls["bad"] += 1
+        raise ValueError("broken")
+
+    def good(late: float, now: float) -> None:
+        calls["good"] += 1
+
+    try:
+        clock.watch(loop, bad)
+        clock.watch(loop, good)
+        await asyncio.sleep(0.06)
+        with pytest.raises(TimeoutError):  # the clock still serves the bounds
+            async with Bound(0.02):
+                await asyncio.sleep(30)
+        clock.unwatch(good)
+    finally:
+        loop.set_exception_handler(None)
+    assert calls["bad"] == 1 and len(reported) == 1
+    assert isinstance(reported[0]["exception"], ValueError)
+    assert calls["good"] >= 4  # the watcher after it was called at every tick
+
+
 def test_a_closed_loop_is_not_kept_alive_by_a_watched_clock() -> None:
     """A watcher that outlives its loop (never unwatched) keeps neither alive."""
 
