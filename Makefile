@@ -173,7 +173,7 @@ bench-access: install
 # Issue 19: the Milvus backend (Milvus Lite, a db file in a temp dir) against the embedded index
 # in one run: SciFact nDCG@10 (and Milvus's own hybrid_search), p50/p99 at 5k and 100k chunks,
 # ingestion passages/s, ingest while serving. `--quick` for a short check.
-.PHONY: bench-milvus bench-stream-cost bench-idle
+.PHONY: bench-milvus bench-stream-cost bench-idle bench-pool
 bench-milvus: install
 	$(PY) -m bench.milvus_bench --sizes 100000 --batch 5000
 
@@ -207,6 +207,11 @@ bench-stream-cost: install redis
 bench-idle: install redis
 	$(PY) -m bench.idle_cost $(BENCH_ARGS)
 
+# The model client's own CPU per streamed call at 1-128 calls at once, its calls in one
+# connection pool or spread over several, against a stub model server.
+bench-pool: install
+	$(PY) -m bench.pool_bench $(BENCH_ARGS)
+
 bench-plots: install
 	$(PY) -m bench.plots
 
@@ -227,7 +232,7 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e bench-stream-cost bench-idle
+	bench-access bench-e2e bench-stream-cost bench-idle bench-pool
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

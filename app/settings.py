@@ -122,7 +122,12 @@ class LLMSettings(BaseModel):
     )
     connect_timeout_seconds: float = Field(2.0, gt=0)
     read_timeout_seconds: float = Field(60.0, gt=0)
-    max_connections: int = Field(256, gt=0)
+    max_connections: int = Field(
+        256,
+        gt=0,
+        description="Connections to the model server, shared by the client's connection pools; "
+        "a call over the limit waits up to the connect timeout for one.",
+    )
     tokenizer_path: Path | None = Field(
         None,
         description="tokenizer.json of the served model, to count tokens as it does "

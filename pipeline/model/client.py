@@ -45,8 +45,10 @@ KEEPALIVE_EXPIRY_S: Final = 2.0
 # readability poll of its socket), so one pool serving N streams at once costs O(N) to O(N^2)
 # per call: 3.6-4.4 ms of CPU per 8-token call at 32 concurrent streams against 1.4-1.8 ms
 # with the calls spread over 4-16 pools, 5.2 against 1.6-1.9 ms at 128 (BENCHMARKS.md, issue
-# 18). A call takes the pool with the fewest calls in flight, the first of those, so at low
-# concurrency every call reuses the first pool's connection.
+# 18). The pools share ``max_connections`` between them, and the client, not a pool, makes a
+# call over that limit wait (for the first connection freed in any pool). A call takes the pool
+# with the fewest calls in flight, the first of those, so at low concurrency every call reuses
+# the first pool's connection. The readiness probe has a connection of its own.
 POOLS: Final = 8
 # The usage on every chunk (vLLM's continuous usage stats), so that a stream cut short knows
 # what it spent (``pipeline.model.spend``); the last chunk has the whole answer's. A server
@@ -226,17 +228,15 @@ class LLMClient:
         # Whether to ask for the usage on every chunk; off once the server refuses it.
         self.running_usage = True
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # A transport given (a test's) is one pool's: it is not shared between clients.
-        pools = 1 if transport is not None else min(POOLS, max_connections)
-        per_pool = -(-max_connections // pools)
-        self._pools = [
-            httpx.AsyncClient(
+
+        def pool(connections: int) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
                 base_url=self.base_url,
                 headers=headers,
                 timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
                 limits=httpx.Limits(
-                    max_connections=per_pool,
-                    max_keepalive_connections=per_pool,
+                    max_connections=connections,
+                    max_keepalive_connections=connections,
                     # Under the model server's own idle limit (vLLM's is 5 s, as uvicorn's): a
                     # pooled connection is dropped here first, never closed by the server just
                     # as a request goes out on it.
@@ -244,23 +244,55 @@ class LLMClient:
                 ),
                 transport=transport,
             )
-            for _ in range(pools)
+
+        # A transport given (a test's) is one pool's: it is not shared between clients.
+        count = 1 if transport is not None else min(POOLS, max_connections)
+        # Each pool its share (the first ones one more): max_connections together, exactly.
+        self._shares = [
+            max_connections // count + (i < max_connections % count) for i in range(count)
         ]
-        self._in_flight = [0] * pools
-        self.client = self._pools[0]  # the health probe's
+        self._pools = [pool(share) for share in self._shares]
+        self._in_flight = [0] * count
+        # A call holds one of these while it has a connection, so one over the limit waits
+        # for the first connection that comes free in any pool (as long as httpx's own wait
+        # for a pool's), and the pool it is then given has one free.
+        self._connections = asyncio.Semaphore(max_connections)
+        self._wait_s = connect_timeout
+        # The readiness probe's own connection: never queued behind the calls.
+        self.client = self._pools[0] if transport is not None else pool(1)
 
     @contextlib.asynccontextmanager
     async def _answering(self, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
         """The model server's streamed response, its refusal raised. A server that refuses the
         running usage is asked again without it, and from then on never asked for it (the
         spend of a call cut short is then an estimate)."""
-        pool = min(range(len(self._pools)), key=self._in_flight.__getitem__)
-        self._in_flight[pool] += 1
+        await self._take_connection()
         try:
-            async with self._call(pool, payload) as response:
-                yield response
+            pool = self._choose()
+            self._in_flight[pool] += 1
+            try:
+                async with self._call(pool, payload) as response:
+                    yield response
+            finally:
+                self._in_flight[pool] -= 1
         finally:
-            self._in_flight[pool] -= 1
+            self._connections.release()
+
+    async def _take_connection(self) -> None:
+        if not self._connections.locked():
+            await self._connections.acquire()  # at once
+            return
+        try:
+            async with asyncio.timeout(self._wait_s):
+                await self._connections.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout("no connection to the model server came free") from None
+
+    def _choose(self) -> int:
+        """The first of the pools with the fewest calls in flight, among those with a free
+        connection (one has: the calls in flight are fewer than the connections)."""
+        free = [i for i, calls in enumerate(self._in_flight) if calls < self._shares[i]]
+        return min(free, key=self._in_flight.__getitem__)
 
     @contextlib.asynccontextmanager
     async def _call(self, pool: int, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
@@ -327,5 +359,5 @@ class LLMClient:
         return response.status_code == 200
 
     async def aclose(self) -> None:
-        for client in self._pools:
+        for client in {id(c): c for c in (*self._pools, self.client)}.values():
             await client.aclose()

@@ -255,12 +255,48 @@ async def test_concurrent_calls_are_spread_over_the_pools_and_a_lone_call_reuses
             await client.aclose()
 
 
-async def test_the_pools_together_hold_no_more_connections_than_the_client_may_open() -> None:
+@pytest.mark.parametrize("limit", [4, 9, 20])
+async def test_the_pools_together_hold_no_more_connections_than_the_client_may_open(
+    limit: int,
+) -> None:
+    """Fewer connections than pools, and a limit the pools do not divide: never more open."""
     async with CountingUpstream(interval_s=0.02) as upstream:
-        client = LLMClient(upstream.url, max_connections=4)
+        client = LLMClient(upstream.url, max_connections=limit)
         try:
-            answers = await asyncio.gather(*(answer(client) for _ in range(12)))
+            answers = await asyncio.gather(*(answer(client) for _ in range(2 * limit)))
             assert all(finished(chunks) for chunks in answers)
-            assert upstream.most_open <= 4
+            assert upstream.most_open <= limit
+            assert client._connections._value == limit  # every call gave its connection back
         finally:
             await client.aclose()
+
+
+async def test_a_call_over_the_limit_takes_the_first_connection_freed_in_any_pool() -> None:
+    """Two connections, two pools: a long call in one, a short one in the other; a third call
+    waits for the short one's connection, not for the pool it would have been given."""
+    async with CountingUpstream(interval_s=0.02) as upstream:
+        client = LLMClient(upstream.url, max_connections=2, connect_timeout=0.5)
+        try:
+            long = asyncio.create_task(answer_of(client, 100))  # about 2 s
+            short = asyncio.create_task(answer_of(client, 3))  # about 0.1 s
+            await asyncio.sleep(0.05)
+            assert finished(await answer_of(client, 3))  # not a 0.5 s wait ending in a 503
+            assert finished(await short) and finished(await long)
+        finally:
+            await client.aclose()
+
+
+async def test_the_readiness_probe_is_never_queued_behind_the_calls() -> None:
+    async with CountingUpstream(interval_s=0.02) as upstream:
+        client = LLMClient(upstream.url, max_connections=1)
+        try:
+            streaming = asyncio.create_task(answer_of(client, 100))  # the only connection
+            await asyncio.sleep(0.05)
+            assert await client.healthy(probe_timeout=0.5)
+            assert finished(await streaming)
+        finally:
+            await client.aclose()
+
+
+async def answer_of(client: LLMClient, tokens: int) -> list[dict[str, Any]]:
+    return [chunk async for chunk in client.stream_chat(ask(tokens))]
