@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from functools import partial
 
 import orjson
 
@@ -115,6 +120,25 @@ async def serve(port: int, interval_s: float) -> None:
     )
     async with server:
         await server.serve_forever()
+
+
+@contextlib.contextmanager
+def running(interval_ms: float = 10.0) -> Iterator[tuple[str, int]]:
+    """The stub as its own process on a free port, answering: its URL and its pid (whose CPU
+    time a bench may read); stopped on the way out."""
+    from bench.cache_hit import up
+    from tests.support.servers import free_port, wait_for
+
+    port = free_port()
+    stub = ["--port", str(port), "--interval-ms", str(interval_ms)]
+    process = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", *stub])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(partial(up, f"{url}/health"), 30, "the fake model server", step=0.1)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def main() -> None:

@@ -17,16 +17,13 @@ Writes bench/results/idle_cost.json.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from contextlib import ExitStack
-from functools import partial
 from typing import Any
 
-from bench.cache_hit import up
 from bench.e2e import median, ratio, serve_sides, write_result
-from tests.support.servers import RedisServer, free_port, wait_for
+from bench.fake_upstream import running
+from tests.support.servers import RedisServer
 
 SETTLE_S = 5.0  # after start-up: imports done, listeners connected, the first polls answered
 
@@ -69,22 +66,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.windows < 1 or args.window_s <= 0:
         parser.error("--windows must be at least 1 and --window-s above 0")
-    port = free_port()
-    upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", "--port", str(port)])
-    llm = f"http://127.0.0.1:{port}"
     redis = RedisServer()
     redis.start()
     try:
-        wait_for(partial(up, f"{llm}/health"), 30, "the fake model server", step=0.1)
         env = {"RAG_RETRIEVAL__ENABLED": "false"}
         env.update(item.split("=", 1) for item in args.service_env)
         with ExitStack() as stack:
+            llm, _ = stack.enter_context(running())
             services, _ = serve_sides(stack, args.before, redis.url, llm, 1, "idle", **env)
             result = measure(services, args.windows, args.window_s)
     finally:
         redis.stop()
-        upstream.terminate()
-        upstream.wait(10)
     result.update(
         windows=args.windows,
         window_s=args.window_s,

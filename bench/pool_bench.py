@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
-import sys
 import time
-from functools import partial
 from typing import Any
 
 import uvloop
 
-from bench.cache_hit import up
 from bench.e2e import median, ratio, write_result
+from bench.fake_upstream import running
 from pipeline.model import client as client_module
 from pipeline.model.client import LLMClient
-from tests.support.servers import free_port, wait_for
 
 
 async def cpu_per_call(url: str, pools: int, streams: int, calls: int, tokens: int) -> float:
@@ -91,16 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.streams + args.pools) < 1 or args.rounds < 1 or args.calls < 1:
         parser.error("--streams, --pools, --rounds and --calls must be at least 1")
-    port = free_port()
-    stub = ["bench.fake_upstream", "--port", str(port), "--interval-ms", str(args.interval_ms)]
-    upstream = subprocess.Popen([sys.executable, "-m", *stub])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(partial(up, f"{url}/health"), 30, "the fake model server", step=0.1)
+    with running(args.interval_ms) as (url, _):
         result = measure(url, args)
-    finally:
-        upstream.terminate()
-        upstream.wait(10)
     result.update(
         pools=args.pools,
         rounds=args.rounds,

@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
-import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from functools import partial
 from typing import Any
 
-from bench.cache_hit import up
 from bench.e2e import chat_request, median, ratio, serve_sides, write_result
+from bench.fake_upstream import running
 from bench.throughput_bench import prompts, wave
 from tests.support.process import process_cpu_seconds
-from tests.support.servers import RedisServer, free_port, wait_for
+from tests.support.servers import RedisServer
 
 STUB = "stub model server"
 
@@ -140,28 +137,22 @@ def main() -> None:
         args.rounds, args.clients, args.requests = 2, 8, 4
     if len(set(args.lengths)) < 2:
         parser.error("--lengths needs two different answer lengths")
-    port = free_port()
-    stub = ["bench.fake_upstream", "--port", str(port), "--interval-ms", str(args.interval_ms)]
-    upstream = subprocess.Popen([sys.executable, "-m", *stub])
-    llm = f"http://127.0.0.1:{port}"
     redis = RedisServer()
     redis.start()
     try:
-        wait_for(partial(up, f"{llm}/health"), 30, "the fake model server", step=0.1)
         env = {"RAG_RETRIEVAL__ENABLED": "false"}
         env.update(item.split("=", 1) for item in args.service_env)
         with ExitStack() as stack:
+            llm, stub_pid = stack.enter_context(running(args.interval_ms))
             services, keys = serve_sides(
                 stack, args.before, redis.url, llm, args.tenants, "cost", **env
             )
             urls = {side: s.url for side, s in services.items()}
             cpu = {side: s.cpu_seconds for side, s in services.items()}
-            cpu[STUB] = lambda: process_cpu_seconds(upstream.pid)
+            cpu[STUB] = lambda: process_cpu_seconds(stub_pid)
             result = asyncio.run(measure(urls, keys, cpu, args))
     finally:
         redis.stop()
-        upstream.terminate()
-        upstream.wait(10)
     result.update(
         clients=args.clients,
         requests_per_client=args.requests,

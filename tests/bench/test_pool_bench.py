@@ -4,31 +4,20 @@ against the stub model server."""
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from functools import partial
 
-from bench.cache_hit import up
+from bench.fake_upstream import running
 from bench.pool_bench import measure
 from pipeline.model import client as client_module
-from tests.support.servers import free_port, wait_for
 
 
 def test_each_pool_count_is_measured_per_level_and_compared_with_the_first() -> None:
-    port = free_port()
-    stub = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), "--interval-ms", "1"]
-    )
     pools_before = client_module.POOLS
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(partial(up, f"{url}/health"), 30, "the fake model server", step=0.1)
-        args = argparse.Namespace(streams=[1, 3], pools=[1, 2], rounds=2, calls=2, tokens=3)
-        result = measure(url, args)
+        with running(interval_ms=1) as (url, _):
+            args = argparse.Namespace(streams=[1, 3], pools=[1, 2], rounds=2, calls=2, tokens=3)
+            result = measure(url, args)
     finally:
         client_module.POOLS = pools_before
-        stub.terminate()
-        stub.wait(10)
     assert [row["streams"] for row in result["levels"]] == [1, 3]
     for row in result["levels"]:
         assert all(len(v) == 2 for v in row["us_per_call_rounds"].values())
