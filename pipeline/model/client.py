@@ -277,15 +277,31 @@ class LLMClient:
         running usage is asked again without it, and from then on never asked for it (the
         spend of a call cut short is then an estimate)."""
         await self._take_connection()
+        pool = self._choose()  # nothing awaited between the slot and the try that gives it back
+        self._in_flight[pool] += 1
+        client = self._pools[pool]
         try:
-            pool = self._choose()
-            self._in_flight[pool] += 1
-            try:
-                async with self._call(pool, payload) as response:
-                    yield response
-            finally:
-                self._in_flight[pool] -= 1
+            while True:
+                running = self.running_usage
+                options = STREAM_OPTIONS if running else FINAL_USAGE
+                body = {**payload, "stream": True, "stream_options": options}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    if response.status_code < 400:
+                        yield response
+                        return
+                    refused = await response.aread()
+                    if not (running and _refuses_running_usage(response.status_code, refused)):
+                        raise upstream_error(response.status_code, refused, response.headers)
+                if self.running_usage:
+                    self.running_usage = False
+                    log.warning(
+                        "the model server at %s refuses stream_options.continuous_usage_stats: "
+                        "asking it for the final usage only (a stream cut short is charged an "
+                        "estimate)",
+                        self.base_url,
+                    )
         finally:
+            self._in_flight[pool] -= 1
             self._connections.release()
 
     async def _take_connection(self) -> None:
@@ -303,29 +319,6 @@ class LLMClient:
         connection (one has: the calls in flight are fewer than the connections)."""
         free = [i for i, calls in enumerate(self._in_flight) if calls < self._shares[i]]
         return min(free, key=self._in_flight.__getitem__)
-
-    @contextlib.asynccontextmanager
-    async def _call(self, pool: int, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
-        while True:
-            running = self.running_usage
-            options = STREAM_OPTIONS if running else FINAL_USAGE
-            body = {**payload, "stream": True, "stream_options": options}
-            client = self._pools[pool]
-            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                if response.status_code < 400:
-                    yield response
-                    return
-                refused = await response.aread()
-                if not (running and _refuses_running_usage(response.status_code, refused)):
-                    raise upstream_error(response.status_code, refused, response.headers)
-            if self.running_usage:
-                self.running_usage = False
-                log.warning(
-                    "the model server at %s refuses stream_options.continuous_usage_stats: "
-                    "asking it for the final usage only (a stream cut short is charged an "
-                    "estimate)",
-                    self.base_url,
-                )
 
     async def stream_chat(
         self, payload: dict[str, Any], *, deadline: float | None = None
