@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import ssl
+import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
@@ -33,6 +34,7 @@ from pipeline.errors import (
     UpstreamError,
     retry_after,
 )
+from pipeline.model import transport as network
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ POOLS: Final = 8
 STREAM_OPTIONS: Final = {"include_usage": True, "continuous_usage_stats": True}
 FINAL_USAGE: Final = {"include_usage": True}
 RUNNING_USAGE_FIELD: Final = b"continuous_usage_stats"
+# The longest line of a streamed answer read (a chunk is a few hundred bytes; a tool call's
+# arguments or logprobs make it longer, never this long).
+MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 
 
 class UpstreamRateLimited(PipelineError):
@@ -152,14 +157,47 @@ def _stream_error(chunk: dict[str, Any], started: bool) -> PipelineError:
     return UpstreamError(f"the model server failed mid-stream: {error}", code="upstream_failed")
 
 
-def _chunk(data: str) -> dict[str, Any]:
+async def lines(body: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """A body's lines, as bytes, without their ends (LF, CRLF or a lone CR, as SSE allows;
+    a CRLF split between two pieces gives one more, empty, line). httpx's ``aiter_lines``
+    decodes the text and splits it in three generators a piece; here it is split once. A line
+    longer than ``MAX_LINE_BYTES`` is the model server failing (``upstream_malformed``)."""
+    pending: list[bytes] = []  # the start of a line whose end has not come
+    size = 0
+    async for data in body:
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if b"\n" not in data:
+            pending.append(data)
+            size += len(data)
+            if size > MAX_LINE_BYTES:
+                raise UpstreamError(
+                    f"The model server sent a stream line over {MAX_LINE_BYTES} bytes.",
+                    code="upstream_malformed",
+                )
+            continue
+        if pending:  # each byte joined once: a long line in many pieces stays linear
+            data = b"".join((*pending, data))
+        *whole, rest = data.split(b"\n")
+        for line in whole:
+            yield line
+        pending, size = ([rest], len(rest)) if rest else ([], 0)
+    if pending:
+        yield b"".join(pending)
+
+
+def _chunk(data: bytes) -> dict[str, Any]:
     try:
         chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        chunk = None
+    except orjson.JSONDecodeError:  # not JSON, or not UTF-8: read as httpx's text would be
+        try:
+            chunk = orjson.loads(data.decode("utf-8", "replace"))
+        except orjson.JSONDecodeError:
+            chunk = None
     if not isinstance(chunk, dict):
+        line = data[:200].decode(errors="replace")
         raise UpstreamError(
-            f"The model server sent a malformed stream line: {data[:200]!r}",
+            f"The model server sent a malformed stream line: {line!r}",
             code="upstream_malformed",
         )
     return chunk
@@ -172,7 +210,7 @@ def _finishes(chunk: dict[str, Any]) -> bool:
     )
 
 
-async def _read_to_end(lines: AsyncIterator[str], deadline: float | None) -> None:
+async def _read_to_end(body: AsyncIterator[bytes], deadline: float | None) -> None:
     """Read what follows ``[DONE]``: the body's end (the chunked encoding's last chunk), so
     that the connection goes back to the pool. Left unread, httpx closes it, and every answer
     costs the model server and this process a new TCP connection. The answer is complete
@@ -187,7 +225,7 @@ async def _read_to_end(lines: AsyncIterator[str], deadline: float | None) -> Non
     with contextlib.suppress(httpx.HTTPError, TimeoutError):
         async with asyncio.timeout(wait):
             for _ in range(END_OF_BODY_LINES):
-                if await anext(lines, None) is None:
+                if await anext(body, None) is None:
                     return
 
 
@@ -220,6 +258,14 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def _transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport | None:
+    """The pools' transport: on ``pipeline.model.transport``'s asyncio backend, or httpx's own
+    (None) where the environment names a proxy, which httpx's honours."""
+    if any(scheme in urllib.request.getproxies() for scheme in ("http", "https", "all")):
+        return None
+    return network.transport(verify=_tls(), limits=limits)
+
+
 class LLMClient:
     """Streams chat completions from one OpenAI-compatible server."""
 
@@ -239,20 +285,21 @@ class LLMClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
         def pool(connections: int) -> httpx.AsyncClient:
+            limits = httpx.Limits(
+                max_connections=connections,
+                max_keepalive_connections=connections,
+                # Under the model server's own idle limit (vLLM's is 5 s, as uvicorn's): a
+                # pooled connection is dropped here first, never closed by the server just as a
+                # request goes out on it.
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            )
             return httpx.AsyncClient(
                 base_url=self.base_url,
                 headers=headers,
                 verify=_tls(),
                 timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
-                limits=httpx.Limits(
-                    max_connections=connections,
-                    max_keepalive_connections=connections,
-                    # Under the model server's own idle limit (vLLM's is 5 s, as uvicorn's): a
-                    # pooled connection is dropped here first, never closed by the server just
-                    # as a request goes out on it.
-                    keepalive_expiry=KEEPALIVE_EXPIRY_S,
-                ),
-                transport=transport,
+                limits=limits,
+                transport=transport or _transport(limits),
             )
 
         # A transport given (a test's) is one pool's: it is not shared between clients.
@@ -329,14 +376,14 @@ class LLMClient:
         try:
             async with self._answering(payload) as response:
                 started = finished = done = False
-                lines = response.aiter_lines()
-                async for line in lines:
-                    if not line.startswith("data:"):
+                body = lines(response.aiter_bytes())
+                async for line in body:
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
                         done = True
-                        await _read_to_end(lines, deadline)
+                        await _read_to_end(body, deadline)
                         break
                     chunk = _chunk(data)
                     if "error" in chunk:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pipeline.jobs.webhooks import WebhookSender, webhook_state
 from pipeline.store.kv import KeyValueStore
 from tests.pipeline.jobs.conftest import make_job
 from tests.pipeline.jobs.receiver import DripReceiver, Receiver
+from tests.support.tls import self_signed
 
 
 @pytest.fixture
@@ -235,25 +235,14 @@ async def test_a_name_resolving_to_loopback_is_refused_at_delivery(
 @pytest.fixture
 def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext, list[str | None]]:
     """A certificate for hooks.test: the receiver's TLS, a client trusting it, the SNI names."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    command = (
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=hooks.test"
-        " -addext subjectAltName=DNS:hooks.test"
-    )
-    subprocess.run(
-        [*command.split(), "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(cert, key)
+    server, client = self_signed(tmp_path, "hooks.test")
     names: list[str | None] = []
 
     def remember(sock: Any, name: str | None, ctx: Any) -> None:
         names.append(name)
 
     server.sni_callback = remember
-    return server, ssl.create_default_context(cafile=str(cert)), names
+    return server, client, names
 
 
 def resolving_to(*answers: str) -> tuple[Any, list[str]]:
