@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.errors import UpstreamError
+
 
 @dataclass(frozen=True, slots=True)
 class ContentDelta:
@@ -170,6 +172,11 @@ def _tool_call_deltas(calls: Any) -> list[StreamEvent]:
         if not isinstance(call, dict):
             continue
         function = call.get("function") or {}
+        if not isinstance(function, dict) or not all(
+            isinstance(field, str | None)
+            for field in (call.get("id"), function.get("name"), function.get("arguments"))
+        ):
+            raise _malformed({"tool_calls": calls})
         index = call.get("index")
         events.append(
             ToolCallDelta(
@@ -190,20 +197,47 @@ def _logprob_entries(logprobs: Any) -> tuple[dict[str, Any], ...]:
 
 
 def events_from_chunk(chunk: dict[str, Any]) -> list[StreamEvent]:
-    """The events in one OpenAI-style ``chat.completion.chunk`` (as vLLM streams them)."""
+    """The events in one OpenAI-style ``chat.completion.chunk`` (as vLLM streams them). A chunk
+    of another shape (``choices`` not a list of objects, a ``delta`` not an object, a content
+    or finish reason not a string, a token count not a number of 0 or more) is the model
+    server failing: ``UpstreamError`` 502 ``upstream_malformed``, never a crash further on."""
     events: list[StreamEvent] = []
-    for choice in chunk.get("choices") or []:
-        delta = choice.get("delta") or {}
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise _malformed(chunk)
+    for choice in choices:
+        delta = (choice.get("delta") or {}) if isinstance(choice, dict) else None
+        if not isinstance(delta, dict):
+            raise _malformed(chunk)
+        content = delta.get("content")
+        finish = choice.get("finish_reason")
+        if not isinstance(content, str | None) or not isinstance(finish, str | None):
+            raise _malformed(chunk)
         logprobs = _logprob_entries(choice.get("logprobs"))
-        if delta.get("content") or logprobs:
-            events.append(ContentDelta(str(delta.get("content") or ""), logprobs))
+        if content or logprobs:
+            events.append(ContentDelta(content or "", logprobs))
         if delta.get("tool_calls"):
             events.extend(_tool_call_deltas(delta["tool_calls"]))
-        if choice.get("finish_reason"):
-            events.append(Finish(str(choice["finish_reason"])))
+        if finish:
+            events.append(Finish(finish))
     usage = chunk.get("usage")
     if isinstance(usage, dict):
-        events.append(
-            Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
-        )
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not all(_count(n) for n in (prompt, completion)):
+            raise _malformed(chunk)
+        events.append(Usage(int(prompt or 0), int(completion or 0)))
     return events
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` can be a token count (absent counts as 0)."""
+    if value is None:
+        return True
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+def _malformed(chunk: dict[str, Any]) -> UpstreamError:
+    return UpstreamError(
+        f"The model server sent a chunk of an unknown shape: {str(chunk)[:200]}",
+        code="upstream_malformed",
+    )

@@ -168,7 +168,8 @@ class TracedChat:
                     route.client.stream_chat(payload, deadline=deadline)
                 ) as upstream:
                     while (chunk := await _read(upstream, deadline, watchdog)) is not None:
-                        record.model = chunk.get("model") or record.model
+                        model = chunk.get("model")
+                        record.model = model if isinstance(model, str) and model else record.model
                         events = events_from_chunk(chunk)
                         for event in events:  # the whole chunk's, before any is passed on
                             record.take(event)

@@ -32,6 +32,7 @@ from tests.support.faultproxy import (
     close_after_events,
     http_response,
     malformed_line,
+    misshapen_chunk,
     without_done,
     without_finish_reason,
 )
@@ -214,18 +215,19 @@ def test_vllm_closing_the_stream_mid_answer_ends_it_with_an_error_event_and_cach
     service.assert_settled(before)
 
 
+@pytest.mark.parametrize("edit", [malformed_line, misshapen_chunk], ids=["not-json", "not-a-chunk"])
 def test_a_malformed_line_from_vllm_is_a_502_or_ends_the_stream_with_an_error_event(
-    service,
+    service, edit: Callable[[int], RewriterFactory]
 ) -> None:
     key = warmed(service)
     before = service.counts()
     request = ask(max_tokens=16, stream=True)
 
-    service.llm.rewrite(malformed_line(after=0))  # before any output: a status line can say it
+    service.llm.rewrite(edit(0))  # before any output: a status line can say it
     for broken in (request, {**request, "stream": False}):
         error = assert_openai_error(service.chat(key, broken), 502, "api_error")
         assert error["code"] == "upstream_malformed"
-    service.llm.rewrite(malformed_line(after=2))  # mid-answer: the stream says it
+    service.llm.rewrite(edit(2))  # mid-answer: the stream says it
     assert_error_event(service.chat(key, request), "upstream_malformed")
 
     service.llm.passing()

@@ -18,6 +18,7 @@ from pipeline.answer.events import (
     events_from_chunk,
 )
 from pipeline.answer.stream import AnswerStream
+from pipeline.errors import UpstreamError
 
 
 def base() -> Completion:
@@ -107,6 +108,30 @@ def test_events_from_a_vllm_chunk() -> None:
         Usage(3, 1),
     ]
     assert events_from_chunk({"choices": [{"delta": {"content": ""}}]}) == []
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"choices": "Blue"},
+        {"choices": [1]},
+        {"choices": [{"delta": "Blue"}]},
+        {"choices": [{"delta": {"content": ["Blue"]}}]},
+        {"choices": [{"delta": {}, "finish_reason": 1}]},
+        {"choices": [{"delta": {"tool_calls": [{"function": "calc"}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"function": {"arguments": {"x": 1}}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"id": 7, "function": {}}]}}]},
+        {"choices": [], "usage": {"prompt_tokens": "x"}},
+        {"choices": [], "usage": {"completion_tokens": -1}},
+        {"choices": [], "usage": {"completion_tokens": True}},
+    ],
+)
+def test_a_chunk_of_another_shape_is_the_model_server_failing(chunk: dict) -> None:
+    # Read as chunks, these crashed further on (a 500, or an internal error ending a stream)
+    # or passed nonsense on as the answer (a list as its text, a negative token count).
+    with pytest.raises(UpstreamError) as failed:
+        events_from_chunk(chunk)
+    assert (failed.value.status_code, failed.value.code) == (502, "upstream_malformed")
 
 
 async def test_drain_builds_the_completion_and_runs_callbacks() -> None:

@@ -20,9 +20,10 @@ import httpx
 import orjson
 import pytest
 import uvloop
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
+from pipeline.answer.events import ContentDelta, Finish, ToolCallDelta, Usage, events_from_chunk
 from pipeline.errors import DeadlineExceeded, PipelineError, ServiceUnavailable, UpstreamError
 from pipeline.model import client as client_module
 from pipeline.model import transport as network
@@ -512,3 +513,105 @@ def test_lines_are_split_alike_however_the_body_is_cut(
     got = asyncio.run(split())
     # Only empty lines may differ (a CRLF cut between two pieces gives one more).
     assert [line for line in got if line] == [text for text in texts if text]
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+TOOL_CALL = st.fixed_dictionaries(
+    {},
+    optional={
+        "index": JSON,
+        "id": JSON,
+        "function": JSON | st.fixed_dictionaries({}, optional={"name": JSON, "arguments": JSON}),
+    },
+)
+# What a careless or hostile model server puts after "data: ".
+EVENT = st.one_of(
+    st.just(b"[DONE]"),
+    st.binary(max_size=30),
+    JSON.map(orjson.dumps),
+    st.builds(
+        lambda choices, usage: orjson.dumps({"choices": choices, "usage": usage}),
+        st.lists(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "delta": JSON
+                    | st.fixed_dictionaries({"content": JSON})
+                    | st.fixed_dictionaries({"tool_calls": st.lists(TOOL_CALL, max_size=2) | JSON}),
+                    "finish_reason": JSON | st.just("stop"),
+                    "index": JSON,
+                },
+            )
+            | JSON,
+            max_size=2,
+        )
+        | JSON,
+        JSON,
+    ),
+    st.builds(
+        lambda error: orjson.dumps({"error": error}), JSON | st.fixed_dictionaries({"code": JSON})
+    ),
+)
+
+
+# Shapes that crashed the reading of chunks before (`make fuzz` finds them at once; the fixed
+# examples of `make test` did not).
+@example([b'{"choices": [1]}'], [], b"\n\n")
+@example([b'{"choices": [{"delta": {"tool_calls": [{"function": "f"}]}}]}'], [], b"\n\n")
+@example([b'{"choices": [], "usage": {"prompt_tokens": "x"}}'], [], b"\n\n")
+@given(
+    st.lists(EVENT, max_size=6),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=5),
+    st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]),
+)
+def test_whatever_a_model_server_streams_is_events_or_a_pipeline_error(
+    events: list[bytes], cuts: list[int], end: bytes
+) -> None:
+    # Never another exception, in the client or in reading its chunks: in the service it would
+    # be a 500 (or an internal error ending a stream).
+    whole = b"".join(b"data: " + event + end for event in events)
+    points = sorted({min(c, len(whole)) for c in cuts} | {0, len(whole)})
+
+    def server(request: httpx.Request) -> httpx.Response:
+        parts = [whole[a:b] for a, b in itertools.pairwise(points)]
+        return httpx.Response(200, stream=Pieces(parts))
+
+    async def main() -> list[Any]:
+        client = LLMClient("http://llm", transport=httpx.MockTransport(server))
+        got: list[Any] = []
+        try:
+            async for chunk in client.stream_chat(ask()):
+                assert isinstance(chunk, dict)
+                got += events_from_chunk(chunk)
+        except PipelineError:
+            pass
+        finally:
+            await client.aclose()
+        return got
+
+    kinds = (ContentDelta, ToolCallDelta, Finish, Usage)
+    for event in asyncio.run(main()):
+        assert isinstance(event, kinds)
+        if isinstance(event, ContentDelta):
+            assert isinstance(event.text, str)
+        if isinstance(event, ToolCallDelta):
+            assert isinstance(event.arguments, str) and isinstance(event.name, str | None)
+
+
+class Pieces(httpx.AsyncByteStream):
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part

@@ -471,6 +471,13 @@ def malformed_line(after: int = 1) -> RewriterFactory:
     return lambda: SSEEdit(lambda n, e: [b'data: {"choices": [{"delta": '] if n == after else [e])
 
 
+def misshapen_chunk(after: int = 1) -> RewriterFactory:
+    """A JSON object of another shape than a chunk's (a ``delta`` that is a string), in place of
+    the answer's event number ``after``."""
+    line = b'data: {"choices": [{"index": 0, "delta": "Blue"}]}'
+    return lambda: SSEEdit(lambda n, e: [line] if n == after else [e])
+
+
 def without_done() -> RewriterFactory:
     """The answer whole, but its ``data: [DONE]`` left out (the stream ends cleanly)."""
     return lambda: SSEEdit(lambda n, e: [] if _is_done(e) else [e])
