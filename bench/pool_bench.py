@@ -89,13 +89,7 @@ def main() -> None:
         parser.error("--streams, --pools, --rounds and --calls must be at least 1")
     with running(args.interval_ms) as (url, _):
         result = measure(url, args)
-    result.update(
-        pools=args.pools,
-        rounds=args.rounds,
-        calls=args.calls,
-        tokens=args.tokens,
-        interval_ms=args.interval_ms,
-    )
+    result.update(vars(args))
     path = write_result("pool", result)
     heads = " | ".join(f"µs per call, {p} pools" for p in args.pools)
     print(f"\n| streams at once | {heads} | ratio to {args.pools[0]} pool(s) |")

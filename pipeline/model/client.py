@@ -258,12 +258,9 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def _transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport | None:
-    """The pools' transport: on ``pipeline.model.transport``'s asyncio backend, or httpx's own
-    (None) where the environment names a proxy, which httpx's honours."""
-    if any(scheme in urllib.request.getproxies() for scheme in ("http", "https", "all")):
-        return None
-    return network.transport(verify=_tls(), limits=limits)
+def _proxied() -> bool:
+    """Whether the environment names a proxy (which httpx's own transport honours)."""
+    return any(scheme in urllib.request.getproxies() for scheme in ("http", "https", "all"))
 
 
 class LLMClient:
@@ -283,6 +280,9 @@ class LLMClient:
         # Whether to ask for the usage on every chunk; off once the server refuses it.
         self.running_usage = True
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # The pools' transport: on ``pipeline.model.transport``'s asyncio layer, unless a test
+        # gives one or the environment names a proxy (then httpx's own, which honours it).
+        own_layer = transport is None and not _proxied()
 
         def pool(connections: int) -> httpx.AsyncClient:
             limits = httpx.Limits(
@@ -299,7 +299,9 @@ class LLMClient:
                 verify=_tls(),
                 timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
                 limits=limits,
-                transport=transport or _transport(limits),
+                transport=network.transport(verify=_tls(), limits=limits)
+                if own_layer
+                else transport,
             )
 
         # A transport given (a test's) is one pool's: it is not shared between clients.

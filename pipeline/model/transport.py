@@ -109,6 +109,10 @@ class _Protocol(asyncio.Protocol):
         return data
 
 
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
 def _expire(waiter: asyncio.Future[None], error: type[Exception]) -> None:
     if not waiter.done():
         waiter.set_exception(error())
@@ -140,7 +144,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         if protocol.size:
             return protocol.take(max_bytes)
         if protocol.error is not None:  # the connection broke (reset, ...): not a clean end
-            raise httpcore.ReadError(str(protocol.error) or type(protocol.error).__name__)
+            raise httpcore.ReadError(_reason(protocol.error))
         return b""  # the server ended the stream (httpcore reads this as the connection closed)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -159,7 +163,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         except TimeoutError:
             raise httpcore.WriteTimeout("the server did not read in time") from None
         if protocol.error is not None:
-            raise httpcore.WriteError(str(protocol.error) or type(protocol.error).__name__)
+            raise httpcore.WriteError(_reason(protocol.error))
 
     async def aclose(self) -> None:
         # At once, as anyio's backend does: a graceful close would keep the socket (and any
@@ -185,14 +189,12 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                 transport = await loop.start_tls(
                     plain, protocol, ssl_context, server_hostname=server_hostname
                 )
-        except TimeoutError:
+        except BaseException as exc:
             plain.abort()
-            raise httpcore.ConnectTimeout("the TLS handshake did not finish in time") from None
-        except (OSError, ssl.SSLError, RuntimeError) as exc:  # RuntimeError: a closed transport
-            plain.abort()
-            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
-        except BaseException:
-            plain.abort()
+            if isinstance(exc, TimeoutError):
+                raise httpcore.ConnectTimeout("the TLS handshake did not finish in time") from None
+            if isinstance(exc, OSError | RuntimeError):  # SSLError is one; Runtime: closed first
+                raise httpcore.ConnectError(_reason(exc)) from exc
             raise
         if transport is None or transport.get_extra_info("ssl_object") is None:
             (transport or plain).abort()
@@ -223,7 +225,7 @@ async def _connected(
     except TimeoutError:
         raise httpcore.ConnectTimeout("no connection in time") from None
     except OSError as exc:
-        raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+        raise httpcore.ConnectError(_reason(exc)) from exc
     sock = transport.get_extra_info("socket")
     for option in socket_options or ():
         sock.setsockopt(*option)
