@@ -173,7 +173,7 @@ bench-access: install
 # Issue 19: the Milvus backend (Milvus Lite, a db file in a temp dir) against the embedded index
 # in one run: SciFact nDCG@10 (and Milvus's own hybrid_search), p50/p99 at 5k and 100k chunks,
 # ingestion passages/s, ingest while serving. `--quick` for a short check.
-.PHONY: bench-milvus bench-stream-cost bench-idle bench-pool bench-client
+.PHONY: bench-milvus bench-stream-cost bench-idle bench-pool bench-client bench-pipelining
 bench-milvus: install
 	$(PY) -m bench.milvus_bench --sizes 100000 --batch 5000
 
@@ -215,6 +215,9 @@ bench-pool: install
 # BENCH_ARGS must name the other checkout: BENCH_ARGS="--before /tmp/wt-before"
 bench-client: install
 	$(PY) -m bench.client_cost $(BENCH_ARGS)
+
+bench-pipelining: install
+	$(PY) -m bench.pipelining_bench $(BENCH_ARGS)
 
 bench-plots: install
 	$(PY) -m bench.plots

@@ -1,5 +1,6 @@
 """The HTTP/1.1 protocol the service runs under uvicorn: httptools', with a bound on the request
-head (request line and headers) in size and in time.
+head (request line and headers) in size and in time, and pipelining that keeps answers in order,
+bounds what a connection buffers, and tells the request running when its client leaves.
 
 uvicorn's httptools protocol has neither: it grows the URL and each header value by bytes
 concatenation, which is quadratic, so one 60 MB header cost 3 s of CPU on the event loop (200 MB:
@@ -9,6 +10,28 @@ they arrive, before the parser sees them: past ``MAX_HEAD_BYTES`` the answer is 
 connection is closed; a head not complete within ``HEAD_TIMEOUT_S`` of its first byte gets a
 408. Bodies are not counted here (``BodySizeLimit`` bounds them, after the key check).
 
+Under HTTP/1.1 pipelining (a client sends its next request before the answer to the last),
+uvicorn's protocol had these faults, each fixed here:
+
+- **A client's leaving went unseen.** It stopped reading the socket while a request waited its
+  turn, so the end of the connection was never read; and when the connection was lost it told
+  only the newest request, not the one running. A streamed answer went on for nobody to its
+  end, and a call queued for a route's slot (``app.http.disconnect``) waited and took it. Here
+  the running request is told, and the socket is read on while fewer than ``MAX_PIPELINED``
+  requests wait (or a waiting request's body passes 64 KiB, uvicorn's bound).
+- **One read queued every request in it**: one 128 KiB read of 18-byte requests made 7,108
+  waiting requests, 15 MiB of memory. Here the parser is given a read ``PIECE_BYTES`` at a time
+  (a body of known length whole), and once ``MAX_PIPELINED`` wait, the rest is kept unparsed
+  (``BACKLOG_BYTES`` at most, and one read) until the queue moves, reading paused.
+- **A refusal was written at once**, into the middle of the answer before it (a 431, a 408, a
+  400). Here it waits for the answers before it; a head's 10 s start once they are written. A
+  refusal inside a request's body (a chunk the parser cannot read) is that request's answer:
+  the request hears its client gone, and an answer already begun is ended by closing instead.
+- **A request the parser cannot read** got a plain-text 400; here it is in OpenAI's error shape.
+
+A chunked body's trailers (headers after its last chunk) are built up by the parser as a head
+is, and were bounded by nothing: here they count as a head, 431 past ``MAX_HEAD_BYTES``.
+
 `rag serve` and the image's command run with it; by hand:
 ``uvicorn --http app.http.server:BoundedHttpToolsProtocol ...``.
 """
@@ -17,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from typing import Any, Final
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from pipeline.errors import error_body
 
@@ -29,6 +54,14 @@ HEAD_TIMEOUT_S: Final = 10.0
 # connection closes: closing a socket with unread input resets it, and a client still sending
 # would lose the answer to the reset (seen: a broken pipe instead of the 431).
 LINGER_S: Final = 2.0
+# Pipelined requests that wait their turn while the socket is still read; past it, reading
+# pauses and what was read stays unparsed.
+MAX_PIPELINED: Final = 8
+# The most bytes of heads given to the parser at once: how far past MAX_PIPELINED one piece can
+# queue requests (at most 113 of the smallest).
+PIECE_BYTES: Final = 2048
+# The most bytes read and kept unparsed (past it, by one read at most), while requests wait.
+BACKLOG_BYTES: Final = 262_144
 
 
 def _answer(status: bytes, reason: str) -> bytes:
@@ -49,12 +82,36 @@ TOO_SLOW: Final = _answer(
 )
 
 
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
+    """The head's content-length (the parser has checked it), 0 where it has none."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() and len(value) < 20 else 0
+    return 0
+
+
+class _BacklogFlow(FlowControl):
+    """uvicorn's flow control, but reading does not resume while ``backlog`` is at its bound:
+    a request's ``receive`` resumes it each time (to see the client leave), and each time the
+    next read would join what is kept unparsed."""
+
+    def __init__(self, transport: asyncio.Transport, backlog: bytearray) -> None:
+        super().__init__(transport)
+        self.backlog = backlog
+
+    def resume_reading(self) -> None:
+        if len(self.backlog) < BACKLOG_BYTES:
+            super().resume_reading()
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """httptools' protocol with the head of each request bounded in bytes and in time."""
+    """httptools' protocol with the head of each request bounded in bytes and in time, and the
+    client's leaving told to the request running, pipelined or not."""
 
     max_head_bytes = MAX_HEAD_BYTES
     head_timeout_s = HEAD_TIMEOUT_S
     linger_s = LINGER_S
+    max_pipelined = MAX_PIPELINED
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,40 +119,136 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._refusal: bytes | None = None  # held until the responses before it are written
+        self._running: RequestResponseCycle | None = None  # the cycle whose task runs now
+        self._backlog = bytearray()  # bytes not parsed while ``max_pipelined`` requests wait
+        self._body_left = 0  # of the body being read, by its content-length
+        self._bodies = 0  # pieces of body the parser has given
+        self._framing = 0  # bytes given in a body that gave no body: chunk lines, trailers
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.flow = _BacklogFlow(transport, self._backlog)
+
+    @property
+    def _answering(self) -> bool:
+        """A request of this connection is being answered, or waits its turn."""
+        running = self._running
+        return bool(self.pipeline) or (
+            running is not None and not running.response_complete and not running.disconnected
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # answered already: what follows is dropped unread
-        while data:
-            if not self._in_head:
-                super().data_received(data)
+        if self._backlog:  # reading resumed (a request's receive does) while requests wait
+            self._backlog += data
+            self.flow.pause_reading()
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Give the parser ``data`` a piece at a time: no more of a head than its remaining
+        budget, and no more than ``PIECE_BYTES`` at once, so that once ``max_pipelined``
+        requests wait their turn the rest is held unparsed (``_backlog``), reading paused."""
+        at, end = 0, len(data)
+        view: memoryview | None = None
+        while at < end:
+            if len(self.pipeline) >= self.max_pipelined:
+                self._backlog += data[at:]
+                self.flow.pause_reading()
                 return
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(self.head_timeout_s, self._refuse, TOO_SLOW)
-            # A chunk may hold the end of a head and the start of its body (or of the next
-            # request): the parser is given no more than the head's remaining budget at a time.
-            budget = self.max_head_bytes - self._head_bytes
-            head, data = data[:budget], data[budget:]
-            self._head_bytes += len(head)
-            super().data_received(head)
+            # A body of known length goes to the parser whole (it cannot hold a request).
+            size = max(PIECE_BYTES, self._body_left)
+            if self._in_head:
+                if self._head_timer is None:
+                    self._time_head()
+                size = min(size, self.max_head_bytes - self._head_bytes)
+                self._head_bytes += min(size, end - at)
+            bodies = self._bodies
+            if at == 0 and size >= end:
+                super().data_received(data)  # all of it: most requests come in one piece
+            else:
+                view = view or memoryview(data)
+                super().data_received(view[at : at + size])  # type: ignore[arg-type]
             if self.transport.is_closing() or self._refused:
                 return
-            if self._in_head and self._head_bytes >= self.max_head_bytes:
-                self._refuse(TOO_LARGE)
-                return
+            if self._in_head:
+                if self._head_bytes >= self.max_head_bytes:
+                    self._refuse(TOO_LARGE)
+                    return
+            elif self._bodies == bodies:  # a chunked body's framing or trailers, which the
+                # parser builds up by concatenation, as it did a head's (see above)
+                self._framing += min(size, end - at)
+                if self._framing >= self.max_head_bytes:
+                    self._refuse(TOO_LARGE)
+                    return
+            else:
+                self._framing = 0
+            at += size
+
+    def _time_head(self) -> None:
+        """The head's time runs from its first byte, or from when the requests before it on
+        this connection are answered: a head pipelined behind a long answer is not late."""
+        if self._head_timer is None and not self._answering:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._refuse, TOO_SLOW)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_timer()
+        self._body_left = _content_length(self.headers)
         super().on_headers_complete()
+        # uvicorn paused reading if this request was queued behind the running one: read on
+        # while few wait, so the client's leaving is seen (see the module's docstring).
+        if self.pipeline and len(self.pipeline) < self.max_pipelined:
+            self.flow.resume_reading()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_left -= len(body)
+        self._bodies += 1
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_head = True  # the next request on this connection starts its own head
         self._head_bytes = 0
+        self._body_left = 0
+        self._framing = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # starts the next request waiting, if any
+        if not self._backlog and self._refusal is None and not self._head_bytes:
+            return  # nothing held back (most connections, most of the time)
+        if self.transport.is_closing() or self._answering:
+            if self._backlog and not self.transport.is_closing():
+                self._feed_backlog()
+            return
+        if self._refusal is not None:  # the responses before it are all written
+            self._write_refusal(self._refusal)
+        elif self._backlog:
+            self._feed_backlog()
+        elif self._in_head and self._head_bytes:
+            self._time_head()  # part of a head came while the last request was answered
+
+    def _feed_backlog(self) -> None:
+        backlog = bytes(self._backlog)
+        self._backlog.clear()
+        self._feed(backlog)
+        if not self._backlog and not self._refused and len(self.pipeline) < self.max_pipelined:
+            self.flow.resume_reading()  # uvicorn's resume came while the backlog was full
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        # uvicorn tells only ``self.cycle``, the newest request: under pipelining, one waiting
+        # its turn (which then never starts), not the one running.
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
 
     def _cancel_timer(self) -> None:
@@ -103,13 +256,39 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read: uvicorn wrote its plain-text 400 at once (into the
+        middle of the answers before it, under pipelining) and reset the connection."""
+        self._refuse(_answer(b"400 Bad Request", msg))
+
     def _refuse(self, answer: bytes) -> None:
-        """Answer, end our side, drop what the client still sends, close after ``linger_s``."""
+        """Answer once the requests before this one are answered (never in the middle of their
+        responses), dropping what the client sends from now on."""
         self._cancel_timer()
         if self._refused or self.transport.is_closing():
             return
         self._refused = True
-        self.transport.write(answer)
+        self._backlog.clear()
+        broken = self.cycle
+        if not self._in_head and broken is not None and broken.more_body:
+            # Inside a request's body: the refusal is that request's answer. It hears that its
+            # client is gone and, waiting its turn, leaves the queue.
+            broken.disconnected = True
+            broken.message_event.set()
+            self.pipeline = deque(entry for entry in self.pipeline if entry[0] is not broken)
+            if broken.response_started:  # answered, or being answered: nothing may follow
+                answer = b""
+        if self._answering:
+            self._refusal = answer
+        else:
+            self._write_refusal(answer)
+
+    def _write_refusal(self, answer: bytes) -> None:
+        """Answer, end our side, drop what the client still sends, close after ``linger_s``."""
+        self._refusal = None
+        if answer:
+            self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
+        self.flow.resume_reading()  # to drop what is still sent, not leave it to a reset
         self.loop.call_later(self.linger_s, self.transport.close)

@@ -199,6 +199,35 @@ def test_a_stream_its_client_abandons_frees_its_slot(redis_server, vllm) -> None
         assert time.monotonic() - left < ABANDON_DEADLINE_S / 10  # not by the deadline
 
 
+# A request sent on the same connection before the answer to the last (HTTP/1.1 pipelining).
+NEXT_REQUEST = b"GET /v1/models HTTP/1.1\r\nHost: service\r\n\r\n"
+
+
+def test_a_stream_its_client_abandons_with_a_request_pipelined_behind_it_frees_its_slot(
+    redis_server, vllm
+) -> None:
+    # uvicorn stopped reading the socket while the next request waited, and told that one, not
+    # the stream, of the connection's end: the answer went on for nobody to its last token.
+    with live_service(redis_server, vllm, ABANDON_DEADLINE_S) as (service, key):
+        slots = slots_of(service)
+        body = orjson.dumps(
+            chat_request(LONG_ASK, max_tokens=1500, stream=True, logit_bias=UNENDING)
+        )
+        sock = socket.create_connection(("127.0.0.1", service.port), timeout=60)
+        sock.sendall(post_head("/v1/chat/completions", len(body), key) + body + NEXT_REQUEST)
+        received = b""
+        while b'"content":"' not in received.replace(b'"content":""', b""):
+            chunk = sock.recv(65536)
+            assert chunk, f"the stream ended before its first words: {received[-300:]!r}"
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200"), received[:300]
+        assert slots.held_by("acme") == 1, "the slot was free while the stream ran"
+        sock.close()
+        left = time.monotonic()
+        wait_for(lambda: slots.in_use == 0, 10, "the slot's release after the client left")
+        assert time.monotonic() - left < ABANDON_DEADLINE_S / 10  # not by the deadline
+
+
 def counted(url: str, series: str) -> float:
     """The value of one series (a line's start up to its value) of the service's metrics."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -215,9 +244,10 @@ CLOSED = (
 LEFT_QUEUE = r'rag_llm_calls_total\{[^}]*outcome="left_queue"'
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["alone", "pipelined"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_a_call_queued_for_a_slot_leaves_the_queue_when_its_client_leaves(
-    redis_server, vllm, stream: bool
+    redis_server, vllm, stream: bool, pipelined: bool
 ) -> None:
     # Without this, the call would wait its turn until the deadline (far past the test), then
     # take a slot and start a generation for nobody.
@@ -230,7 +260,8 @@ def test_a_call_queued_for_a_slot_leaves_the_queue_when_its_client_leaves(
         try:
             body = orjson.dumps(chat_request(unique_question(), max_tokens=8, stream=stream))
             sock = socket.create_connection(("127.0.0.1", service.port))
-            sock.sendall(post_head("/v1/chat/completions", len(body), key) + body)
+            following = NEXT_REQUEST if pipelined else b""
+            sock.sendall(post_head("/v1/chat/completions", len(body), key) + body + following)
             wait_for(lambda: slots.waiting == 1, 30, "the call's place in the queue")
             sock.close()
             left = time.monotonic()

@@ -21,6 +21,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from app.http.server import BoundedHttpToolsProtocol
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
@@ -225,7 +227,14 @@ class LiveService:
     def __init__(self, app: FastAPI) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        # The HTTP protocol `rag serve` runs (``app.http.server``), not uvicorn's default.
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            http=BoundedHttpToolsProtocol,
+        )
         self.server = uvicorn.Server(config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._serve, daemon=True)
