@@ -222,6 +222,17 @@ def assert_openai_error(response: bytes) -> None:
     assert error["type"] == "invalid_request_error" and error["message"], error
 
 
+async def refusal(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: bytes
+) -> None:
+    """What is left to read, to the server's end of the connection, is a refusal with
+    ``status`` in OpenAI's error shape."""
+    rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)
+    writer.close()
+    assert rest.startswith(b"HTTP/1.1 " + status), rest
+    assert_openai_error(rest)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=12),
@@ -247,9 +258,7 @@ def test_pipelined_requests_cut_anywhere_are_answered_whole_and_in_order(
                 await asyncio.sleep(0)
             got = await asyncio.wait_for(answers(reader, len(bodies)), LEAVE_BOUND_S)
             if invalid is not None:
-                rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)  # to the EOF
-                assert rest.startswith(b"HTTP/1.1 400"), rest
-                assert_openai_error(rest)
+                await refusal(reader, writer, b"400")
             writer.close()
         assert got == [f"/echo/{i}:".encode() + body for i, body in enumerate(bodies)]
 
@@ -293,10 +302,7 @@ def test_a_request_the_parser_refuses_gets_a_400_in_openais_shape(run: Any, head
         async with serving(app) as server:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
             writer.write(head)
-            rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)  # to the server's EOF
-            writer.close()
-        assert rest.startswith(b"HTTP/1.1 400"), rest
-        assert_openai_error(rest)
+            await refusal(reader, writer, b"400")
         assert app.ran == []
 
     run(scenario())
@@ -325,10 +331,7 @@ def test_a_body_the_parser_refuses_is_that_requests_400_and_it_hears_its_client_
                 assert not app.heard, "the running request was told its client left"
                 app.release.set()
                 assert await asyncio.wait_for(answers(reader, 1), LEAVE_BOUND_S) == [b"held"]
-            rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)  # to the server's EOF
-            writer.close()
-            assert rest.startswith(b"HTTP/1.1 400"), rest
-            assert_openai_error(rest)
+            await refusal(reader, writer, b"400")
             await wait_until(lambda: not server.server_state.tasks, "the requests' tasks ending")
             assert app.ran == [], "the request with the broken body was answered as if whole"
 
@@ -346,10 +349,7 @@ def test_a_chunked_bodys_trailers_are_bounded_as_a_head_is(run: Any) -> None:
             writer.write(CHUNKED + b"3\r\nabc\r\n0\r\nx-trailer: ")
             for _ in range(2 * MAX_HEAD_BYTES // PIECE_BYTES):
                 writer.write(b"a" * PIECE_BYTES)
-            rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)  # to the server's EOF
-            writer.close()
-            assert rest.startswith(b"HTTP/1.1 431"), rest
-            assert_openai_error(rest)
+            await refusal(reader, writer, b"431")
             assert app.ran == []
 
     run(scenario())
