@@ -2,6 +2,7 @@
 against another (``--before``, a ``git worktree``), side by side.
 
     .venv/bin/python -m bench.pipelining_bench --before DIR [--rounds 5] [--connections 20]
+        [--serial 8000]
 
 Each measure runs in a fresh process started in the checkout measured, so each side runs its
 own protocol on uvloop, the sides alternating, the order rotating by round:
@@ -11,7 +12,10 @@ own protocol on uvloop, the sides alternating, the order rotating by round:
   after a second, the server process's resident memory growth (MiB) and the requests waiting
   per connection;
 - **the parser's CPU per request** (``data_received`` alone, on a protocol with a stand-in
-  transport): a 1.6 KiB chat request in one read, and a 1 MiB body in 64 KiB reads.
+  transport): a 1.6 KiB chat request in one read, and a 1 MiB body in 64 KiB reads;
+- **the server's CPU per request, whole**: a trivial app answering ``--serial`` 1.6 KiB requests
+  sent one after another on one connection by a client process of its own (raw sockets), so
+  the figure is the server process's alone: reading, parsing, the ASGI cycle, writing.
 
 Medians over the rounds. Writes bench/results/pipelining_bench.json.
 """
@@ -149,12 +153,70 @@ def own_checkout() -> None:
         raise RuntimeError(f"{Path.cwd()} has no app.http.server (found {server.__file__})")
 
 
+SERIAL_CLIENT = (
+    "import socket, sys\n"
+    "request = bytes.fromhex(sys.argv[3])\n"
+    "sock = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+    "sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    sock.sendall(request)\n"
+    "    got = b''\n"
+    "    while not got.endswith(b'}'):\n"
+    "        got += sock.recv(65536)\n"
+)
+
+
+async def serial(requests: int) -> dict[str, float]:
+    """µs of this process's CPU per request, serving ``requests`` sent one after another."""
+    import uvicorn
+
+    from app.http.server import BoundedHttpToolsProtocol
+
+    answer = b'{"answer": "' + b"x" * 600 + b'"}'
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        length = str(len(answer)).encode()
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", length)]}
+        )
+        await send({"type": "http.response.body", "body": answer})
+
+    config = uvicorn.Config(
+        app,
+        port=0,
+        http=BoundedHttpToolsProtocol,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:  # noqa: ASYNC110 (uvicorn has a flag, no event)
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    started = time.process_time()
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERIAL_CLIENT, str(port), str(requests), CHAT.hex()
+    )
+    await client.wait()
+    spent = time.process_time() - started
+    server.should_exit = True
+    await task
+    return {"serial_us": spent / requests * 1e6}
+
+
 async def child(mode: str, connections: int) -> dict[str, float]:
     """One side's measures of one kind, each kind in a fresh process of its own: the flood's
     memory, once freed, would make the parser's allocations cheaper after it."""
     own_checkout()
     if mode == "flood":
         return await flood(connections)
+    if mode == "serial":
+        return await serial(connections)
     return {
         "chat_us": await parse_cost([CHAT]),
         "body_1mib_us": await parse_cost(
@@ -172,14 +234,14 @@ CHILD = (
     "spec.loader.exec_module(module)\n"
     "print(json.dumps(uvloop.run(module.child(sys.argv[1], int(sys.argv[2])))))\n"
 )
-MEASURES = ("rss_growth_mib", "waiting_per_connection", "chat_us", "body_1mib_us")
+MEASURES = ("rss_growth_mib", "waiting_per_connection", "chat_us", "body_1mib_us", "serial_us")
 
 
-def run_side(root: str, connections: int) -> dict[str, float]:
+def run_side(root: str, connections: int, serial: int) -> dict[str, float]:
     values: dict[str, float] = {}
-    for mode in ("flood", "parse"):
+    for mode, count in (("flood", connections), ("parse", 0), ("serial", serial)):
         done = subprocess.run(
-            [sys.executable, "-c", CHILD, mode, str(connections), __file__],
+            [sys.executable, "-c", CHILD, mode, str(count), __file__],
             cwd=root,
             capture_output=True,
             text=True,
@@ -191,7 +253,9 @@ def run_side(root: str, connections: int) -> dict[str, float]:
     return values
 
 
-def measure(roots: dict[str, str], rounds: int, connections: int) -> dict[str, Any]:
+def measure(
+    roots: dict[str, str], rounds: int, connections: int, serial: int = 8000
+) -> dict[str, Any]:
     from bench.e2e import median, ratio
 
     sides = list(roots)
@@ -199,7 +263,7 @@ def measure(roots: dict[str, str], rounds: int, connections: int) -> dict[str, A
     for number in range(rounds):
         turn = number % len(sides)
         for side in sides[turn:] + sides[:turn]:
-            series[side].append(run_side(roots[side], connections))
+            series[side].append(run_side(roots[side], connections, serial))
         print(f"  round {number + 1}/{rounds} done", flush=True)
     result: dict[str, Any] = {"sides": {}}
     for side in sides:
@@ -215,21 +279,24 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="the other checkout")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=20)
+    parser.add_argument("--serial", type=int, default=8000, help="requests, one after another")
     args = parser.parse_args()
-    if min(args.rounds, args.connections) < 1:
-        parser.error("--rounds and --connections at least 1")
+    if min(args.rounds, args.connections, args.serial) < 1:
+        parser.error("--rounds, --connections and --serial at least 1")
     roots = {"this checkout": HERE, "before": str(Path(args.before).resolve())}
-    result = measure(roots, args.rounds, args.connections)
+    result = measure(roots, args.rounds, args.connections, args.serial)
     result.update(vars(args))
     from bench.e2e import write_result
 
     path = write_result("pipelining_bench", result)
-    print("\n| side | RSS growth MiB | waiting / connection | chat µs | 1 MiB body µs |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "\n| side | RSS growth MiB | waiting / connection | parser µs, chat | parser µs, 1 MiB "
+        "| server µs / request |\n| --- | --- | --- | --- | --- | --- |"
+    )
     for side, row in result["sides"].items():
         print(
             f"| {side} | {row['rss_growth_mib']:.1f} | {row['waiting_per_connection']:.0f} "
-            f"| {row['chat_us']:.1f} | {row['body_1mib_us']:.0f} |"
+            f"| {row['chat_us']:.1f} | {row['body_1mib_us']:.0f} | {row['serial_us']:.1f} |"
         )
     print("\nratios: " + ", ".join(f"{m} {v:.2f}x" for m, v in result["ratios"].items()))
     print(f"written: {path}")
