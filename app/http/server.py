@@ -32,6 +32,15 @@ uvicorn's protocol had these faults, each fixed here:
 A chunked body's trailers (headers after its last chunk) are built up by the parser as a head
 is, and were bounded by nothing: here they count as a head, 431 past ``MAX_HEAD_BYTES``.
 
+Three more, from uvicorn, that pipelining or the pieces made easier to reach: a body that
+arrives after its answer (a 404, a 413) cancelled the keep-alive timer and nothing armed it
+again, and half a head in the same read was never timed, so the connection stayed open for ever
+(here the head's time starts at the parser's first byte of it, and the idle connection gets its
+keep-alive timeout); each ``receive`` of the running request let one more read into the body of
+a request waiting its turn, past uvicorn's own 64 KiB (here reading waits); and after an upgrade
+the parser cannot make, it parsed on from the next piece, which can lie inside a body (here the
+request is answered and the connection closes, nothing after it read).
+
 `rag serve` and the image's command run with it; by hand:
 ``uvicorn --http app.http.server:BoundedHttpToolsProtocol ...``.
 """
@@ -41,8 +50,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Final
 
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT as HIGH_WATER
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -90,17 +101,17 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
     return 0
 
 
-class _BacklogFlow(FlowControl):
-    """uvicorn's flow control, but reading does not resume while ``backlog`` is at its bound:
-    a request's ``receive`` resumes it each time (to see the client leave), and each time the
-    next read would join what is kept unparsed."""
+class _HeldFlow(FlowControl):
+    """uvicorn's flow control, but reading does not resume while ``held()``: a request's
+    ``receive`` resumes it each time (to see the client leave), and each time the next read
+    would join what is kept unparsed, or the body of a request waiting its turn."""
 
-    def __init__(self, transport: asyncio.Transport, backlog: bytearray) -> None:
+    def __init__(self, transport: asyncio.Transport, held: Callable[[], bool]) -> None:
         super().__init__(transport)
-        self.backlog = backlog
+        self.held = held
 
     def resume_reading(self) -> None:
-        if len(self.backlog) < BACKLOG_BYTES:
+        if not self.held():
             super().resume_reading()
 
 
@@ -125,10 +136,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._body_left = 0  # of the body being read, by its content-length
         self._bodies = 0  # pieces of body the parser has given
         self._framing = 0  # bytes given in a body that gave no body: chunk lines, trailers
+        self._head_begun = False  # the parser has begun a head it has not finished
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.flow = _BacklogFlow(transport, self._backlog)
+        self.flow = _HeldFlow(transport, self._held)
+
+    def _held(self) -> bool:
+        """Reading waits: the bytes kept unparsed are at their bound, or the request waiting
+        last has more body than uvicorn lets one hold (read on, each request's ``receive``
+        would add a read to it)."""
+        if len(self._backlog) >= BACKLOG_BYTES:
+            return True
+        cycle = self.cycle
+        return bool(self.pipeline) and cycle is not self._running and len(cycle.body) > HIGH_WATER
 
     @property
     def _answering(self) -> bool:
@@ -193,8 +214,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is None and not self._answering:
             self._head_timer = self.loop.call_later(self.head_timeout_s, self._refuse, TOO_SLOW)
 
+    def on_message_begin(self) -> None:
+        # The head's first byte, wherever it falls in a piece (one that began in a body, or
+        # in the head before it, does not start the timer in ``_feed``).
+        super().on_message_begin()
+        self._head_begun = True
+        self._time_head()
+
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._head_begun = False
         self._cancel_timer()
         self._body_left = _content_length(self.headers)
         super().on_headers_complete()
@@ -214,10 +243,23 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._body_left = 0
         self._framing = 0
+        running = self._running
+        if (
+            running is not None
+            and running.response_complete
+            and not self.pipeline
+            and self.timeout_keep_alive_task is None
+            and not self._refused
+        ):
+            # Answered before its body was read (a 404, a 413): the rest of the body cancelled
+            # uvicorn's keep-alive timer, which only an answer arms; the connection is idle now.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # starts the next request waiting, if any
-        if not self._backlog and self._refusal is None and not self._head_bytes:
+        if not self._backlog and self._refusal is None and not self._head_begun:
             return  # nothing held back (most connections, most of the time)
         if self.transport.is_closing() or self._answering:
             if self._backlog and not self.transport.is_closing():
@@ -227,7 +269,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._write_refusal(self._refusal)
         elif self._backlog:
             self._feed_backlog()
-        elif self._in_head and self._head_bytes:
+        elif self._head_begun:
             self._time_head()  # part of a head came while the last request was answered
 
     def _feed_backlog(self) -> None:
@@ -255,6 +297,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # The parser stops at an upgrade it was not given, and what it was fed after it is
+        # lost; parsing on from the next piece could read a request out of the middle of a
+        # body. The request is answered, then the connection closes; nothing after it is read.
+        super()._unsupported_upgrade_warning()
+        self.cycle.keep_alive = False
+        self._refused = True
+        self._backlog.clear()
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser cannot read: uvicorn wrote its plain-text 400 at once (into the

@@ -7,6 +7,7 @@ bytes are cut, with what one connection buffers bounded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -62,6 +63,16 @@ class App:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
+        if scope["path"] == "/early":  # answered before its body is read (as a 404, a 413)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"5")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"early"})
+            return
         body = b""
         more = True
         while more:
@@ -71,6 +82,10 @@ class App:
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
+        if scope["path"] == "/poll":  # a receive now and then while it runs (a slot's waits)
+            for _ in range(12):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(receive(), 0.02)
         if scope["path"] == "/listen":
             # As Starlette's streamed response and ``app.http.disconnect`` do: a receive for the
             # client's leaving, held while the answer is written (it resumes reading).
@@ -113,6 +128,7 @@ async def serving(
         host="127.0.0.1",
         port=free_port(),
         http=protocol,
+        timeout_keep_alive=1,
         lifespan="off",
         log_level="warning",
     )
@@ -383,5 +399,85 @@ def test_what_a_connection_keeps_unparsed_is_bounded_while_its_requests_listen(r
                 task.cancel()
             # One read past the bound at most (a read is at most 256 KiB on either loop).
             assert max(seen) <= BACKLOG_BYTES + 262_144, max(seen)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("then", ["half a head", "nothing"])
+def test_a_connection_answered_before_its_body_arrived_is_not_held_open(
+    run: Any, then: str
+) -> None:
+    # The rest of the body came after the answer and cancelled uvicorn's keep-alive timer,
+    # which only an answer arms; half a head in the same read started no head timer: either
+    # way the connection stayed open for ever, with nothing to read.
+    async def scenario() -> None:
+        app = App()
+        async with serving(app, QuickHeads) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
+            writer.write(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n")
+            writer.write(b"a" * 50)
+            assert await asyncio.wait_for(answers(reader, 1), LEAVE_BOUND_S) == [b"early"]
+            writer.write(
+                b"a" * 50 + (b"GET / HTTP/1.1\r\nx-half: " if then == "half a head" else b"")
+            )
+            rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)  # to the server's EOF
+            writer.close()
+            if then == "half a head":
+                assert rest.startswith(b"HTTP/1.1 408"), rest
+                assert_openai_error(rest)
+            else:
+                assert rest == b"", rest  # closed as idle, after uvicorn's keep-alive timeout
+
+    run(scenario())
+
+
+def test_a_waiting_requests_body_is_bounded_while_the_running_one_receives(run: Any) -> None:
+    # Each receive of the running request resumed reading, and each read joined the body of the
+    # request waiting behind it: 3 MiB held, past uvicorn's own 64 KiB bound.
+    size = 3 * 1024 * 1024
+
+    async def scenario() -> None:
+        app = App()
+        async with serving(app) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
+            writer.write(request("/poll") + request("/echo", b"b" * size))
+            held = [0]
+
+            async def sample() -> None:
+                while True:
+                    for protocol in server.server_state.connections:
+                        if protocol.pipeline:
+                            held.append(len(protocol.cycle.body))
+                    await asyncio.sleep(0.001)
+
+            sampling = asyncio.ensure_future(sample())
+            got = await asyncio.wait_for(answers(reader, 2), 3 * LEAVE_BOUND_S)
+            sampling.cancel()
+            writer.close()
+            assert got[1] == b"/echo:" + b"b" * size
+            # uvicorn pauses reading past 64 KiB of a body; one read more may join it.
+            assert max(held) <= 65_536 + 262_144, max(held)
+
+    run(scenario())
+
+
+def test_after_an_upgrade_it_cannot_make_nothing_is_read_as_a_request(run: Any) -> None:
+    # The parser stops at an upgrade it was not given and loses what it was fed after it; fed
+    # again from the next piece, it read a request out of the middle of a body.
+    upgrade = b"GET /u HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
+    inner = b"GET /smuggled HTTP/1.1\r\nhost: t\r\n\r\n"
+    head = b"POST /p HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % (4000 + len(inner))
+    body = b"z" * (PIECE_BYTES - len(upgrade) - len(head)) + inner  # the inner request begins
+    body += b"z" * (4000 + len(inner) - len(body))  # the second piece given to the parser
+
+    async def scenario() -> None:
+        app = App()
+        async with serving(app) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
+            writer.write(upgrade + head + body)
+            rest = await asyncio.wait_for(reader.read(), LEAVE_BOUND_S)  # to the server's EOF
+            writer.close()
+        assert rest.count(b"HTTP/1.1 ") == 1 and b"/u:" in rest, rest
+        assert app.ran == ["/u"], app.ran
 
     run(scenario())
