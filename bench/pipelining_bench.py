@@ -29,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,34 +64,47 @@ class Hold:
         await send({"type": "http.response.body", "body": b"y"})
 
 
-async def flood(connections: int) -> dict[str, float]:
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[tuple[Any, int]]:
+    """``app`` under uvicorn on the checkout's protocol, on a free port: the server and port."""
     import uvicorn
 
     from app.http.server import BoundedHttpToolsProtocol
 
-    app = Hold()
     config = uvicorn.Config(
-        app, port=0, http=BoundedHttpToolsProtocol, log_level="warning", lifespan="off"
+        app,
+        port=0,
+        http=BoundedHttpToolsProtocol,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve())
     while not server.started:  # noqa: ASYNC110 (uvicorn has a flag, no event)
         await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    base = rss_mib()
-    writers = []
-    for _ in range(connections):
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /hold HTTP/1.1\r\n\r\n" + FLOOD)
-        writers.append(writer)
-    await asyncio.sleep(1.0)
-    waiting = [len(p.pipeline) for p in server.server_state.connections]
-    grown = rss_mib() - base
-    app.release.set()
-    for writer in writers:
-        writer.close()
-    server.should_exit = server.force_exit = True
-    await task
+    try:
+        yield server, server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = server.force_exit = True
+        await task
+
+
+async def flood(connections: int) -> dict[str, float]:
+    app = Hold()
+    async with serving(app) as (server, port):
+        base = rss_mib()
+        writers = []
+        for _ in range(connections):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /hold HTTP/1.1\r\n\r\n" + FLOOD)
+            writers.append(writer)
+        await asyncio.sleep(1.0)
+        waiting = [len(p.pipeline) for p in server.server_state.connections]
+        grown = rss_mib() - base
+        app.release.set()
+        for writer in writers:
+            writer.close()
     return {"rss_growth_mib": grown, "waiting_per_connection": statistics.median(waiting)}
 
 
@@ -168,10 +183,6 @@ SERIAL_CLIENT = (
 
 async def serial(requests: int) -> dict[str, float]:
     """µs of this process's CPU per request, serving ``requests`` sent one after another."""
-    import uvicorn
-
-    from app.http.server import BoundedHttpToolsProtocol
-
     answer = b'{"answer": "' + b"x" * 600 + b'"}'
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -185,27 +196,13 @@ async def serial(requests: int) -> dict[str, float]:
         )
         await send({"type": "http.response.body", "body": answer})
 
-    config = uvicorn.Config(
-        app,
-        port=0,
-        http=BoundedHttpToolsProtocol,
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn has a flag, no event)
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    started = time.process_time()
-    client = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SERIAL_CLIENT, str(port), str(requests), CHAT.hex()
-    )
-    await client.wait()
-    spent = time.process_time() - started
-    server.should_exit = True
-    await task
+    async with serving(app) as (_, port):
+        started = time.process_time()
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SERIAL_CLIENT, str(port), str(requests), CHAT.hex()
+        )
+        await client.wait()
+        spent = time.process_time() - started
     return {"serial_us": spent / requests * 1e6}
 
 

@@ -261,15 +261,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()  # starts the next request waiting, if any
         if not self._backlog and self._refusal is None and not self._head_begun:
             return  # nothing held back (most connections, most of the time)
-        if self.transport.is_closing() or self._answering:
-            if self._backlog and not self.transport.is_closing():
-                self._feed_backlog()
+        if self.transport.is_closing():
             return
-        if self._refusal is not None:  # the responses before it are all written
-            self._write_refusal(self._refusal)
-        elif self._backlog:
+        if self._backlog:  # never beside a refusal, which drops it
             self._feed_backlog()
-        elif self._head_begun:
+        elif self._refusal is not None:
+            if not self._answering:  # the responses before it are all written
+                self._write_refusal(self._refusal)
+        else:
             self._time_head()  # part of a head came while the last request was answered
 
     def _feed_backlog(self) -> None:
