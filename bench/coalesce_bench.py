@@ -4,6 +4,7 @@ off, side by side in one run.
     python -m bench.coalesce_bench [--requests 256] [--prompts 16] [--rounds 3]
                                    [--max-tokens 16] [--llm-url http://127.0.0.1:8001]
                                    [--default-stages] [--arms on off "on x2"]
+                                   [--spread-s 0] [--before DIR]
                                    [--out bench/results/coalesce.json]
 
 Three service processes (`rag serve`, default settings but retrieval's documents: the tenant
@@ -19,6 +20,13 @@ requests, the burst's wall time, and how many stages degraded (past their time b
 services' ``rag_stage_duration_seconds_count{status="degraded"}``); medians over the rounds, and
 the ratios off / on.
 
+The arm ``on x2, one degraded`` is two replicas with the feature lookup on, the second's budget
+so short (0.1 ms) that it degrades on every request: what a replica whose feature store is slow
+or down shares. ``--spread-s`` sends the burst's requests evenly over that many seconds rather
+than at once (traffic that keeps coming while a flight is under way). ``--before DIR`` (another
+checkout, a ``git worktree``) serves each arm with that code too, as ``{arm} (before)``, in the
+same rounds.
+
 Routing and the feature lookup are off unless ``--default-stages`` (on at their production
 budgets). A stage that degrades makes its request share only with requests degraded alike
 (``pipeline.stages.cache.unshareable``), so generations go above one per prompt by how the
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import re
 import statistics
@@ -61,7 +70,17 @@ DEGRADED = re.compile(  # by stage
 )
 REDIS_ERRORS = re.compile(r"^rag_redis_errors_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 ALONE = re.compile(r'^rag_coalesced_total\{role="off"\} ([0-9.e+]+)$', re.M)
-ARMS = ("on", "off", "on x2")
+# Each arm's replicas, by the environment each adds (two or more share one key prefix).
+ARMS: dict[str, tuple[dict[str, str], ...]] = {
+    "on": ({},),
+    "off": ({"RAG_CACHE__COALESCE": "false"},),
+    "on x2": ({}, {}),
+    "on x2, one degraded": (
+        {"RAG_FEATURES__ENABLED": "true"},
+        {"RAG_FEATURES__ENABLED": "true", "RAG_FEATURES__TIMEOUT_SECONDS": "0.0001"},
+    ),
+}
+DEFAULT_ARMS = ("on", "off", "on x2")
 
 
 def degraded_by_stage(urls: list[str]) -> Counter[str]:
@@ -79,10 +98,17 @@ def counter(url: str, pattern: re.Pattern[str]) -> float:
 
 
 async def burst(
-    urls: list[str], key: str, prompts: list[str], requests: int, max_tokens: int
+    urls: list[str],
+    key: str,
+    prompts: list[str],
+    requests: int,
+    max_tokens: int,
+    spread_s: float = 0.0,
 ) -> dict[str, Any]:
-    """``requests`` plain requests at once, request i asking prompt i % len(prompts) of
-    ``urls[i % len(urls)]``; every connection is open before the first request goes."""
+    """``requests`` plain requests, request i asking prompt i % len(prompts) of
+    ``urls[(i // len(prompts)) % len(urls)]``, at once or (``spread_s``) request i sent
+    ``i * spread_s / requests`` seconds after the first; every connection is open before the
+    first request goes. Each latency is from its request's own sending."""
     messages = []
     for i in range(requests):
         body = orjson.dumps(
@@ -103,6 +129,8 @@ async def burst(
 
     async def one(index: int) -> None:
         reader, writer = connections[index]
+        if spread_s > 0:
+            await asyncio.sleep(index * spread_s / requests)
         started = time.perf_counter()
         writer.write(messages[index][2])
         status, content = await read_response(reader)
@@ -143,14 +171,15 @@ def main() -> None:
         action="store_true",
         help="routing and the feature lookup on, at their default budgets",
     )
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(DEFAULT_ARMS))
+    parser.add_argument("--spread-s", type=float, default=0.0)
+    parser.add_argument("--before", help="another checkout, served as each arm's (before)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/coalesce.json"))
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="rag-coalesce-bench-"))
     redis = RedisServer()
     redis.start()
-    shared_prefix = {"RAG_REDIS__KEY_PREFIX": f"b{uuid.uuid4().hex[:8]}:"}
     # A burst of 256 is the point, not a rate limit; the same long deadline in every arm (the
     # arm without coalescing queues 256 generations for the route's slots). Routing and the
     # feature lookup off unless asked for (see the module's docstring).
@@ -163,20 +192,20 @@ def main() -> None:
     try:
         with ExitStack() as stack:
             arms: dict[str, list[ServiceProcess]] = {}
-            for name, env, replicas in (
-                ("on", {}, 1),
-                ("off", {"RAG_CACHE__COALESCE": "false"}, 1),
-                ("on x2", shared_prefix, 2),
-            ):
-                if name not in args.arms:
-                    continue
+            checkouts: dict[str, dict[str, str]] = {"": {}}
+            if args.before:
+                checkouts[" (before)"] = {"PYTHONPATH": str(Path(args.before).resolve())}
+            for (side, code), name in itertools.product(checkouts.items(), args.arms):
+                replicas = ARMS[name]
                 services = []
-                for replica in range(replicas):
-                    folder = workdir / f"{name.replace(' ', '')}-{replica}"
-                    folder.mkdir()
-                    process = ServiceProcess(redis.url, args.llm_url, folder, **env, **common)
+                shared = {"RAG_REDIS__KEY_PREFIX": f"b{uuid.uuid4().hex[:8]}:"}  # the arm's
+                for number, env in enumerate(replicas):
+                    folder = Path(tempfile.mkdtemp(prefix=f"{number}-", dir=workdir))
+                    process = ServiceProcess(
+                        redis.url, args.llm_url, folder, **(common | shared | env | code)
+                    )
                     services.append(stack.enter_context(process))
-                arms[name] = services
+                arms[name + side] = services
             keys = {name: services[0].key("bench") for name, services in arms.items()}
             results: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
             order = list(arms)
@@ -200,6 +229,7 @@ def main() -> None:
                             prompts,
                             args.requests,
                             args.max_tokens,
+                            args.spread_s,
                         )
                     )
                     figures["generations"] = sum(counter(s.url, CALLS) for s in services) - before

@@ -179,8 +179,8 @@ def unshareable(ctx: RequestContext) -> str | None:
     answer: a burst that makes the router or the feature lookup run late is when coalescing
     matters most. It shares only with requests degraded in the same stages (``degraded``:
     the same defaults, so the answer each would have made alone), or follows a flight of its
-    key that this process has under way without them (the answer the cache would serve it a
-    moment later); it never leads that flight."""
+    key under way without them, in this process or on another replica (the answer the cache
+    would serve it a moment later); it never leads that flight."""
     if ctx.cache_key is None or ctx.cache_status != "miss":
         return f"cache {ctx.cache_status}"  # bypass (no-cache) or error (Redis)
     if ctx.cache_control.no_store:

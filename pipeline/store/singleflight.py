@@ -19,8 +19,8 @@ Redis by one task per flight, not one per request.
 A request made after a degraded stage (``pipeline.stages.cache.degraded``: its answer is made
 with defaults, and the cache will not keep it) shares through the flight of its key and its
 *variant*, the stages that degraded, so only with requests degraded alike; before that it
-follows its key's own flight if this process has one under way (the answer the cache would
-serve it a moment later). It never leads its key's own flight.
+follows its key's own flight if one is under way, in this process or on another replica (the
+answer the cache would serve it a moment later). It never leads its key's own flight.
 
 A follower that has sent nothing to its caller yet recovers from a leader that let go: it joins
 again (one of them takes the lock over and leads); from a leader that died without a word (a
@@ -173,13 +173,13 @@ class SingleFlight:
         """Lead the key's flight, or follow it to the leader's answer (see ``Shared``).
 
         A ``variant`` (a request made with defaults: the stages that degraded on it) first
-        follows the key's own flight where this process has one under way, and never leads
-        it; otherwise it leads or follows the flight of its variant, shared only with requests
-        of the same key and variant."""
+        follows the key's own flight where one is under way (here or on another replica), and
+        never leads it; otherwise it leads or follows the flight of its variant, shared only
+        with requests of the same key and variant."""
         try:
             async with asyncio.timeout_at(deadline):
                 if variant:
-                    followed = await self._follow_local(key, stream=stream, deadline=deadline)
+                    followed = await self._follow_under_way(key, stream=stream, deadline=deadline)
                     if followed is not None:
                         return followed
                     return await self._share(
@@ -202,12 +202,15 @@ class SingleFlight:
                 return shared
         return Shared("off", detail="the flight's leaders kept letting go")
 
-    async def _follow_local(self, key: str, *, stream: bool, deadline: float) -> Shared | None:
-        """The leader's answer, when this process has the key's flight under way and it gives
-        one; None otherwise (no flight, or its leader let go or could not share)."""
+    async def _follow_under_way(self, key: str, *, stream: bool, deadline: float) -> Shared | None:
+        """The leader's answer, when the key's flight is under way (in this process, or its
+        lock is held on another replica) and it gives one; None otherwise (no flight, or its
+        leader let go or could not share)."""
         flight = self._flights.get(key)
         if flight is None or flight.ended:
-            return None
+            flight = await self._remote(key)
+            if flight is None:
+                return None
         await flight.decided.wait()
         if flight.role not in ("leader", "remote"):
             return None
@@ -241,6 +244,31 @@ class SingleFlight:
             return None
         return Shared("off", detail=entry.detail or entry.kind)  # unshared, not cacheable, ...
 
+    async def _remote(self, key: str) -> _Led | None:
+        """The key's flight when another replica leads it (its lock is held), read here as a
+        follower's; or the one this process started meanwhile. None when no lock is held (or
+        Redis cannot say): this call never takes the lock."""
+        try:
+            holder = await self.kv.get(self.lock_key(key))
+        except StoreUnavailable:
+            return None
+        flight = self._flights.get(key)
+        if flight is not None and not flight.ended:
+            return flight  # joined here while the lock was read
+        if holder is None:
+            return None
+        led = _Led(self, key, uuid.uuid4().hex)
+        self._flights[key] = led
+        self._read_from(led, holder)
+        return led
+
+    def _read_from(self, led: _Led, holder: object) -> None:
+        """``led`` is another replica's flight, under the token ``holder``: one task of this
+        process copies its stream, for every request here that follows it."""
+        held = holder.decode() if isinstance(holder, bytes) else str(holder)
+        led.decide("remote")
+        self._start(_read_remote(self, led, held))
+
     async def _join(self, key: str) -> tuple[_Led, bool]:
         """The key's flight in this process, and whether this call started it (and so leads
         it, if it took the lock)."""
@@ -266,9 +294,7 @@ class SingleFlight:
         if holder is None:
             led.decide("leader")
             return led, True
-        held = holder.decode() if isinstance(holder, bytes) else str(holder)
-        led.decide("remote")
-        self._start(_read_remote(self, led, held))
+        self._read_from(led, holder)
         return led, True
 
     async def _lead(self, flight: _Led, cached: str) -> Shared:

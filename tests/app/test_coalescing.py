@@ -352,6 +352,52 @@ async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncac
     assert again.headers["x-cache"] == "miss"  # made with defaults: never cached
 
 
+async def test_requests_made_after_a_degraded_stage_follow_a_flight_led_on_another_replica(
+    make_app, redis_server, vllm
+) -> None:
+    """Replica two's feature lookup degrades on every request, replica one's does not: the
+    degraded requests on two follow the answer one is making without defaults (the answer
+    the cache would serve them a moment later) rather than generate one of their own."""
+    with FaultProxy(vllm.url) as llm, FaultProxy(redis_server.url) as slow_redis:
+        healthy = make_settings(
+            redis_server.url,
+            llm.url,
+            routing={"enabled": False},
+            features={"enabled": True, "timeout_seconds": 5.0},
+            redis={"timeout_seconds": 2.0},
+        )
+        features = healthy.features.model_copy(update={"timeout_seconds": 0.01})
+        degrading = healthy.model_copy(update={"features": features})  # one key prefix
+        slow_redis.slow(5.0)
+        async with make_app(healthy) as one, make_app(degrading) as two:
+            lookup = features_stage(two)
+            lookup.store = FeatureStore(
+                KeyValueStore.from_url(slow_redis.url, two.services.tracer, timeout=10.0),
+                prefix=lookup.store.prefix,
+            )
+            key = await one.key("followed")
+            body = ask(unique_question())
+            llm.pause()  # the leader's answer comes once every follower has joined
+            try:
+                leading = asyncio.create_task(one.chat(key, body))
+                await settled(lambda: llm.open_connections > 0)
+                following = [asyncio.create_task(two.chat(key, body)) for _ in range(4)]
+                await settled(lambda: followers_waiting(two) == 4, seconds=120)
+            finally:
+                llm.passing()
+            answers = await asyncio.gather(leading, *following)
+            await lookup.store.kv.aclose()
+
+    assert len({content(response) for response in answers}) == 1
+    assert generations(one, two) == 1
+    assert roles(one) == Counter({"leader": 1})
+    followed = [span.attributes or {} for span in spans(two) if span.name == "stage generate"]
+    assert Counter(str(a.get(attr.COALESCED)) for a in followed) == Counter({"follower": 4})
+    assert {a.get(attr.COALESCE_DETAIL) for a in followed} == {
+        "followed an answer made without defaults"
+    }
+
+
 def features_stage(harness: AppHarness) -> LoadFeatures:
     stages = harness.app.state.paths.chat.stages
     found = next((stage for stage in stages if isinstance(stage, LoadFeatures)), None)

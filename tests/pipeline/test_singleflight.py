@@ -287,6 +287,29 @@ async def test_a_degraded_request_follows_its_keys_flight_under_way_in_its_proce
     assert shared.detail == "followed an answer made without defaults"
 
 
+async def test_a_degraded_request_follows_its_keys_flight_led_on_another_replica(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    """The key's lock is held on another replica: a request made with defaults reads that
+    leader's answer (streamed, from its first event) rather than generate its own."""
+    here, there = flights(kv), flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await there.share(the_key, stream=True, deadline=until)
+    assert leading.leader is not None
+    degraded = [
+        asyncio.create_task(here.share(the_key, stream=stream, deadline=until, variant="features"))
+        for stream in (True, False)
+    ]
+    await settled(lambda: following(the_key, here) == 2)
+    assert await kv.get(here.lock_key(f"{the_key}~features")) is None  # no flight of its own
+    publish(leading.leader, EVENTS, ANSWER)
+    streamed, plain = await asyncio.gather(*degraded)
+    assert streamed.role == "follower" and await drain(streamed) == EVENTS
+    assert (plain.role, plain.completion) == ("follower", ANSWER)
+    assert {streamed.detail, plain.detail} == {"followed an answer made without defaults"}
+
+
 async def test_degraded_requests_share_only_with_requests_degraded_alike(
     kv: KeyValueStore,
     flights: Callable[..., SingleFlight],
@@ -300,12 +323,11 @@ async def test_degraded_requests_share_only_with_requests_degraded_alike(
         for r in (here, there)
     ]
     await settled(lambda: following(f"{the_key}~features", here, there) == 2)
-    # Degraded in other stages, and not degraded: neither follows the flight above.
-    tasks += [
-        asyncio.create_task(request(here, the_key, joined, until, variant=variant))
-        for variant in ("features,route", "")
-    ]
-    await settled(lambda: len(joined) == 3)
+    # Degraded in other stages, and not degraded: neither follows the flight above. (One after
+    # the other: a degraded request follows its key's own flight once one is under way.)
+    for variant in ("features,route", ""):
+        tasks.append(asyncio.create_task(request(here, the_key, joined, until, variant=variant)))
+        await settled(lambda: len(joined) == len(tasks) - 2)
     assert [shared.role for shared in joined] == ["leader"] * 3
     led = [shared.leader.flight.key for shared in joined if shared.leader is not None]
     assert sorted(led) == sorted([f"{the_key}~features", f"{the_key}~features,route", the_key])
@@ -317,15 +339,18 @@ async def test_degraded_requests_share_only_with_requests_degraded_alike(
         task.cancel()
 
 
+@pytest.mark.parametrize("leader", ["here", "on another replica"])
 async def test_a_degraded_request_never_takes_over_its_keys_flight(
     kv: KeyValueStore,
     flights: Callable[..., SingleFlight],
+    leader: str,
 ) -> None:
-    """Its leader let go: a request made with defaults leads its variant's flight, and leaves
-    the key's own to a request made without them."""
+    """Its leader (in this process or on another replica) let go: a request made with defaults
+    leads its variant's flight, and leaves the key's own to a request made without them."""
     here = flights(kv)
+    there = here if leader == "here" else flights(kv)
     the_key, until, joined = key(), await deadline(), []
-    leading = await here.share(the_key, stream=False, deadline=until)
+    leading = await there.share(the_key, stream=False, deadline=until)
     assert leading.leader is not None
     task = asyncio.create_task(request(here, the_key, joined, until, variant="route"))
     await settled(lambda: following(the_key, here) == 1)
@@ -343,10 +368,17 @@ async def test_a_degraded_request_never_takes_over_its_keys_flight(
     task.cancel()
 
 
-async def test_redis_down_turns_coalescing_off(flights: Callable[..., SingleFlight]) -> None:
+@pytest.mark.parametrize("variant", ["", "features"])
+async def test_redis_down_turns_coalescing_off(
+    flights: Callable[..., SingleFlight], variant: str
+) -> None:
+    """Made with defaults or not: a degraded request cannot learn whether another replica
+    leads its key either, and generates alone."""
     down = KeyValueStore.from_url(f"redis://127.0.0.1:{free_port()}/0", TRACER, timeout=0.2)
     try:
-        shared = await flights(down).share(key(), stream=False, deadline=await deadline())
+        shared = await flights(down).share(
+            key(), stream=False, deadline=await deadline(), variant=variant
+        )
     finally:
         await down.aclose()
     assert shared.role == "off" and "store" in shared.detail
