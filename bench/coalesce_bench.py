@@ -20,10 +20,11 @@ requests, the burst's wall time, and how many stages degraded (past their time b
 services' ``rag_stage_duration_seconds_count{status="degraded"}``); medians over the rounds, and
 the ratios off / on.
 
-The arm ``on x2, one degraded`` is two replicas with the feature lookup on, the second's budget
-so short (0.1 ms) that it degrades on every request: what a replica whose feature store is slow
-or down shares. ``--spread-s`` sends the burst's requests evenly over that many seconds rather
-than at once (traffic that keeps coming while a flight is under way). ``--before DIR`` (another
+The arm ``on x2, one degraded`` is two replicas with routing on, the second's budget so short
+(0.1 ms: the router embeds the question) that its route stage degrades on every request it
+runs: what a replica whose router is slow shares. ``--spread-s`` sends the burst's requests
+evenly over that many seconds rather than at once (traffic that keeps coming while a flight
+is under way). ``--before DIR`` (another
 checkout, a ``git worktree``) serves each arm with that code too, as ``{arm} (before)``, in the
 same rounds.
 
@@ -76,8 +77,8 @@ ARMS: dict[str, tuple[dict[str, str], ...]] = {
     "off": ({"RAG_CACHE__COALESCE": "false"},),
     "on x2": ({}, {}),
     "on x2, one degraded": (
-        {"RAG_FEATURES__ENABLED": "true"},
-        {"RAG_FEATURES__ENABLED": "true", "RAG_FEATURES__TIMEOUT_SECONDS": "0.0001"},
+        {"RAG_ROUTING__ENABLED": "true"},
+        {"RAG_ROUTING__ENABLED": "true", "RAG_ROUTING__TIMEOUT_SECONDS": "0.0001"},
     ),
 }
 DEFAULT_ARMS = ("on", "off", "on x2")

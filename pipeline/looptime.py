@@ -24,12 +24,19 @@ own work on the loop counts as lag too: a stage that blocks the loop cannot be c
 it, and once it is done, its result is not thrown away. Where a caller needs a bound on the
 wall clock (the request's deadline, a tool's timeout), it keeps ``asyncio.timeout``.
 
-The clock ticks only while some bound is open, or a watcher (``LoopLag.watch``) reads its ticks,
-and stops at the first tick that finds neither, so bounds opened back to back share one running
-clock. A process with a bound open all the time (a key listener's or a job worker's long poll)
-ticks all the time, a hundred times a second; the app's lag probe (``app/lag.py``) watches the
-same ticks rather than waking the loop on a timer of its own (on these machines each 100 Hz
-timer cost a resting replica about 10 ms of CPU per second).
+The clock ticks only while some bound is open, a watcher (``LoopLag.watch``) reads its ticks, or
+some work holds it (``LoopLag.hold``: the app holds it while it serves a request), and stops at
+the first tick that finds none of them, so bounds opened back to back share one running clock.
+The app's lag probe (``app/lag.py``) watches the same ticks rather than waking the loop on a
+timer of its own.
+
+It ticks every ``TICK_S`` while a request is served or a bound shorter than ``FINE_UNDER_S`` is
+open, and every ``COARSE_TICK_S`` otherwise: a resting process always has a bound open (its key
+listener's and job workers' long polls, their Redis commands) and the probe's watcher, and on
+these machines each wakeup of a 100 Hz clock cost a resting replica about 10 ms of CPU per
+second. A stall is undercounted by at most the gap between ticks, which is a small share of
+such a long bound; a stall during a request shows to within ``TICK_S``. Work that needs the
+fine clock switches a coarse one at once (its pending tick, due later, is then ignored).
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ from types import TracebackType
 from typing import Final
 
 TICK_S: Final = 0.01
+# With no request served and no bound shorter than FINE_UNDER_S open: ten ticks a second.
+COARSE_TICK_S: Final = 0.1
+FINE_UNDER_S: Final = 5 * COARSE_TICK_S
 # At most this many times a bound on the wall clock, whatever the loop's lag.
 MAX_STRETCH: Final = 10.0
 # Less than this left of a bound when its timer fires: spent (the loop's clock is coarser).
@@ -55,13 +65,17 @@ _last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLag] | None = None
 class LoopLag:
     """The lag of one event loop, summed over the time some bound was open."""
 
-    __slots__ = ("_due", "_summed", "_ticking", "_users", "_watchers")
+    __slots__ = ("_due", "_fine", "_summed", "_tick_number", "_ticking", "_users", "_watchers")
 
     def __init__(self) -> None:
         self._users = 0
+        self._fine = 0  # of the users, those that need a tick every TICK_S
         self._summed = 0.0
         self._due = 0.0
         self._ticking = False
+        # The pending tick's number: a tick that finds another pending was superseded (a
+        # coarse tick, when fine ones became needed before it was due) and does nothing.
+        self._tick_number = 0
         # Called at every tick with (how late it ran, the loop's time then).
         self._watchers: tuple[Callable[[float, float], None], ...] = ()
 
@@ -81,6 +95,11 @@ class LoopLag:
     def ticking(self) -> bool:
         return self._ticking
 
+    @property
+    def fine(self) -> bool:
+        """Whether it ticks every ``TICK_S`` (else every ``COARSE_TICK_S``), while it ticks."""
+        return self._fine > 0
+
     def summed(self, now: float) -> float:
         """The lag until ``now`` (the loop's time): how late the ticks ran, and the pending
         tick's lateness if it is overdue (the loop is late right now, before the tick ran)."""
@@ -88,36 +107,51 @@ class LoopLag:
             return self._summed
         return self._summed + now - self._due
 
-    def hold(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+    def hold(self, loop: asyncio.AbstractEventLoop, now: float, *, fine: bool = True) -> None:
+        """Keep the clock ticking until ``release`` (with the same ``fine``): every ``TICK_S``
+        while some holder is ``fine``, else every ``COARSE_TICK_S``. ``now``: the loop's time."""
         self._users += 1
+        if fine:
+            self._fine += 1
+            if self._ticking and self._due > now + TICK_S:
+                self._schedule(loop, now + TICK_S)  # a coarse tick is pending: sooner
         if not self._ticking:
             self._ticking = True
-            self._due = now + TICK_S
-            loop.call_at(self._due, self._tick, loop)
+            self._schedule(loop, now + (TICK_S if self._fine else COARSE_TICK_S))
 
-    def release(self) -> None:
+    def release(self, *, fine: bool = True) -> None:
         # The clock runs on to its next tick, which stops it if nobody holds it by then.
         self._users -= 1
+        if fine:
+            self._fine -= 1
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self._due = due
+        self._tick_number += 1
+        loop.call_at(due, self._tick, loop, self._tick_number)
 
     def watch(
         self, loop: asyncio.AbstractEventLoop, watcher: Callable[[float, float], None]
     ) -> None:
         """Call ``watcher(late, now)`` at every tick until ``unwatch`` (the same object):
-        how late the tick ran and the loop's time then. The clock ticks all that while, every
-        ``TICK_S`` while the loop keeps time (sooner after a late tick). A watcher that raises
-        is reported to the loop's exception handler once and unwatched. It must hold no
+        how late the tick ran and the loop's time then. The clock ticks all that while, at
+        least every ``COARSE_TICK_S`` while the loop keeps time (every ``TICK_S`` while a
+        request is served or a short bound is open; sooner after a late tick). A watcher that
+        raises is reported to the loop's exception handler once and unwatched. It must hold no
         reference to the loop: the clock would then keep a closed loop alive."""
         self._watchers = (*self._watchers, watcher)
-        self.hold(loop, loop.time())
+        self.hold(loop, loop.time(), fine=False)
 
     def unwatch(self, watcher: Callable[[float, float], None]) -> None:
         for index, watching in enumerate(self._watchers):
             if watching is watcher:
                 self._watchers = self._watchers[:index] + self._watchers[index + 1 :]
-                self.release()
+                self.release(fine=False)
                 return
 
-    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _tick(self, loop: asyncio.AbstractEventLoop, number: int) -> None:
+        if number != self._tick_number:
+            return  # superseded by a sooner tick
         now = loop.time()
         late = max(now - self._due, 0.0)
         self._summed += late
@@ -127,8 +161,8 @@ class LoopLag:
         # The later the tick, the sooner the next: a long turn gives a bound about the gap
         # between ticks of its time, so a backlogged loop's turns each count little of a
         # bound, while a loop that keeps time ticks every TICK_S (smoothly between the two).
-        self._due = now + TICK_S * TICK_S / (TICK_S + late)
-        loop.call_at(self._due, self._tick, loop)
+        gap = TICK_S if self._fine > 0 else COARSE_TICK_S
+        self._schedule(loop, now + gap * gap / (gap + late))
         for watcher in self._watchers:  # after the next tick is set: it ticks on regardless
             try:
                 watcher(late, now)
@@ -137,6 +171,21 @@ class LoopLag:
                 loop.call_exception_handler(
                     {"message": "a LoopLag watcher raised: it was unwatched", "exception": exc}
                 )
+
+
+class Serving:
+    """``with Serving():`` holds the running loop's clock fine (a tick every ``TICK_S``) while a
+    request or a job is served: a stall in it shows to within ``TICK_S``."""
+
+    __slots__ = ("_clock",)
+
+    def __enter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._clock = LoopLag.of(loop)
+        self._clock.hold(loop, loop.time())
+
+    def __exit__(self, *exc: object) -> None:
+        self._clock.release()
 
 
 class Bound:
@@ -183,7 +232,7 @@ class Bound:
         self._cancelling = task.cancelling()
         self._expired = False
         clock = self._clock = LoopLag.of(loop)
-        clock.hold(loop, started)
+        clock.hold(loop, started, fine=self.seconds < FINE_UNDER_S)
         self._lag_at = clock.summed(started)
         self._handle: asyncio.Handle | None = loop.call_at(at, self._expire)
         return self
@@ -218,7 +267,7 @@ class Bound:
             self._handle.cancel()
             self._handle = None
         self.lag_s = self._clock.summed(self._loop.time()) - self._lag_at
-        self._clock.release()
+        self._clock.release(fine=self.seconds < FINE_UNDER_S)
         # uncancel() first, whatever ended the block, as asyncio.timeout does.
         expired = self._expired and self._task.uncancel() <= self._cancelling
         if expired and kind is asyncio.CancelledError:

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.logs import RequestFacts, RequestLog, handed_context
 from app.metrics import HttpMetrics
 from pipeline.errors import PayloadTooLarge
+from pipeline.looptime import Serving
 from pipeline.telemetry.metrics import NOT_ROUTED
 from pipeline.telemetry.spans import mark_failed
 
@@ -77,7 +78,8 @@ class RequestTracing:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_trace_id)
+            with Serving():  # the loop's lag clock ticks finely while a request is served
+                await self.app(scope, receive, send_with_trace_id)
         except BaseException as exc:
             facts.status = facts.status or 500  # the server's error handler answers outside us
             if span is not None:

@@ -43,6 +43,7 @@ from pipeline.errors import PipelineError, StoreUnavailable
 from pipeline.jobs.model import FAILED, SUCCEEDED, Job
 from pipeline.jobs.queue import Delivery, JobQueue
 from pipeline.jobs.webhooks import WebhookSender, ended, unsent, webhook_state
+from pipeline.looptime import Serving
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import mark_failed
 
@@ -303,7 +304,8 @@ class JobWorker:
     async def _run(self, job: Job, delivery: Delivery, lease: str) -> int:
         """Execute the job; the FINISH outcome (0, 1, 2), or -1 when it was queued again."""
         try:
-            result = await self.execute(job)
+            with Serving():  # the loop's lag clock ticks finely while a job runs
+                result = await self.execute(job)
         except asyncio.CancelledError:
             await asyncio.shield(self.queue.requeue(delivery, lease, None, refund=True))
             raise

@@ -238,12 +238,16 @@ def test_the_probe_sees_a_stalled_loop(tmp_path: Path) -> None:
     import asyncio
 
     from app.lag import LagProbe
+    from pipeline.looptime import LoopLag
 
     async def main() -> float:
+        loop = asyncio.get_running_loop()
         probe = LagProbe(record=False).start()
+        LoopLag.of(loop).hold(loop, loop.time())  # as while a request is served
         await asyncio.sleep(0.05)
         time.sleep(0.12)  # noqa: ASYNC251 - the stall under test
         await asyncio.sleep(0.05)
+        LoopLag.of(loop).release()
         await probe.stop()
         return probe.max_lag
 

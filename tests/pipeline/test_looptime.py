@@ -14,7 +14,7 @@ import weakref
 
 import pytest
 
-from pipeline.looptime import TICK_S, Bound, LoopLag
+from pipeline.looptime import COARSE_TICK_S, FINE_UNDER_S, TICK_S, Bound, LoopLag
 from tests.support.backlog import backlog
 
 
@@ -94,12 +94,15 @@ async def test_a_watcher_sees_every_tick_and_its_lateness_until_it_stops_watchin
     clock.watch(loop, watcher)
     await asyncio.sleep(0.05)
     assert clock.ticking  # no bound open: the watcher alone keeps the clock going
+    clock.hold(loop, loop.time())  # as a request does: a tick every TICK_S
+    await asyncio.sleep(0.05)
     time.sleep(0.06)  # noqa: ASYNC251 - one turn of 60 ms: the tick due in it runs late
     await asyncio.sleep(0.03)
+    clock.release()
     clock.unwatch(watcher)
     clock.unwatch(watcher)  # a second unwatch is a no-op, not a second release
     seen = len(ticks)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05 + COARSE_TICK_S)
     assert not clock.ticking  # its next tick found nobody
     assert len(ticks) == seen
     assert seen >= 4
@@ -112,7 +115,10 @@ async def test_a_watcher_that_raises_is_reported_once_and_dropped_and_the_clock_
     clock = LoopLag.of(loop)
     reported: list[dict[str, object]] = []
     loop.set_exception_handler(lambda _, context: reported.append(context))
-    calls = {"bad": 0, "good": 0}
+    calls = {"first": 0, "bad": 0, "good": 0}
+
+    def first(late: float, now: float) -> None:
+        calls["first"] += 1
 
     def bad(late: float, now: float) -> None:
         calls["bad"] += 1
@@ -122,18 +128,21 @@ async def test_a_watcher_that_raises_is_reported_once_and_dropped_and_the_clock_
         calls["good"] += 1
 
     try:
+        clock.watch(loop, first)
         clock.watch(loop, bad)
         clock.watch(loop, good)
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(COARSE_TICK_S * 2.5)
         with pytest.raises(TimeoutError):  # the clock still serves the bounds
             async with Bound(0.02):
                 await asyncio.sleep(30)
         clock.unwatch(good)
+        clock.unwatch(first)
     finally:
         loop.set_exception_handler(None)
     assert calls["bad"] == 1 and len(reported) == 1
     assert isinstance(reported[0]["exception"], ValueError)
-    assert calls["good"] >= 4  # the watcher after it was called at every tick
+    # The watcher after it was called at every tick, the one it raised in too.
+    assert calls["good"] == calls["first"] >= 3
 
 
 def test_a_closed_loop_is_not_kept_alive_by_a_watched_clock() -> None:
@@ -225,12 +234,12 @@ async def test_a_bound_is_entered_once_and_a_bad_length_holds_no_clock() -> None
             async with bound:
                 pass
     clock = LoopLag.of(asyncio.get_running_loop())
-    await asyncio.sleep(0.05)  # the clock's last tick
+    await asyncio.sleep(COARSE_TICK_S + 0.05)  # the clock's last tick
     assert not clock.ticking
     with pytest.raises(TypeError):
         async with Bound("0.1"):  # type: ignore[arg-type]
             pass
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(COARSE_TICK_S + 0.05)
     assert not clock.ticking
 
 
@@ -259,11 +268,88 @@ def test_the_later_a_tick_runs_the_sooner_the_next_so_the_stretch_grows_smoothly
     gaps = []
     for late in (0.0, 0.005, 0.01, 0.04):
         loop.now = loop.timers[-1] + late
-        clock._tick(loop)  # type: ignore[arg-type]
+        tick(clock, loop)
         gaps.append(loop.timers[-1] - loop.now)
     assert gaps == [pytest.approx(g) for g in (0.01, 0.01 / 1.5, 0.005, 0.002)]
     assert clock.summed(loop.now) == pytest.approx(0.055)
     clock.release()
     loop.now = loop.timers[-1]
-    clock._tick(loop)  # type: ignore[arg-type]
+    tick(clock, loop)
     assert not clock.ticking
+
+
+def tick(clock: LoopLag, loop: ScriptedLoop) -> None:
+    """The clock's pending tick runs (at ``loop.now``)."""
+    clock._tick(loop, clock._tick_number)  # type: ignore[arg-type]
+
+
+def test_at_rest_the_clock_ticks_coarsely_and_work_that_needs_it_fine_hurries_it_at_once() -> None:
+    """Only a watcher and a long bound (the lag probe, a listener's long poll): a tick every
+    COARSE_TICK_S. A request (a fine hold) or a short bound brings the next tick within
+    TICK_S, and the coarse tick then due does nothing; once they are released, coarse again."""
+    loop = ScriptedLoop()
+    clock = LoopLag()
+    clock.hold(loop, 0.0, fine=False)  # type: ignore[arg-type]
+    assert loop.timers == [pytest.approx(COARSE_TICK_S)] and not clock.fine
+    loop.now = COARSE_TICK_S
+    tick(clock, loop)
+    assert loop.timers[-1] - loop.now == pytest.approx(COARSE_TICK_S)
+    superseded = clock._tick_number
+    loop.now += 0.03
+    clock.hold(loop, loop.now)  # type: ignore[arg-type]  # a request comes
+    assert clock.fine and loop.timers[-1] - loop.now == pytest.approx(TICK_S)
+    loop.now = loop.timers[-1]
+    tick(clock, loop)
+    assert loop.timers[-1] - loop.now == pytest.approx(TICK_S)
+    timers = len(loop.timers)
+    clock._tick(loop, superseded)  # type: ignore[arg-type]  # the coarse one, when it was due
+    assert len(loop.timers) == timers and clock.summed(loop.now) == 0.0  # nothing
+    clock.hold(loop, loop.now)  # type: ignore[arg-type]  # a second fine holder: no new tick
+    assert len(loop.timers) == timers
+    clock.release()
+    clock.release()  # the requests are answered
+    loop.now = loop.timers[-1]
+    tick(clock, loop)
+    assert not clock.fine and loop.timers[-1] - loop.now == pytest.approx(COARSE_TICK_S)
+    clock.release(fine=False)
+    loop.now = loop.timers[-1]
+    tick(clock, loop)
+    assert not clock.ticking
+
+
+async def test_a_short_bound_ticks_the_clock_finely_and_a_long_one_coarsely() -> None:
+    clock = LoopLag.of(asyncio.get_running_loop())
+    async with Bound(FINE_UNDER_S):
+        assert clock.ticking and not clock.fine  # a long poll's, a Redis command's
+        async with Bound(FINE_UNDER_S / 10):  # a stage's budget
+            assert clock.fine
+        assert not clock.fine
+    await asyncio.sleep(COARSE_TICK_S * 1.5)
+    assert not clock.ticking
+
+
+async def test_on_a_real_loop_a_resting_clock_wakes_it_ten_times_less_often() -> None:
+    """Ticks seen by a watcher in 0.35 s: about 3 with a long bound open alone, about 35
+    while a request is served (loose limits: a late tick makes the next one sooner)."""
+    loop = asyncio.get_running_loop()
+    clock = LoopLag.of(loop)
+    ticks: list[float] = []
+
+    def watcher(late: float, now: float) -> None:
+        ticks.append(now)
+
+    clock.watch(loop, watcher)
+    try:
+        async with Bound(5.0):
+            await asyncio.sleep(0.35)
+            resting = len(ticks)
+            clock.hold(loop, loop.time())
+            try:
+                await asyncio.sleep(0.35)
+            finally:
+                clock.release()
+            serving = len(ticks) - resting
+    finally:
+        clock.unwatch(watcher)
+    assert resting <= 12, resting
+    assert serving >= 15, serving

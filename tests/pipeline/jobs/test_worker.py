@@ -19,6 +19,7 @@ from pipeline.errors import InvalidRequest, ServiceUnavailable, StoreUnavailable
 from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job
 from pipeline.jobs.queue import JobQueue
 from pipeline.jobs.worker import Execute, JobWorker
+from pipeline.looptime import LoopLag
 from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
 from tests.pipeline.jobs.conftest import make_job, wait_until
@@ -73,7 +74,10 @@ def start_process(
 
 
 async def test_a_worker_runs_a_job_and_stores_its_result(queue: JobQueue) -> None:
+    fine: list[bool] = []
+
     async def echo(job: Job) -> dict[str, Any]:
+        fine.append(LoopLag.of(asyncio.get_running_loop()).fine)  # a stall in it shows finely
         return {"echo": job.request["messages"][0]["content"]}
 
     job, _ = await queue.submit(make_job("ping"))
@@ -85,6 +89,7 @@ async def test_a_worker_runs_a_job_and_stores_its_result(queue: JobQueue) -> Non
     assert done.started is not None and done.finished is not None
     assert done.created <= done.started <= done.finished
     assert await queue.backlog() == 0
+    assert fine == [True]
 
 
 async def test_forty_jobs_over_three_workers_and_a_process_each_run_exactly_once(
