@@ -3,7 +3,8 @@
 Every request of a process shares one event loop, so anything CPU-heavy that runs on it (a
 regex that backtracks, a large body parsed inline) delays every other request by as long. The
 probe makes that visible: it watches the loop's clock (``pipeline.looptime.LoopLag``, which
-ticks every 10 ms while the loop keeps time, and sooner after a late tick), records how late
+ticks every 10 ms while a request is served and every 100 ms at rest, while the loop keeps
+time, and sooner after a late tick), records how late
 each tick ran (``rag_event_loop_lag_seconds``, a histogram), and keeps the largest lag seen so
 far (``max_lag``), which the tests read around a heavy request. Another process (the load
 benchmark) reads the worst lag of the last ``WINDOW_S`` to twice that from

@@ -34,9 +34,13 @@ It ticks every ``TICK_S`` while a request is served or a bound shorter than ``FI
 open, and every ``COARSE_TICK_S`` otherwise: a resting process always has a bound open (its key
 listener's and job workers' long polls, their Redis commands) and the probe's watcher, and on
 these machines each wakeup of a 100 Hz clock cost a resting replica about 10 ms of CPU per
-second. A stall is undercounted by at most the gap between ticks, which is a small share of
-such a long bound; a stall during a request shows to within ``TICK_S``. Work that needs the
-fine clock switches a coarse one at once (its pending tick, due later, is then ignored).
+second. A stall is undercounted by at most the gap between ticks, and a loop backlogged in
+turns of 20 ms has about a fifth of its lag counted by the coarse clock, where the fine one
+counts most of it: a long bound outside any request (a Redis command of the key listener or a
+job worker's poll) is stretched less on a busy loop. A stall during a request shows to within
+``TICK_S``. A Redis timeout under ``FINE_UNDER_S`` makes every idle command tick the clock
+finely. Work that needs the fine clock switches a coarse one at once (its pending tick, due
+later, is cancelled).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ _last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLag] | None = None
 class LoopLag:
     """The lag of one event loop, summed over the time some bound was open."""
 
-    __slots__ = ("_due", "_fine", "_summed", "_tick_number", "_ticking", "_users", "_watchers")
+    __slots__ = ("_due", "_fine", "_pending", "_summed", "_ticking", "_users", "_watchers")
 
     def __init__(self) -> None:
         self._users = 0
@@ -73,9 +77,9 @@ class LoopLag:
         self._summed = 0.0
         self._due = 0.0
         self._ticking = False
-        # The pending tick's number: a tick that finds another pending was superseded (a
-        # coarse tick, when fine ones became needed before it was due) and does nothing.
-        self._tick_number = 0
+        # The pending tick's timer, to cancel when a sooner one is needed (a coarse tick, when
+        # fine ones become needed before it is due). Weakly: the timer holds the loop.
+        self._pending: weakref.ref[asyncio.TimerHandle] | None = None
         # Called at every tick with (how late it ran, the loop's time then).
         self._watchers: tuple[Callable[[float, float], None], ...] = ()
 
@@ -113,8 +117,11 @@ class LoopLag:
         self._users += 1
         if fine:
             self._fine += 1
-            if self._ticking and self._due > now + TICK_S:
-                self._schedule(loop, now + TICK_S)  # a coarse tick is pending: sooner
+            if self._ticking and self._due > now + TICK_S:  # a coarse tick is pending: sooner
+                pending = self._pending() if self._pending is not None else None
+                if pending is not None:
+                    pending.cancel()  # it will not wake the loop
+                self._schedule(loop, now + TICK_S)
         if not self._ticking:
             self._ticking = True
             self._schedule(loop, now + (TICK_S if self._fine else COARSE_TICK_S))
@@ -127,8 +134,7 @@ class LoopLag:
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         self._due = due
-        self._tick_number += 1
-        loop.call_at(due, self._tick, loop, self._tick_number)
+        self._pending = weakref.ref(loop.call_at(due, self._tick, loop))
 
     def watch(
         self, loop: asyncio.AbstractEventLoop, watcher: Callable[[float, float], None]
@@ -149,9 +155,7 @@ class LoopLag:
                 self.release(fine=False)
                 return
 
-    def _tick(self, loop: asyncio.AbstractEventLoop, number: int) -> None:
-        if number != self._tick_number:
-            return  # superseded by a sooner tick
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         late = max(now - self._due, 0.0)
         self._summed += late
@@ -202,6 +206,7 @@ class Bound:
         "_clock",
         "_entered",
         "_expired",
+        "_fine",
         "_handle",
         "_lag_at",
         "_loop",
@@ -215,6 +220,7 @@ class Bound:
         self.seconds = seconds
         self.lag_s = 0.0
         self._entered = False
+        self._clock: LoopLag | None = None  # held from the entry to the exit, if any
 
     async def __aenter__(self) -> Bound:
         if self._entered:
@@ -231,17 +237,19 @@ class Bound:
         self._task = task
         self._cancelling = task.cancelling()
         self._expired = False
-        clock = self._clock = LoopLag.of(loop)
-        clock.hold(loop, started, fine=self.seconds < FINE_UNDER_S)
+        clock = LoopLag.of(loop)
+        self._fine = self.seconds < FINE_UNDER_S  # released as it was held, come what may
+        clock.hold(loop, started, fine=self._fine)
+        self._clock = clock
         self._lag_at = clock.summed(started)
         self._handle: asyncio.Handle | None = loop.call_at(at, self._expire)
         return self
 
     def _expire(self) -> None:
-        seconds = self.seconds
-        assert seconds is not None
+        seconds, clock = self.seconds, self._clock
+        assert seconds is not None and clock is not None
         now = self._loop.time()
-        self.lag_s = self._clock.summed(now) - self._lag_at
+        self.lag_s = clock.summed(now) - self._lag_at
         left = seconds - (now - self._started - self.lag_s)
         latest = self._started + seconds * MAX_STRETCH
         if left > SLACK_S and now < latest:
@@ -261,13 +269,15 @@ class Bound:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self.seconds is None:
-            return
+        clock = self._clock
+        if clock is None:
+            return  # no bound
+        self._clock = None
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self.lag_s = self._clock.summed(self._loop.time()) - self._lag_at
-        self._clock.release(fine=self.seconds < FINE_UNDER_S)
+        self.lag_s = clock.summed(self._loop.time()) - self._lag_at
+        clock.release(fine=self._fine)
         # uncancel() first, whatever ended the block, as asyncio.timeout does.
         expired = self._expired and self._task.uncancel() <= self._cancelling
         if expired and kind is asyncio.CancelledError:

@@ -52,10 +52,11 @@ from pipeline.store.kv import KeyValueStore
 
 Role = Literal["leader", "follower", "off"]
 
-# Returns the token holding the lock, or nil when this call took it.
+# Returns the token holding the lock, or nil when this call took it. ARGV[3], when given, is
+# this process's own token from a flight whose release it could not confirm: taken over.
 ACQUIRE: Final = """
 local held = redis.call('GET', KEYS[1])
-if held then return held end
+if held and held ~= ARGV[3] then return held end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
 """
@@ -159,6 +160,10 @@ class SingleFlight:
         self.joins = joins
         self._flights: dict[str, _Led] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # By key: the token of a flight of this process that ended without its lock's release
+        # confirmed (Redis failed at its last publish), and until when that lock may last.
+        # Neither a leader nor a follower of this key waits on it.
+        self._unreleased: dict[str, tuple[str, float]] = {}
         self._acquire = kv.script(ACQUIRE)
         self.renew_script = kv.script(RENEW)
         self.release_script = kv.script(RELEASE)
@@ -179,12 +184,13 @@ class SingleFlight:
         try:
             async with asyncio.timeout_at(deadline):
                 if variant:
-                    followed = await self._follow_under_way(key, stream=stream, deadline=deadline)
+                    variant_key = f"{key}~{variant}"
+                    followed = await self._follow_under_way(
+                        key, variant_key, stream=stream, deadline=deadline
+                    )
                     if followed is not None:
                         return followed
-                    return await self._share(
-                        f"{key}~{variant}", key, stream=stream, deadline=deadline
-                    )
+                    return await self._share(variant_key, key, stream=stream, deadline=deadline)
                 return await self._share(key, key, stream=stream, deadline=deadline)
         except TimeoutError as exc:
             raise DeadlineExceeded() from exc
@@ -202,12 +208,18 @@ class SingleFlight:
                 return shared
         return Shared("off", detail="the flight's leaders kept letting go")
 
-    async def _follow_under_way(self, key: str, *, stream: bool, deadline: float) -> Shared | None:
+    async def _follow_under_way(
+        self, key: str, variant_key: str, *, stream: bool, deadline: float
+    ) -> Shared | None:
         """The leader's answer, when the key's flight is under way (in this process, or its
         lock is held on another replica) and it gives one; None otherwise (no flight, or its
-        leader let go or could not share)."""
+        leader let go or could not share). Another replica is not asked while this process
+        has the flight ``variant_key`` under way: the request joins that one."""
         flight = self._flights.get(key)
         if flight is None or flight.ended:
+            variant = self._flights.get(variant_key)
+            if variant is not None and not variant.ended:
+                return None
             flight = await self._remote(key)
             if flight is None:
                 return None
@@ -255,8 +267,8 @@ class SingleFlight:
         flight = self._flights.get(key)
         if flight is not None and not flight.ended:
             return flight  # joined here while the lock was read
-        if holder is None:
-            return None
+        if holder is None or _text(holder) == self._unreleased_token(key):
+            return None  # no flight, or one of this process's own that ended
         led = _Led(self, key, uuid.uuid4().hex)
         self._flights[key] = led
         self._read_from(led, holder)
@@ -265,9 +277,26 @@ class SingleFlight:
     def _read_from(self, led: _Led, holder: object) -> None:
         """``led`` is another replica's flight, under the token ``holder``: one task of this
         process copies its stream, for every request here that follows it."""
-        held = holder.decode() if isinstance(holder, bytes) else str(holder)
         led.decide("remote")
-        self._start(_read_remote(self, led, held))
+        self._start(_read_remote(self, led, _text(holder)))
+
+    def _unreleased_token(self, key: str) -> str | None:
+        """This process's token still on the key's lock, as far as it knows (see
+        ``_unreleased``); None once that lock has expired."""
+        held = self._unreleased.get(key)
+        if held is None:
+            return None
+        if held[1] <= time.monotonic():
+            del self._unreleased[key]
+            return None
+        return held[0]
+
+    def unreleased(self, key: str, token: str) -> None:
+        """A flight of this process ended without its lock's release confirmed."""
+        now = time.monotonic()
+        for stale in [k for k, (_, until) in self._unreleased.items() if until <= now]:
+            del self._unreleased[stale]
+        self._unreleased[key] = (token, now + self.lock_ttl_ms / 1000.0)
 
     async def _join(self, key: str) -> tuple[_Led, bool]:
         """The key's flight in this process, and whether this call started it (and so leads
@@ -279,9 +308,13 @@ class SingleFlight:
         token = uuid.uuid4().hex
         led = _Led(self, key, token)
         self._flights[key] = led
+        own = self._unreleased_token(key)
+        args: list[str | int] = [token, self.lock_ttl_ms]
+        if own is not None:
+            args.append(own)
         try:
             holder = await self.kv.run_script(
-                "flight_acquire", self._acquire, [self.lock_key(key)], [token, self.lock_ttl_ms]
+                "flight_acquire", self._acquire, [self.lock_key(key)], args
             )
         except StoreUnavailable as exc:
             led.decide("off", f"store: {exc.detail}")
@@ -292,6 +325,7 @@ class SingleFlight:
             self.forget(led)
             raise
         if holder is None:
+            self._unreleased.pop(key, None)
             led.decide("leader")
             return led, True
         self._read_from(led, holder)
@@ -447,7 +481,7 @@ class Leader:
         lock = flights.lock_key(flight.key)
         stream = flights.stream_key(flight.key, flight.token)
         renew_every = flights.lock_ttl_ms / 3000.0
-        store_ok = True
+        store_ok, released = True, False
         try:
             while True:
                 try:
@@ -462,8 +496,11 @@ class Leader:
                 if store_ok:
                     store_ok = await self._send(lock, stream, events, last)
                 if last is not None:
+                    released = store_ok
                     return
         finally:
+            if not released:  # the lock lasts until it expires: nobody here waits on it
+                flights.unreleased(flight.key, flight.token)
             # Local followers learn the end after Redis has (the lock is free by then).
             flight.append(self._last or Entry("gone", detail="the publisher stopped"))
             flights.forget(flight)
@@ -532,6 +569,10 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
     finally:
         flight.append(Entry("gone", detail="no reader"))
         flights.forget(flight)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _xread(stream: str, position: str, flights: SingleFlight) -> Callable[[Any], Awaitable[None]]:

@@ -243,18 +243,29 @@ async def test_a_bound_is_entered_once_and_a_bad_length_holds_no_clock() -> None
     assert not clock.ticking
 
 
+class ScriptedTimer:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class ScriptedLoop:
-    """Just what the lag clock asks of a loop: the time, and a timer (recorded, not run)."""
+    """Just what the lag clock asks of a loop: the time, and timers (recorded, not run)."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.timers: list[float] = []
+        self.handles: list[ScriptedTimer] = []
 
     def time(self) -> float:
         return self.now
 
-    def call_at(self, when: float, callback: object, *args: object) -> None:
+    def call_at(self, when: float, callback: object, *args: object) -> ScriptedTimer:
         self.timers.append(when)
+        self.handles.append(ScriptedTimer())
+        return self.handles[-1]
 
 
 def test_the_later_a_tick_runs_the_sooner_the_next_so_the_stretch_grows_smoothly() -> None:
@@ -280,13 +291,13 @@ def test_the_later_a_tick_runs_the_sooner_the_next_so_the_stretch_grows_smoothly
 
 def tick(clock: LoopLag, loop: ScriptedLoop) -> None:
     """The clock's pending tick runs (at ``loop.now``)."""
-    clock._tick(loop, clock._tick_number)  # type: ignore[arg-type]
+    clock._tick(loop)  # type: ignore[arg-type]
 
 
 def test_at_rest_the_clock_ticks_coarsely_and_work_that_needs_it_fine_hurries_it_at_once() -> None:
     """Only a watcher and a long bound (the lag probe, a listener's long poll): a tick every
     COARSE_TICK_S. A request (a fine hold) or a short bound brings the next tick within
-    TICK_S, and the coarse tick then due does nothing; once they are released, coarse again."""
+    TICK_S, and the coarse tick's timer is cancelled; once they are released, coarse again."""
     loop = ScriptedLoop()
     clock = LoopLag()
     clock.hold(loop, 0.0, fine=False)  # type: ignore[arg-type]
@@ -294,16 +305,16 @@ def test_at_rest_the_clock_ticks_coarsely_and_work_that_needs_it_fine_hurries_it
     loop.now = COARSE_TICK_S
     tick(clock, loop)
     assert loop.timers[-1] - loop.now == pytest.approx(COARSE_TICK_S)
-    superseded = clock._tick_number
+    coarse = loop.handles[-1]
     loop.now += 0.03
     clock.hold(loop, loop.now)  # type: ignore[arg-type]  # a request comes
     assert clock.fine and loop.timers[-1] - loop.now == pytest.approx(TICK_S)
+    assert coarse.cancelled  # it will not wake the loop
     loop.now = loop.timers[-1]
     tick(clock, loop)
     assert loop.timers[-1] - loop.now == pytest.approx(TICK_S)
+    assert clock.summed(loop.now) == 0.0
     timers = len(loop.timers)
-    clock._tick(loop, superseded)  # type: ignore[arg-type]  # the coarse one, when it was due
-    assert len(loop.timers) == timers and clock.summed(loop.now) == 0.0  # nothing
     clock.hold(loop, loop.now)  # type: ignore[arg-type]  # a second fine holder: no new tick
     assert len(loop.timers) == timers
     clock.release()
@@ -353,3 +364,16 @@ async def test_on_a_real_loop_a_resting_clock_wakes_it_ten_times_less_often() ->
         clock.unwatch(watcher)
     assert resting <= 12, resting
     assert serving >= 15, serving
+
+
+async def test_a_bound_releases_the_clock_as_it_held_it_whatever_its_seconds_become() -> None:
+    """The length decides a fine or coarse hold at the entry; changed inside the block (to
+    another length, or None), the exit still releases that hold, once."""
+    clock = LoopLag.of(asyncio.get_running_loop())
+    for changed in (FINE_UNDER_S / 10, None):
+        bound = Bound(FINE_UNDER_S * 2)
+        async with bound:
+            bound.seconds = changed
+        assert not clock.fine
+        await asyncio.sleep(COARSE_TICK_S * 1.5)
+        assert not clock.ticking, changed

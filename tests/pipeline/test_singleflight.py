@@ -384,3 +384,70 @@ async def test_redis_down_turns_coalescing_off(
     assert shared.role == "off" and "store" in shared.detail
     with pytest.raises(StoreUnavailable):  # the store itself is down, as it says
         await down.get("anything")
+
+
+@pytest.mark.parametrize("variant", ["", "features"])
+async def test_a_flight_whose_lock_release_failed_holds_up_no_later_request_here(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], variant: str
+) -> None:
+    """Redis failed at the leader's last publish: the key's lock keeps this process's token
+    until it expires. A later request of the key here does not wait for that (for the ended
+    flight's stream, which will never end): made without defaults, it takes the lock over and
+    leads; made with them, it leads its variant's flight."""
+    here = flights(kv, lock_ttl_ms=30_000)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=False, deadline=until)
+    assert leading.leader is not None
+    real = kv.pipeline
+
+    async def failing(name: str, queue: Callable[..., object], **options: object) -> object:
+        if name == "flight_publish":  # a fault the real Redis cannot be timed to make
+            raise StoreUnavailable("connection reset")
+        return await real(name, queue, **options)  # type: ignore[arg-type]
+
+    kv.pipeline = failing  # type: ignore[method-assign]
+    try:
+        publish(leading.leader, EVENTS, ANSWER)
+        await settled(lambda: the_key not in here._flights)
+    finally:
+        kv.pipeline = real  # type: ignore[method-assign]
+    lock = here.lock_key(the_key)
+    assert await kv.get(lock) == leading.leader.flight.token.encode()  # still held
+    shared = await asyncio.wait_for(
+        here.share(the_key, stream=False, deadline=until, variant=variant), 5
+    )
+    assert shared.role == "leader" and shared.leader is not None
+    assert shared.leader.flight.key == (f"{the_key}~{variant}" if variant else the_key)
+    if not variant:
+        assert await kv.get(lock) == shared.leader.flight.token.encode()
+
+
+async def test_degraded_requests_joining_their_variants_flight_here_ask_no_other_replica(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    """Only the first of a burst of degraded requests reads the key's lock: the others join
+    the flight of their variant it leads (one Redis read, not one per request, when a slow
+    Redis is what made them degrade)."""
+    here = flights(kv)
+    the_key, until, joined = key(), await deadline(), []
+    reads: list[str] = []
+    real = kv.get
+
+    async def get(name: str) -> bytes | None:
+        reads.append(name)
+        return await real(name)
+
+    kv.get = get  # type: ignore[method-assign]
+    try:
+        tasks = [asyncio.create_task(request(here, the_key, joined, until, variant="route"))]
+        await settled(lambda: len(joined) == 1)
+        tasks += [
+            asyncio.create_task(request(here, the_key, joined, until, variant="route"))
+            for _ in range(4)
+        ]
+        await settled(lambda: following(f"{the_key}~route", here) == 4)
+    finally:
+        kv.get = real  # type: ignore[method-assign]
+    assert reads == [here.lock_key(the_key)]
+    for task in tasks:
+        task.cancel()
