@@ -306,21 +306,11 @@ async def test_requests_made_after_a_degraded_stage_share_among_themselves_uncac
     after the 10 ms budget): the answers are made with the features' defaults, shared among the
     requests of one prompt, on both replicas, and not cached."""
     with FaultProxy(vllm.url) as llm, FaultProxy(redis_server.url) as slow_redis:
-        degrading = make_settings(
-            redis_server.url,
-            llm.url,
-            routing={"enabled": False},
-            features={"enabled": True, "timeout_seconds": 0.01},
-            redis={"timeout_seconds": 2.0},
-        )
+        degrading = with_features(redis_server.url, llm.url, budget_s=0.01)
         slow_redis.slow(5.0)
         async with make_app(degrading) as one, make_app(degrading) as two:
             for replica in (one, two):
-                lookup = features_stage(replica)
-                lookup.store = FeatureStore(
-                    KeyValueStore.from_url(slow_redis.url, replica.services.tracer, timeout=10.0),
-                    prefix=lookup.store.prefix,
-                )
+                slow_features(replica, slow_redis.url)
             key = await one.key("defaults")
             tag = unique_question()[-11:]
             prompts = [f"Say the word {word}. {tag}" for word in WORDS[:4]]
@@ -359,22 +349,12 @@ async def test_requests_made_after_a_degraded_stage_follow_a_flight_led_on_anoth
     degraded requests on two follow the answer one is making without defaults (the answer
     the cache would serve them a moment later) rather than generate one of their own."""
     with FaultProxy(vllm.url) as llm, FaultProxy(redis_server.url) as slow_redis:
-        healthy = make_settings(
-            redis_server.url,
-            llm.url,
-            routing={"enabled": False},
-            features={"enabled": True, "timeout_seconds": 5.0},
-            redis={"timeout_seconds": 2.0},
-        )
+        healthy = with_features(redis_server.url, llm.url, budget_s=5.0)
         features = healthy.features.model_copy(update={"timeout_seconds": 0.01})
         degrading = healthy.model_copy(update={"features": features})  # one key prefix
         slow_redis.slow(5.0)
         async with make_app(healthy) as one, make_app(degrading) as two:
-            lookup = features_stage(two)
-            lookup.store = FeatureStore(
-                KeyValueStore.from_url(slow_redis.url, two.services.tracer, timeout=10.0),
-                prefix=lookup.store.prefix,
-            )
+            lookup = slow_features(two, slow_redis.url)
             key = await one.key("followed")
             body = ask(unique_question())
             llm.pause()  # the leader's answer comes once every follower has joined
@@ -396,6 +376,28 @@ async def test_requests_made_after_a_degraded_stage_follow_a_flight_led_on_anoth
     assert {a.get(attr.COALESCE_DETAIL) for a in followed} == {
         "followed an answer made without defaults"
     }
+
+
+def with_features(redis_url: str, llm_url: str, *, budget_s: float) -> Any:
+    """Settings with the feature lookup on, at ``budget_s`` (routing off)."""
+    return make_settings(
+        redis_url,
+        llm_url,
+        routing={"enabled": False},
+        features={"enabled": True, "timeout_seconds": budget_s},
+        redis={"timeout_seconds": 2.0},
+    )
+
+
+def slow_features(harness: AppHarness, redis_url: str) -> LoadFeatures:
+    """The replica's feature lookup, its store reached at ``redis_url`` (a slow proxy) from
+    now on; the caller closes that store's connection."""
+    lookup = features_stage(harness)
+    lookup.store = FeatureStore(
+        KeyValueStore.from_url(redis_url, harness.services.tracer, timeout=10.0),
+        prefix=lookup.store.prefix,
+    )
+    return lookup
 
 
 def features_stage(harness: AppHarness) -> LoadFeatures:
