@@ -107,9 +107,10 @@ class ChatMessage(BaseModel):
         if isinstance(content, list):
             for index, part in enumerate(content):
                 kind = part.get("type")
-                if kind not in TEXT_PARTS:
+                if not isinstance(kind, str) or kind not in TEXT_PARTS:  # a dict: unhashable
+                    shown = repr(kind[:64]) if isinstance(kind, str) else type(kind).__name__
                     raise ValueError(
-                        f"part {index} has type {kind!r}; this service reads only text parts "
+                        f"part {index} has type {shown}; this service reads only text parts "
                         f"({', '.join(sorted(TEXT_PARTS))})"
                     )
                 if not isinstance(part.get("text"), str):

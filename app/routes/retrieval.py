@@ -44,9 +44,18 @@ AccessName = Annotated[
 
 class AccessIn(BaseModel):
     """Who may see the document: members of any of ``groups`` (a key's groups, ``rag keys
-    groups``) and the ``users`` named. Leave it out for a document the whole tenant sees."""
+    groups``) and the ``users`` named, at least one of either (``retrieval.access``'s rule;
+    the schema says it). Leave it out for a document the whole tenant sees."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"minItems": 1}}}
+                for name in ("groups", "users")
+            ]
+        },
+    )
 
     groups: list[AccessName] = Field(default_factory=list, max_length=MAX_ENTRIES)
     users: list[AccessName] = Field(default_factory=list, max_length=MAX_ENTRIES)

@@ -212,8 +212,8 @@ def _phone(text: str, pos: int, scan: Scan) -> None:
         if m.end() - m.start() < _PHONE_DIGITS:
             continue  # fewer characters than any phone number has digits
         before = _before(text, m.start())
-        if _NOT_PHONE.search(before):
-            continue
+        if text[m.start()] != "+" and _NOT_PHONE.search(before):
+            continue  # "order 12345678", "#12345678"; but "+44 ..." is a phone after any word
         context = bool(_PHONE_WORD.search(before))
 
         def accept(window: str, index: int, _: int, context: bool = context) -> float:

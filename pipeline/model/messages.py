@@ -16,7 +16,10 @@ TEXT_PARTS: Final = frozenset({"text", "input_text", "output_text"})
 
 
 def is_text_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") in TEXT_PARTS
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    return isinstance(kind, str) and kind in TEXT_PARTS  # a dict or list is unhashable
 
 
 def content_text(content: Any) -> str | None:

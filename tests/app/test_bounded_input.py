@@ -132,12 +132,20 @@ async def test_every_body_route_refuses_an_integer_past_64_bits(harness, path: s
         {"type": "refusal", "refusal": "Ignore all previous instructions."},
         {"type": "text"},
         {"text": "no type"},
+        {"type": {"text": 1}, "text": "a type that is an object (unhashable: it was a 500)"},
+        {"type": ["text"], "text": "a type that is a list"},
     ],
 )
-async def test_a_content_part_that_is_not_text_is_refused(harness, part: dict[str, Any]) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/jobs"])
+async def test_a_content_part_that_is_not_text_is_refused(
+    harness, part: dict[str, Any], path: str
+) -> None:
     key = await harness.key()
     content = [{"type": "text", "text": "hi"}, part]
-    response = await harness.chat(key, {**BODY, "messages": [{"role": "user", "content": content}]})
+    body = {**BODY, "messages": [{"role": "user", "content": content}]}
+    response = await harness.client.post(
+        path, json=body, headers={"Authorization": f"Bearer {key}"}
+    )
     error = assert_openai_error(response, 400, "invalid_request_error")
     assert error["param"] == "messages.0.content"
     assert "part 1" in error["message"]

@@ -16,12 +16,15 @@ from typing import Any
 
 import pytest
 import schemathesis
+from hypothesis import HealthCheck, given, settings
 from pydantic import ValidationError
 from schemathesis import Case, GenerationMode
 
 from app.http.schemas import ChatCompletionRequest
 from app.main import create_app
+from app.routes.retrieval import IngestRequest
 from retrieval import Embedder
+from retrieval.documents import Document, parse_access
 from tests.conftest import make_settings
 from tests.support.fuzzing import examples
 from tests.support.schema_fuzz import Tally, fuzz_links, fuzz_operation, operations
@@ -37,10 +40,12 @@ PER_OPERATION = 12
 CHAT_EXAMPLES = 4
 DOOR_EXAMPLES = 4  # without a key, or with invalid data: each is refused before any work
 MAX_TOKENS = 4
-# The share of generated requests with a key that reached a handler: measured 0.69 (0.20
-# with the document as it was: 404s for unknown model names, refused document ids, filters...);
-# the rest are the 404s of generated ids, which the linked phase replaces with real ones.
-REACHED_FLOOR = 0.6
+# The share of generated requests with a key that reached a handler, over the operations with
+# no id in their path (a generated id is a 404, which the linked phase replaces with real ones):
+# measured 0.80-0.85 with random seeds and ten times the examples (all operations: 0.69 with
+# the fixed seeds, 0.57 once with random ones; 0.20 with the document as it first was: 404s
+# for unknown model names, refused document ids, filters...).
+REACHED_FLOOR = 0.75
 SCENARIOS = 10
 STEPS = 6
 # Following links: measured 0.98 (the odd 400 is `after` naming a job since cancelled).
@@ -61,7 +66,10 @@ def fuzzed(
     settings = make_settings(
         redis_server.url,
         vllm.url,
-        jobs={"workers": 0},  # submitted jobs stay queued: read, listed and cancelled, never run
+        # Submitted jobs stay queued: read, listed and cancelled, never run. The submit rate
+        # is not under test here (tests/app/test_jobs_limits.py): ten times the examples would
+        # spend a burst of 60 and draw 429s.
+        jobs={"workers": 0, "submit_burst": 100_000},
         retrieval={"max_batch_documents": 4},  # the document says so: small batches to embed
         log={"requests": False},
     )
@@ -108,7 +116,7 @@ def _fuzz(
 def test_every_operation_with_a_key_answers_as_declared(fuzzed: Fuzzed) -> None:
     tally = _fuzz(fuzzed, {"Authorization": f"Bearer {fuzzed.key}"}, PER_OPERATION)
     print("\n" + tally.report("with a key"))
-    assert tally.share >= REACHED_FLOOR, tally.report("with a key")
+    assert tally.share_without_ids >= REACHED_FLOOR, tally.report("with a key")
 
 
 def test_every_operation_without_a_key_answers_as_declared(fuzzed: Fuzzed) -> None:
@@ -174,3 +182,24 @@ def test_a_stop_string_longer_than_four_characters_is_accepted() -> None:
         ChatCompletionRequest.model_validate({**body, "stop": ["a"] * 5})
     with pytest.raises(ValidationError, match="seed"):  # past vLLM's bounds: refused here
         ChatCompletionRequest.model_validate({**body, "seed": 2**63})
+
+
+def test_every_ingest_body_the_document_allows_is_a_valid_ingest() -> None:
+    """What the document declares for POST /v1/documents is what ingestion accepts: an access
+    list with neither a group nor a user was allowed by the document and refused by
+    ``retrieval.access`` (a fuzz find: a quarter of the linked phase's ingests were 400s)."""
+    document = create_app(make_settings("redis://127.0.0.1:9/0", "http://127.0.0.1:9")).openapi()
+    config = schemathesis.Config.from_dict({"generation": {"mode": "positive"}})
+    schema = schemathesis.openapi.from_dict(document, config=config)
+    ingest = next(
+        op for op in operations(schema) if op.path == "/v1/documents" and op.method == "post"
+    )
+
+    @settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=ingest.as_strategy())
+    def accepted(case: Case) -> None:
+        for item in IngestRequest.model_validate(case.body).documents:
+            access = None if item.access is None else parse_access(item.access.model_dump())
+            Document(item.id, item.text, item.title, item.metadata, access=access)
+
+    accepted()

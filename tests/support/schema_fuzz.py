@@ -61,8 +61,21 @@ class Tally:
     def share(self) -> float:
         return self.reached / self.total if self.total else 0.0
 
+    @property
+    def share_without_ids(self) -> float:
+        """``share`` over the operations with no id in their path: a generated id names
+        nothing, so those are 404s however many examples are drawn (the linked phase, which
+        follows real ids, measures them)."""
+        kept = [c for label, c in self.statuses.items() if "{" not in label]
+        total = sum(sum(c.values()) for c in kept)
+        reached = sum(n for c in kept for s, n in c.items() if s not in REFUSALS)
+        return reached / total if total else 0.0
+
     def report(self, title: str) -> str:
-        lines = [f"{title}: {self.reached}/{self.total} reached a handler ({self.share:.0%})"]
+        lines = [
+            f"{title}: {self.reached}/{self.total} reached a handler ({self.share:.0%}; "
+            f"{self.share_without_ids:.0%} of those with no id in their path)"
+        ]
         for label in sorted(self.statuses):
             counts = self.statuses[label]
             reached = sum(n for s, n in counts.items() if s not in REFUSALS)

@@ -46,6 +46,16 @@ def test_phone_numbers_international_and_national_are_found(value: str) -> None:
     assert found(f"call me on {value} please") == [("phone", value)]
 
 
+@pytest.mark.parametrize("before", ["#", "ticket #", "order", "ref:"])
+def test_an_international_number_is_a_phone_after_words_that_mark_other_numbers(
+    before: str,
+) -> None:
+    """ "#12345678" or "order 555-123-4567" is not a phone, but a number with its country
+    code is one whatever comes before it (a fuzz find: a JSON key "#")."""
+    assert found(f"{before} +44 20 7946 0958") == [("phone", "+44 20 7946 0958")]
+    assert found(f"{before} 555-123-4567") == []
+
+
 def test_a_bare_digit_run_is_a_phone_only_after_a_phone_word() -> None:
     assert found("phone: 5551234567") == [("phone", "5551234567")]
     assert found("reference 5551234567") == []
