@@ -39,7 +39,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pipeline.context import ChatParams, RagOptions
-from pipeline.model.messages import TEXT_PARTS
+from pipeline.model.messages import TEXT_PARTS, is_text_part
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_MESSAGES = 2048  # a conversation past this could not fit any context this service serves
@@ -107,7 +107,7 @@ class ChatMessage(BaseModel):
         if isinstance(content, list):
             for index, part in enumerate(content):
                 kind = part.get("type")
-                if not isinstance(kind, str) or kind not in TEXT_PARTS:  # a dict: unhashable
+                if not is_text_part(part):
                     shown = repr(kind[:64]) if isinstance(kind, str) else type(kind).__name__
                     raise ValueError(
                         f"part {index} has type {shown}; this service reads only text parts "

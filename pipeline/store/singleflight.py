@@ -592,6 +592,5 @@ def _stream_entries(reply: Any) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     for entry_id, fields in items:
         if fields is not None and b"e" in fields:
-            ident = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            out.append((ident, fields[b"e"]))
+            out.append((_text(entry_id), fields[b"e"]))
     return out
