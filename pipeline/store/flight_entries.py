@@ -100,17 +100,28 @@ def error_from_wire(data: dict[str, Any]) -> PipelineError:
         by_status = {c.status_code: c for c in reversed(list(classes.values()))}
         cls = by_status.get(int(data.get("status") or 502), ServiceUnavailable)
     error = cls.__new__(cls)
+    headers = data.get("headers")
     PipelineError.__init__(
         error,
         str(data.get("message") or ""),
-        param=data.get("param"),
-        code=data.get("code"),
-        headers=data.get("headers") or {},
+        param=_text_or_none(data.get("param")),
+        code=_text_or_none(data.get("code")),
+        # Only text: a header the response cannot write would make the follower's answer a 500.
+        headers={
+            name: value
+            for name, value in (headers.items() if isinstance(headers, dict) else ())
+            if isinstance(name, str) and isinstance(value, str)
+        },
     )
-    for name, value in (data.get("extra") or {}).items():
-        if not hasattr(error, name):
+    extra = data.get("extra")
+    for name, value in extra.items() if isinstance(extra, dict) else ():
+        if isinstance(value, str | int | float | bool) and not hasattr(error, name):
             setattr(error, name, value)
     return error
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def entry_wire(entry: Entry) -> bytes:
@@ -127,7 +138,23 @@ def entry_wire(entry: Entry) -> bytes:
     return orjson.dumps(body)
 
 
-def entry_from_wire(raw: bytes) -> Entry:
+class MalformedEntry(ValueError):
+    """An entry on a flight's stream that this code cannot read (another version's, or not a
+    flight's at all)."""
+
+
+def entry_from_wire(raw: object) -> Entry:
+    """The entry ``entry_wire`` wrote; ``MalformedEntry`` for anything else."""
+    try:
+        return _entry(raw)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        # orjson's decode error is a ValueError.
+        raise MalformedEntry(f"{type(exc).__name__}: {exc}"[:200]) from exc
+
+
+def _entry(raw: object) -> Entry:
+    if not isinstance(raw, bytes | str):
+        raise TypeError(f"an entry is bytes, not {type(raw).__name__}")
     body = orjson.loads(raw)
     completion = body.get("c")
     error = body.get("x")

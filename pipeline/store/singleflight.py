@@ -32,6 +32,7 @@ error. Redis trouble turns coalescing off (the request generates alone), never a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,7 +48,7 @@ from pipeline.errors import (
     ServiceUnavailable,
     StoreUnavailable,
 )
-from pipeline.store.flight_entries import Entry, entry_from_wire, entry_wire
+from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
 
 Role = Literal["leader", "follower", "off"]
@@ -317,10 +318,12 @@ class SingleFlight:
                 "flight_acquire", self._acquire, [self.lock_key(key)], args
             )
         except StoreUnavailable as exc:
+            self._abandon(key, token)
             led.decide("off", f"store: {exc.detail}")
             self.forget(led)
             return led, True
         except BaseException:
+            self._abandon(key, token)
             led.decide("off", "the first request of the flight stopped")
             self.forget(led)
             raise
@@ -330,6 +333,27 @@ class SingleFlight:
             return led, True
         self._read_from(led, holder)
         return led, True
+
+    def _abandon(self, key: str, token: str) -> None:
+        """The lock script was cut off (its reply lost, or its request gone): it may have run
+        and locked the key for a flight nobody leads. This process takes such a lock over
+        (``unreleased``); for the others, a task ends the flight on Redis as a leader that
+        stopped would, its stream's last entry ``gone`` and the lock released (both only under
+        this token: a no-op where the script had not locked the key)."""
+        self.unreleased(key, token)
+        gone = Entry("gone", detail="its leader stopped before it began")
+        lock, stream = self.lock_key(key), self.stream_key(key, token)
+
+        async def queue(pipe: Any) -> None:
+            pipe.xadd(stream, {"e": entry_wire(gone)}, maxlen=1)
+            pipe.pexpire(stream, min(self.stream_ttl_ms, 10_000))
+            await self.release_script(keys=[lock], args=[token], client=pipe)
+
+        async def end() -> None:
+            with contextlib.suppress(StoreUnavailable):
+                await self.kv.pipeline("flight_abandon", queue, transaction=True)
+
+        self._start(end())
 
     async def _lead(self, flight: _Led, cached: str) -> Shared:
         """A new leader first looks in the cache once more (under ``cached``, the key's): a
@@ -549,30 +573,31 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
                 return  # every follower has what it needs, or has gone
             reply = await flights.kv.pipeline("flight_read", _xread(stream, position, flights))
             entries = _stream_entries(reply[0])
-            for entry_id, raw in entries:
-                position = entry_id
-                flight.append(entry_from_wire(raw))
+            position = _take(flight, entries, position)
             now = time.monotonic()
             if entries:
                 idle_since = now
             elif now - idle_since >= check_every:
                 idle_since = now
                 holder = await flights.kv.get(lock)
-                if holder is None or holder.decode() != token:
+                if holder is None or _text(holder) != token:
                     late = await flights.kv.xrange(stream, start=f"({position}", count=1000)
-                    for late_id, fields in late:
-                        position = late_id.decode()
-                        flight.append(entry_from_wire(fields[b"e"]))
+                    position = _take(flight, [_stream_entry(item) for item in late], position)
                     flight.append(Entry("gone", detail="the leader's lock expired"))
     except StoreUnavailable as exc:
         flight.append(Entry("off", detail=f"store: {exc.detail}"))
+    except MalformedEntry as exc:
+        # Another version's leader, or not a flight's stream: its followers here go on alone.
+        flight.append(Entry("off", detail=f"an entry of the flight cannot be read ({exc})"))
     finally:
         flight.append(Entry("gone", detail="no reader"))
         flights.forget(flight)
 
 
 def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A Redis reply as text. Never raises: a lock's value that is not UTF-8 is no token of
+    ours, and reads as another replica's (whose stream then holds nothing)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _xread(stream: str, position: str, flights: SingleFlight) -> Callable[[Any], Awaitable[None]]:
@@ -582,15 +607,27 @@ def _xread(stream: str, position: str, flights: SingleFlight) -> Callable[[Any],
     return queue
 
 
-def _stream_entries(reply: Any) -> list[tuple[str, bytes]]:
+def _take(flight: Flight, entries: list[tuple[str, object]], position: str) -> str:
+    """Append the stream's ``entries`` to ``flight``; the position after them (past an entry
+    without a flight's field too: else every read would return it again at once)."""
+    for entry_id, raw in entries:
+        position = entry_id
+        if raw is not None:
+            flight.append(entry_from_wire(raw))
+    return position
+
+
+def _stream_entries(reply: Any) -> list[tuple[str, object]]:
+    """An XREAD reply's entries: their ids, and their flight field (None where it has none)."""
     if not reply:
         return []
     if isinstance(reply, dict):  # RESP3 shape
         items: list[Any] = next(iter(reply.values()), [[]])[0]
     else:
         items = reply[0][1]
-    out: list[tuple[str, bytes]] = []
-    for entry_id, fields in items:
-        if fields is not None and b"e" in fields:
-            out.append((_text(entry_id), fields[b"e"]))
-    return out
+    return [_stream_entry(item) for item in items]
+
+
+def _stream_entry(item: Any) -> tuple[str, object]:
+    entry_id, fields = item
+    return _text(entry_id), fields.get(b"e") if isinstance(fields, dict) else None

@@ -471,8 +471,10 @@ def test_a_tenants_flood_of_unread_streams_leaves_another_tenants_first_token_on
     )
     assert all(1 <= in_use <= TENANT_BOUND for in_use, _ in alone), alone
     assert max(in_use for in_use, _ in sampler.samples) <= TENANT_BOUND + 1  # and B's one
-    # B never waited behind A's flood for a slot: each of its calls found one free.
-    assert unwaited == SAMPLES, (
+    # B never waited behind A's flood for a slot: each of its calls found one free (B's calls
+    # are one at a time, and each gives its slot back before its [DONE]). A call of A's found
+    # one free only if it reached the route with none of A's held or queued, never here.
+    assert unwaited >= SAMPLES, (
         f"{SAMPLES - unwaited} of tenant B's {SAMPLES} calls under the flood waited for a slot"
     )
     # Nor did the flood reach the model server past its bound: it ran A's one stream and B's

@@ -10,8 +10,10 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+import orjson
 import pytest
 from opentelemetry import trace
+from starlette.responses import JSONResponse
 
 from pipeline.answer.completion import Completion
 from pipeline.answer.events import (
@@ -30,7 +32,7 @@ from pipeline.errors import (
     StoreUnavailable,
     UpstreamBusy,
 )
-from pipeline.store.flight_entries import Entry, entry_from_wire, entry_wire
+from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.singleflight import Leader, Shared, SingleFlight
 from tests.support.servers import free_port
@@ -451,3 +453,167 @@ async def test_degraded_requests_joining_their_variants_flight_here_ask_no_other
     assert reads == [here.lock_key(the_key)]
     for task in tasks:
         task.cancel()
+
+
+# Found by a hostile review (2026-12-05): what another replica (another version, or no flight's
+# at all) can leave on Redis, and a lock script whose reply never came back.
+
+
+@pytest.mark.parametrize("variant", ["", "features"])
+async def test_a_lock_value_that_is_not_text_is_another_replicas_flight_and_never_an_error(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], variant: str
+) -> None:
+    """A lock holding bytes that are not UTF-8 was a UnicodeDecodeError (a 500), and left the
+    key's flight here marked as another replica's with no reader: every later request of the
+    key waited for its deadline. Now it is a flight with an empty stream, followed until the
+    lock goes; then the request leads."""
+    here = flights(kv, lock_ttl_ms=1_000)
+    the_key = key()
+    await kv.client.set(here.lock_key(the_key), b"\xff\xfe not a token", px=300)
+    async with asyncio.timeout(5):  # in this task: a leader's flight ends with its task
+        shared = await here.share(the_key, stream=False, deadline=await deadline(), variant=variant)
+    assert shared.role == "leader", shared  # once the lock had gone
+
+
+async def lock_script_reply_lost(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], cut: str
+) -> tuple[SingleFlight, SingleFlight, str]:
+    """Two replicas; the first's first request of a key runs the lock script on Redis, which
+    takes the lock, but its reply is lost (``cut`` "store": a Redis timeout) or the request
+    is gone before it comes (``cut`` "deadline")."""
+    here, there = flights(kv, lock_ttl_ms=30_000), flights(kv, lock_ttl_ms=30_000)
+    the_key = key()
+    real = kv.run_script
+
+    async def lossy(name: str, *args: object) -> object:
+        result = await real(name, *args)  # type: ignore[arg-type]
+        if name == "flight_acquire" and await kv.get(here.lock_key(the_key)) is not None:
+            kv.run_script = real  # type: ignore[method-assign]
+            if cut == "store":  # a fault the real Redis cannot be timed to make
+                raise StoreUnavailable("redis EVALSHA flight_acquire: TimeoutError")
+            await asyncio.sleep(30)  # the reply is slow to come back
+        return result
+
+    kv.run_script = lossy  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    try:
+        if cut == "store":
+            shared = await here.share(the_key, stream=False, deadline=loop.time() + 20)
+            assert shared.role == "off" and "store" in shared.detail
+        else:
+            with pytest.raises(DeadlineExceeded):
+                await here.share(the_key, stream=False, deadline=loop.time() + 0.5)
+    finally:
+        kv.run_script = real  # type: ignore[method-assign]
+    return here, there, the_key
+
+
+@pytest.mark.parametrize("cut", ["store", "deadline"])
+async def test_a_lock_taken_by_a_script_whose_reply_was_lost_holds_up_no_later_request(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], cut: str
+) -> None:
+    """The lock was left for a flight nobody leads: later requests of the key followed its
+    empty stream until the lock expired (30 s here), or failed at their deadline. Now this
+    replica takes its own lock over and leads, and another replica's request follows it."""
+    here, there, the_key = await lock_script_reply_lost(kv, flights, cut)
+    async with asyncio.timeout(5):  # in this task: a leader's flight ends with its task
+        shared = await here.share(the_key, stream=False, deadline=await deadline())
+    assert shared.role == "leader" and shared.leader is not None
+    joined: list[Shared] = []
+    follower = asyncio.create_task(request(there, the_key, joined, await deadline()))
+    await settled(lambda: following(the_key, there) == 1)
+    publish(shared.leader, EVENTS, ANSWER)
+    await asyncio.wait_for(follower, 5)
+    assert joined[0].role == "follower" and joined[0].completion == ANSWER
+
+
+async def test_another_replicas_request_leads_at_once_when_the_script_reply_was_lost(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    """The flight is ended on Redis for the other replicas too (its stream's last entry
+    "gone", the lock released): a request there leads, long before the lock (30 s) would
+    have expired."""
+    _, there, the_key = await lock_script_reply_lost(kv, flights, "store")
+    async with asyncio.timeout(10):
+        shared = await there.share(the_key, stream=False, deadline=await deadline())
+    assert shared.role == "leader", shared
+
+
+async def remote_flight(kv: KeyValueStore, here: SingleFlight, *fields: dict[str, object]) -> str:
+    """A key whose lock another replica holds, its stream holding ``fields`` entries."""
+    the_key, token = key(), uuid.uuid4().hex
+    await kv.client.set(here.lock_key(the_key), token, px=30_000)
+    for entry in fields:
+        await kv.client.xadd(here.stream_key(the_key, token), entry)  # type: ignore[arg-type]
+    return the_key
+
+
+async def test_a_stream_entry_without_a_flights_field_is_stepped_over_not_read_again(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    """The reader kept its position before such an entry, so each XREAD returned it at once:
+    5,041 reads in a second where the poll is 100 ms. Now it reads past it, and the next
+    entry, the leader's answer, reaches the follower."""
+    here = flights(kv, poll_ms=100)
+    done = entry_wire(Entry("done", completion=ANSWER, shared=True))
+    the_key = await remote_flight(kv, here, {"junk": "1"})
+    reads = 0
+    real = kv.pipeline
+
+    async def counting(name: str, queue: Callable[..., object], **options: object) -> object:
+        nonlocal reads
+        reads += name == "flight_read"
+        return await real(name, queue, **options)  # type: ignore[arg-type]
+
+    kv.pipeline = counting  # type: ignore[method-assign]
+    try:
+        task = asyncio.create_task(here.share(the_key, stream=False, deadline=await deadline()))
+        await asyncio.sleep(1.0)
+        assert reads <= 20, f"{reads} stream reads in a second with a 100 ms poll"
+        lock = await kv.get(here.lock_key(the_key))
+        assert lock is not None
+        await kv.client.xadd(here.stream_key(the_key, lock.decode()), {"e": done})
+        shared = await asyncio.wait_for(task, 5)
+    finally:
+        kv.pipeline = real  # type: ignore[method-assign]
+    assert shared.role == "follower" and shared.completion == ANSWER
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", b"[1, 2]", b'{"k": "events", "e": [["c"]]}', b'{"c": {"content": 1}}'],
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_entry_this_code_cannot_read_sends_its_followers_on_alone(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], raw: bytes, stream: bool
+) -> None:
+    """Another version's entry (or no flight's): the reader task died on it, and its followers
+    joined again and again; now they go on without sharing ("off"), plain or streamed."""
+    here = flights(kv)
+    the_key = await remote_flight(kv, here, {"e": raw})
+    async with asyncio.timeout(5):
+        shared = await here.share(the_key, stream=stream, deadline=await deadline())
+    assert shared.role == "off" and "cannot be read" in shared.detail
+    with pytest.raises(MalformedEntry):
+        entry_from_wire(raw)
+
+
+def test_a_leaders_error_with_headers_that_are_not_text_loses_them_not_the_answer() -> None:
+    """A follower's error response writes the leader's headers: an int there was a 500."""
+    raw = orjson.dumps(
+        {
+            "k": "failed",
+            "x": {
+                "class": "UpstreamBusy",
+                "message": "busy",
+                "code": 7,
+                "headers": {"Retry-After": 5, "X-Ok": "yes", "7": ["a"]},
+                "extra": {"route": "small", "nested": {"a": 1}},
+            },
+        }
+    )
+    error = entry_from_wire(raw).error
+    assert isinstance(error, UpstreamBusy)
+    assert error.headers == {"X-Ok": "yes"} and error.code is None
+    assert error.route == "small" and not hasattr(error, "nested")
+    JSONResponse(error.to_dict(), status_code=error.status_code, headers=error.headers)
