@@ -50,7 +50,7 @@ from app.http.limits import annotate_limits
 from app.http.responses import chat_completion
 from app.logs import hand_to_log, handed_context
 from app.services import Services
-from pipeline.answer.completion import Completion
+from pipeline.answer.completion import Completion, UnreadableCompletion
 from pipeline.context import ChatParams, Principal, RequestContext, StageRecord
 from pipeline.errors import StoreUnavailable
 from pipeline.guards.policy import GuardPolicy
@@ -245,9 +245,9 @@ class CacheFastPath:
     ) -> bool:
         """Answer a hit (True), or say it cannot be answered here (False: nothing was sent)."""
         try:
-            completion = Completion.from_dict(orjson.loads(raw))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return False  # a damaged entry: the full path decides what to do with it
+            completion = Completion.from_stored(raw)
+        except UnreadableCompletion:
+            return False  # a damaged entry: the full path takes it as a miss
         limiter = book.services.limits
         headers: list[tuple[bytes, bytes]] = []
         if limiter is not None:

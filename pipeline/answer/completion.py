@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from pipeline.answer.events import Citation, ToolCall
+
+
+class UnreadableCompletion(ValueError):
+    """A stored completion this code cannot read."""
 
 
 @dataclass
@@ -55,6 +61,21 @@ class Completion:
             "logprobs": self.logprobs,
             "citations": [citation.to_dict() for citation in self.citations],
         }
+
+    @classmethod
+    def from_stored(cls, raw: bytes | str) -> Completion:
+        """The completion ``to_dict`` stored as JSON (the response cache's entry, a coalesced
+        flight's answer); ``UnreadableCompletion`` for anything else: another version's entry,
+        or a damaged one."""
+        try:
+            data = orjson.loads(raw)
+            completion = cls.from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            # orjson's decode error is a ValueError.
+            raise UnreadableCompletion(f"{type(exc).__name__}: {exc}"[:200]) from exc
+        if not all(isinstance(item, dict) for item in (*completion.sources, *completion.tools)):
+            raise UnreadableCompletion("its sources and tools are not all objects")
+        return completion
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Completion:

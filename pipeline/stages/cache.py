@@ -12,12 +12,13 @@ trouble never fails a request: the cache is skipped and the span says why.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
-from pipeline.answer.completion import Completion
+from pipeline.answer.completion import Completion, UnreadableCompletion
 from pipeline.context import ChatParams, Principal, RequestContext
 from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.model.messages import content_text
@@ -25,6 +26,8 @@ from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.runner import StageSpec
 from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
+
+log = logging.getLogger(__name__)
 
 IndexVersion = Callable[[str], str]
 # The tenant index's version and the principal's access scope, read from one snapshot
@@ -114,8 +117,16 @@ class ResponseCache:
         self.prefix = prefix
 
     async def get(self, key: str) -> Completion | None:
+        """The stored answer; None where there is none, or where what is stored cannot be read
+        (another version's entry, or a damaged one): a miss, whose answer then replaces it."""
         raw = await self.kv.get(self.prefix + key)
-        return None if raw is None else Completion.from_dict(orjson.loads(raw))
+        if raw is None:
+            return None
+        try:
+            return Completion.from_stored(raw)
+        except UnreadableCompletion as exc:
+            log.warning("a cached answer cannot be read (%s): taken as a miss", exc)
+            return None
 
     async def put(self, key: str, completion: Completion, *, ttl: int | None = None) -> None:
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -98,6 +99,61 @@ async def test_identical_request_is_a_cache_hit_without_calling_the_llm(harness)
     assert second.json()["usage"] == first.json()["usage"]
     names = [s.name for s in harness.exporter.get_finished_spans()]
     assert not any(n.startswith("chat ") or n == "stage generate" for n in names), names
+
+
+# What another version of the service, or damage, can leave under a cache key (a review's
+# reproducers, 2026-12-05: each was a 500 for every request of that question, for the entry's TTL).
+UNREADABLE_ENTRIES = {
+    "not UTF-8": b"\xff\xfe\x00",
+    "not JSON": b"{not json",
+    "a JSON list": b"[1, 2]",
+    "fields missing": b'{"content": "x"}',
+    "a citation of another shape": (
+        b'{"content": "x", "finish_reason": "stop", "model": "m", "citations": [{"text_span": 5}]}'
+    ),
+    "sources that are not objects": (
+        b'{"content": "x", "finish_reason": "stop", "model": "m", "sources": [1, 2]}'
+    ),
+    "tool calls as a string": (
+        b'{"content": "x", "finish_reason": "stop", "model": "m", "tool_calls": "abc"}'
+    ),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("stored", list(UNREADABLE_ENTRIES))
+async def test_a_cached_entry_that_cannot_be_read_is_a_miss_whose_answer_replaces_it(
+    harness, stored: str, streamed: bool
+) -> None:
+    key = await harness.key()
+    request = body(unique_question(), stream=streamed)
+    assert (await harness.chat(key, request)).headers["x-cache"] == "miss"
+    client = harness.services.kv.client
+    prefix = harness.app.state.settings.redis.key_prefix
+    entries: list[bytes] = []  # the answer's, and a plain one's alias (``app.http.fastpath``)
+
+    async def stored_answer() -> bool:  # the answer is stored once the response has ended
+        entries[:] = [name async for name in client.scan_iter(match=f"{prefix}cache*:acme:*")]
+        values = [await client.get(name) for name in entries]
+        return len(entries) == (1 if streamed else 2) and UNREADABLE_ENTRIES[stored] not in values
+
+    await settled_async(stored_answer)
+    for entry in entries:
+        await client.set(entry, UNREADABLE_ENTRIES[stored])
+    answer = await harness.chat(key, request)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-cache"] == "miss"
+    await settled_async(stored_answer)  # the miss's answer in the entry's place
+    again = await harness.chat(key, request)
+    assert again.status_code == 200 and again.headers["x-cache"] == "hit"
+
+
+async def settled_async(check: Callable[[], Awaitable[bool]], seconds: float = 15.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("never settled")
 
 
 async def test_a_cached_answer_is_never_served_before_auth(harness) -> None:
