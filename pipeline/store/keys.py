@@ -391,7 +391,12 @@ class ApiKeyStore:
         digest = await self.kv.get(self._id_key(key_id))
         if digest is None:
             return False
-        fields = await self.kv.hgetall(self.prefix + digest.decode())
+        try:
+            name = digest.decode("ascii")
+        except UnicodeDecodeError:
+            _unreadable("the id index of key %s", key_id)
+            return False  # no key of ours: a digest is hex
+        fields = await self.kv.hgetall(self.prefix + name)
         return hmac.compare_digest(fields.get(b"hash", b""), digest)
 
     def _id_key(self, key_id: str) -> str:
@@ -456,11 +461,18 @@ class ApiKeyStore:
     async def _lookup(self, digest: str) -> Principal | None:
         """Ask Redis for the key and cache what it says (forget the key if it is gone)."""
         fields = await self.kv.hgetall(self.prefix + digest)
-        stored = fields.get(b"hash", b"").decode()
-        if not fields or not hmac.compare_digest(stored, digest):
+        if not fields or not hmac.compare_digest(fields.get(b"hash", b""), digest.encode()):
             self._seen.pop(digest, None)
             return None
-        principal = _principal(fields)
+        try:
+            principal = _principal(fields)
+        except (KeyError, UnicodeDecodeError):
+            # Another version's record, or a damaged one: the key is refused as unknown (401)
+            # until an operator looks, rather than every request with it being a 500.
+            key_id = fields.get(b"key_id", b"?").decode(errors="replace")
+            _unreadable("the record of key %s", key_id)
+            self._seen.pop(digest, None)
+            return None
         if not KEY_ID_PATTERN.fullmatch(principal.key_id):
             principal = await self._migrate_id(digest, principal)
         if len(self._seen) >= self.max_seen:
@@ -480,6 +492,11 @@ class ApiKeyStore:
         )
         key_id = bytes(reply).decode() if reply else principal.key_id
         return dataclasses.replace(principal, key_id=key_id)
+
+
+def _unreadable(what: str, key_id: str) -> None:
+    """``what`` names the record, with ``%s`` for the key's id."""
+    log.warning("%s cannot be read: the key is refused as unknown", what % key_id[:64])
 
 
 def _principal(fields: dict[bytes, bytes]) -> Principal:

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from app.main import create_app
+from pipeline.store.keys import hash_key
 from tests.conftest import chat_request, make_settings, unique_question
 from tests.pipeline.test_singleflight import settled
 from tests.support.servers import UNENDING, LiveService, streamed_chat, wait_for
@@ -146,6 +147,25 @@ async def test_a_cached_entry_that_cannot_be_read_is_a_miss_whose_answer_replace
     await settled_async(stored_answer)  # the miss's answer in the entry's place
     again = await harness.chat(key, request)
     assert again.status_code == 200 and again.headers["x-cache"] == "hit"
+
+
+@pytest.mark.parametrize("damage", ["a tenant that is not UTF-8", "no tenant"])
+async def test_a_key_whose_record_cannot_be_read_is_refused_as_unknown_not_a_500(
+    harness, damage: str
+) -> None:
+    raw = await harness.key()
+    record = harness.services.keys.prefix + hash_key(raw)
+    client = harness.services.kv.client
+    if damage == "no tenant":
+        await client.hdel(record, "tenant")
+    else:
+        await client.hset(record, "tenant", b"\xff\xfe")
+    for streamed in (False, True):
+        answer = await harness.chat(raw, body(unique_question(), stream=streamed))
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["error"]["type"] == "authentication_error"
+    models = await harness.client.get("/v1/models", headers={"Authorization": f"Bearer {raw}"})
+    assert models.status_code == 401, models.text
 
 
 async def settled_async(check: Callable[[], Awaitable[bool]], seconds: float = 15.0) -> None:

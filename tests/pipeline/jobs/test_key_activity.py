@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.store.keys import KEY_ID_PATTERN, ApiKeyStore, weak_key_reason
+from pipeline.store.keys import KEY_ID_PATTERN, ApiKeyStore, hash_key, weak_key_reason
 from pipeline.store.kv import KeyValueStore
 from tests.support.fuzzing import examples
 
@@ -201,3 +201,36 @@ async def test_any_custom_key_is_stored_strong_or_refused_without_a_trace(
     principal = await keys.resolve(key)
     assert principal is not None and KEY_ID_PATTERN.fullmatch(principal.key_id)
     assert await keys.revoke(key)
+
+
+# What another version, or damage, can leave in a key's record (a review's reproducers,
+# 2026-12-05: each was a 500 on every request with the key).
+DAMAGE = {
+    "a tenant that is not UTF-8": {"tenant": b"\xff\xfe"},
+    "scopes that are not UTF-8": {"scopes": b"\xffchat"},
+    "a key id that is not UTF-8": {"key_id": b"\xff"},
+    "a hash that is not UTF-8": {"hash": b"\xff\xfe"},
+}
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, "no tenant"])
+async def test_a_key_whose_record_cannot_be_read_is_an_unknown_key(
+    keys: ApiKeyStore, kv: KeyValueStore, damage: str
+) -> None:
+    raw = await keys.create("acme", "alice")
+    record = keys.prefix + hash_key(raw)
+    if damage == "no tenant":
+        await kv.client.hdel(record, "tenant")
+    else:
+        await kv.client.hset(record, mapping=DAMAGE[damage])
+    assert await ApiKeyStore(kv, prefix=keys.prefix).resolve(raw) is None
+
+
+async def test_a_key_id_whose_index_cannot_be_read_is_not_active(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    raw = await keys.create("acme", "alice")
+    principal = await keys.resolve(raw)
+    assert principal is not None and await keys.is_active(principal.key_id)
+    await kv.client.set(f"{keys.prefix}id:{principal.key_id}", b"\xff\xfe")
+    assert not await keys.is_active(principal.key_id)
