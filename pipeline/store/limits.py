@@ -76,8 +76,19 @@ local function prune(i)
   end
   local sum_key = log .. ':sum'
   local gone = redis.call('ZRANGEBYSCORE', log, '-inf', now - window)
-  local sum = tonumber(redis.call('GET', sum_key) or '0')
-  if #gone > 0 then
+  -- The sum caches the log's tokens. One this script cannot read (not a number, another
+  -- type of key: another version's, or damage) is counted again from the log and rewritten,
+  -- rather than failing the script, which would admit everything (fail open) until it expires.
+  local stored = redis.pcall('GET', sum_key)
+  local sum = 0
+  local readable = stored == false or (type(stored) == 'string' and tonumber(stored) ~= nil)
+  if readable and stored then sum = tonumber(stored) end
+  if not readable then
+    for _, member in ipairs(redis.call('ZRANGE', log, 0, -1)) do
+      sum = sum + (tonumber(string.match(member, ':(%d+)$')) or 0)
+    end
+  end
+  if #gone > 0 or not readable then
     for _, member in ipairs(gone) do
       sum = sum - (tonumber(string.match(member, ':(%d+)$')) or 0)
     end

@@ -264,3 +264,29 @@ async def test_unsubscribed_caches_live_one_second(kv: KeyValueStore, prefix: st
     assert await keys.resolve(raw) is None
     assert keys.subscribed is False
     await keys.aclose()
+
+
+@pytest.mark.parametrize("stored", ["not a number", "a hash"])
+async def test_a_token_sum_that_cannot_be_read_is_counted_again_from_the_log(
+    kv: KeyValueStore, prefix: str, stored: str
+) -> None:
+    """The script failed on it, and a failed script admits everything (fail open) until the
+    sum expired: a review's reproducer (2026-12-05) admitted 5 of 5 over a limit of 2."""
+    limits = limiter(kv, prefix, key_tpm=100)
+    who = principal()
+    assert (await limits.admit(who)).admitted
+    await limits.settle(who, 60)
+    [sum_key] = [name async for name in kv.client.scan_iter(match=f"{prefix}*:sum")]
+    await kv.client.delete(sum_key)
+    if stored == "a hash":
+        await kv.client.hset(sum_key, "tokens", 60)
+    else:
+        await kv.client.set(sum_key, "garbage")
+    again = await limits.admit(who)
+    assert again.admitted and not again.degraded
+    assert again.headers()["x-ratelimit-remaining-tokens"] == "40"
+    await limits.settle(who, 60)
+    refused = await limits.admit(who)
+    assert not refused.admitted and not refused.degraded
+    assert refused.refused is not None and refused.refused.kind == "tokens"
+    assert await kv.client.get(sum_key) == b"120"
