@@ -13,6 +13,7 @@ With `reload_interval_s` 0 every read goes to Redis (short-lived processes such 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +22,8 @@ import redis
 
 from retrieval.store import check_tenant
 from retrieval.versions import NO_VERSION
+
+log = logging.getLogger(__name__)
 
 
 class VersionCounter(Protocol):
@@ -53,7 +56,12 @@ class Poller:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._refresh()
+            try:
+                self._refresh()
+            except Exception:
+                # A thread that died here would leave what it refreshes stale for good (a
+                # tenant's index version: its cache keys never change again).
+                log.exception("%s: a refresh failed; trying again next time", self._thread.name)
 
     def stop(self) -> None:
         self._stop.set()
@@ -142,4 +150,6 @@ class RedisVersions(PolledRedis):
 
 
 def _version(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else NO_VERSION
+    # Never raises: a counter that is not UTF-8 (damaged) is still a version, and a bump
+    # (INCR) of it fails, so a write is refused rather than served under unchanged keys.
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else NO_VERSION

@@ -129,3 +129,27 @@ def test_with_redis_down_a_known_tenants_version_is_answered_without_waiting_on_
         assert reads == []
     finally:
         versions.close()
+
+
+def test_a_version_or_override_that_is_not_text_neither_stops_the_poller_nor_raises(
+    redis_server: RedisServer,
+) -> None:
+    """A damaged value (a review's reproducer, 2026-12-05): `get` raised, and the poller's
+    thread died on it, so every later bump of every tenant went unseen by this process (its
+    cache keys never changed again)."""
+    prefix = f"p{uuid.uuid4().hex[:6]}:"
+    versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0.05)
+    overrides = RedisOverrides(redis_server.url, prefix, reload_interval_s=0.05)
+    writer = RedisVersions(redis_server.url, prefix, reload_interval_s=0.0)
+    try:
+        assert versions.get("good") == "0" and versions.get("bad") == "0"
+        versions.client.set(versions._key("bad"), b"\xff\xfe")
+        versions.client.hset(overrides.key, "bad", b"\xff")
+        wait_for(lambda: versions.get("bad") != "0", 10, "the poller's read of the damage")
+        assert writer.bump("good") == "1"
+        wait_for(lambda: versions.get("good") == "1", 10, "the poller's read of a later bump")
+        wait_for(lambda: overrides.get("bad") is not None, 10, "the overrides' read")
+        assert RedisVersions(redis_server.url, prefix, reload_interval_s=0.0).get("bad")
+    finally:
+        for closing in (versions, overrides, writer):
+            closing.close()
