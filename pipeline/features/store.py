@@ -19,6 +19,8 @@ can never be another's.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ from pipeline.features.spec import (
     parse_value,
 )
 from pipeline.store.kv import KeyValueStore
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 3600
 
@@ -123,7 +127,7 @@ class FeatureStore:
                 )
 
         replies = await self.kv.pipeline("PIPELINE features", queue)
-        stored, count, previous = replies[0], int(replies[1]), int(replies[3] or 0)
+        stored, count, previous = replies[0], int(replies[1]), _count(replies[3])
         into_hour = (now % WINDOW_S) / WINDOW_S
         realtime = {"requests_last_hour": round(count + previous * (1.0 - into_hour))}
         return self._typed(names, stored, realtime, now)
@@ -153,8 +157,8 @@ class FeatureStore:
                 values[name] = spec.default
                 defaulted.add(name)
                 invalid.append(name)
-        updated = _text(updated_raw)
-        age = round(now - float(updated), 3) if updated is not None else None
+        updated = _number(updated_raw)
+        age = round(now - updated, 3) if updated is not None else None
         features = Features(values, frozenset(defaulted), version)
         return Lookup(features, status, age, tuple(invalid))
 
@@ -196,16 +200,37 @@ class FeatureStore:
         start = "-"
         while True:
             entries = await self.kv.xrange(self.log_stream, start=start, count=batch)
-            for _, fields in entries:
+            for entry_id, fields in entries:
                 raw = fields.get(b"record")
-                if raw is not None:
-                    records.append(orjson.loads(raw))
+                try:
+                    record = orjson.loads(raw) if raw is not None else None
+                except orjson.JSONDecodeError:
+                    record = None
+                if isinstance(record, dict):
+                    records.append(record)
+                else:  # another version's, or damaged: as a file's bad line is, skipped
+                    log.warning("request log entry %s cannot be read: skipped", _text(entry_id))
             if len(entries) < batch:
                 return records
             start = "(" + entries[-1][0].decode()
 
 
 def _text(value: Any) -> str | None:
+    """A stored value as text (bytes that are not UTF-8, another version's or damaged, with
+    their characters replaced: a value that then fails to parse takes its default)."""
     if value is None:
         return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _number(value: Any) -> float | None:
+    text = _text(value)
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _count(value: Any) -> int:
+    number = _number(value)
+    return int(number) if number is not None and math.isfinite(number) else 0

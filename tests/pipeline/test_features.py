@@ -145,6 +145,35 @@ async def test_a_stored_value_that_does_not_parse_defaults_and_is_named(store) -
     assert lookup.invalid == ("request_count",)
 
 
+async def test_stored_values_that_cannot_be_read_default_and_are_named_never_raise(store) -> None:
+    """Bytes that are not UTF-8, a time that is not a number, a counter that is not one (a
+    review's reproducers, 2026-12-05): the lookup raised, the stage degraded, and that user's
+    answers were never cached."""
+    await store.kv.hset(
+        store.key("acme", "odd"),
+        {"request_count": b"\xff\xfe", "tier": "pro", "_version": "1", "_updated": "abc"},
+    )
+    hour = int(time.time() // WINDOW_S)
+    await store.kv.set(store.rate_key("acme", "odd", hour - 1), b"many")
+    lookup = await store.load("acme", "odd")
+    assert lookup.status == "hit" and lookup.age_s is None
+    assert lookup.features.values["tier"] == "pro"
+    assert lookup.features.values["request_count"] == 0
+    assert lookup.invalid == ("request_count",)
+    assert lookup.features.values["requests_last_hour"] == 1
+    await store.kv.hset(store.key("acme", "other"), {"tier": "pro", "_version": b"\xff"})
+    stale = await store.load("acme", "other")
+    assert stale.status == "stale" and stale.features.values["tier"] == SPECS["tier"].default
+
+
+async def test_a_request_log_entry_that_cannot_be_read_is_skipped(store) -> None:
+    await store.load("acme", "alice", log={"lang": "en", "filters": [], "route": None})
+    for damaged in (b"{not json", b"[1, 2]", b"\xff"):
+        await store.kv.client.xadd(store.log_stream, {"record": damaged})
+    await store.load("acme", "bob", log={"lang": "en", "filters": [], "route": None})
+    assert [record["user"] for record in await store.read_log()] == ["alice", "bob"]
+
+
 async def test_the_real_time_counter_counts_requests_and_slides_over_the_last_hour(
     store,
 ) -> None:
