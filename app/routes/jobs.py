@@ -12,6 +12,10 @@ it is stored. A tenant that submits too fast, or has too many jobs queued, gets 
 A job belongs to the user who submitted it: another user of the tenant gets a 404 for it, as for
 a job that does not exist, unless their key has the ``admin`` scope (which also lists every
 user's jobs with ``all_users=true``). Another tenant's job is a 404 for every key.
+
+A job whose stored record this server cannot read (damaged, or written by another version
+during a rolling upgrade) is a 503 ``job_unreadable`` for its owner (a 404 for anyone else, and
+for a record that names no owner), and is left out of listings; it is logged.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from pipeline.errors import (
     PermissionDenied,
 )
 from pipeline.jobs.model import Job, is_job_id
-from pipeline.jobs.queue import Conflict
+from pipeline.jobs.queue import Conflict, UnknownCursor
 from pipeline.jobs.urls import UrlPolicy, WebhookUrlRefused
 from pipeline.stages.auth import Authenticate
 from pipeline.telemetry import attributes as attr
@@ -320,7 +324,7 @@ async def list_jobs(
     user = None if all_users else principal.user
     try:
         jobs, more = await queue.page(principal.tenant, limit=limit, after=after, user=user)
-    except KeyError:
+    except UnknownCursor:
         raise InvalidRequest(
             f"after: no job with id '{_shown(after or '')}' to continue from.", param="after"
         ) from None

@@ -6,11 +6,16 @@ places that know the field names. The raw API key is never part of a job: the re
 still active before it runs the job. The groups are the key's at submission: the job retrieves
 what its submitter could see then (a job stored before groups existed has none, and sees only
 the documents without an access list).
+
+Replicas of different versions share one Redis, and a record may be damaged: a record this code
+cannot read raises ``JobUnreadable`` (never a bare ``KeyError`` or ``ValueError``), so each
+caller can skip it, fail it or answer for it instead of dying on it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,6 +24,7 @@ from typing import Any, Final
 import orjson
 
 from pipeline.context import Principal
+from pipeline.errors import ServiceUnavailable
 
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
@@ -53,19 +59,61 @@ def body_digest(request: dict[str, Any], webhook_url: str | None, metadata: Any)
     return hashlib.sha256(canonical).hexdigest()
 
 
-def _text(fields: dict[bytes, bytes], name: str) -> str | None:
+class JobUnreadable(ServiceUnavailable):
+    """A stored job record that this code cannot read: damaged, or written by a version that
+    stores it otherwise. A 503 for a caller: during a rolling upgrade another replica may read
+    it, and the record is not the caller's fault. The message names no field of it (``detail``
+    does, for the log)."""
+
+    def __init__(self, job_id: str, detail: str) -> None:
+        super().__init__(
+            f"The stored job '{job_id}' cannot be read by this server; retry later.",
+            code="job_unreadable",
+        )
+        self.job_id = job_id
+        self.detail = detail
+
+
+def _raw(fields: dict[bytes, bytes], name: str) -> str | None:
     value = fields.get(name.encode())
     return value.decode() if value else None
 
 
-def _json(fields: dict[bytes, bytes], name: str) -> Any:
+def _text(fields: dict[bytes, bytes], name: str) -> str:
     value = fields.get(name.encode())
-    return orjson.loads(value) if value else None
+    if value is None:
+        raise ValueError(f"{name} is missing")
+    return value.decode()
 
 
-def _time(fields: dict[bytes, bytes], name: str) -> float | None:
+def _json(fields: dict[bytes, bytes], name: str, kind: type) -> Any:
+    """The field's JSON, which must be a ``kind`` (or absent: None)."""
     value = fields.get(name.encode())
-    return float(value) if value else None
+    if not value:
+        return None
+    decoded = orjson.loads(value)
+    if not isinstance(decoded, kind):
+        raise ValueError(f"{name} is not a JSON {kind.__name__}")
+    return decoded
+
+
+def _number(fields: dict[bytes, bytes], name: str) -> float | None:
+    value = fields.get(name.encode())
+    if not value:
+        return None
+    number = float(value)
+    if not math.isfinite(number):  # the API shows it as an integer
+        raise ValueError(f"{name} is not a finite number")
+    return number
+
+
+def _count(fields: dict[bytes, bytes], name: str, default: int) -> int:
+    value = fields.get(name.encode())
+    return int(value) if value else default
+
+
+def _names(fields: dict[bytes, bytes], name: str) -> frozenset[str]:
+    return frozenset(item for item in (_raw(fields, name) or "").split(",") if item)
 
 
 @dataclass
@@ -158,30 +206,43 @@ class Job:
 
     @classmethod
     def from_hash(cls, fields: dict[bytes, bytes]) -> Job:
+        """The job stored as ``fields``; raises ``JobUnreadable`` when they cannot be read."""
+        try:
+            return cls._from_fields(fields)
+        except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSON errors among them
+            raw_id = fields.get(b"id", b"")
+            shown = raw_id.decode(errors="replace")[:40] if isinstance(raw_id, bytes) else "?"
+            raise JobUnreadable(shown, f"{type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_fields(cls, fields: dict[bytes, bytes]) -> Job:
+        created = _number(fields, "created")
+        if created is None:
+            raise ValueError("created is missing")
         return cls(
-            id=fields[b"id"].decode(),
-            tenant=fields[b"tenant"].decode(),
-            user=fields[b"user"].decode(),
-            key_id=fields.get(b"key_id", b"").decode(),
-            scopes=frozenset(s for s in fields.get(b"scopes", b"").decode().split(",") if s),
-            request=_json(fields, "request") or {},
-            max_attempts=int(fields.get(b"max_attempts", b"1")),
-            status=fields[b"status"].decode(),
-            created=float(fields[b"created"]),
-            started=_time(fields, "started"),
-            finished=_time(fields, "finished"),
-            attempts=int(fields.get(b"attempts", b"0")),
-            webhook_url=_text(fields, "webhook_url"),
-            metadata=_json(fields, "metadata"),
-            result=_json(fields, "result"),
-            error=_json(fields, "error"),
-            last_error=_json(fields, "last_error"),
-            webhook_state=_text(fields, "webhook_state"),
-            deliveries=_json(fields, "deliveries") or [],
-            traceparent=_text(fields, "traceparent"),
-            digest=fields.get(b"digest", b"").decode(),
-            expires=_time(fields, "expires"),
-            groups=frozenset(g for g in fields.get(b"groups", b"").decode().split(",") if g),
+            id=_text(fields, "id"),
+            tenant=_text(fields, "tenant"),
+            user=_text(fields, "user"),
+            key_id=_raw(fields, "key_id") or "",
+            scopes=_names(fields, "scopes"),
+            request=_json(fields, "request", dict) or {},
+            max_attempts=_count(fields, "max_attempts", 1),
+            status=_text(fields, "status"),
+            created=created,
+            started=_number(fields, "started"),
+            finished=_number(fields, "finished"),
+            attempts=_count(fields, "attempts", 0),
+            webhook_url=_raw(fields, "webhook_url"),
+            metadata=_json(fields, "metadata", dict),
+            result=_json(fields, "result", dict),
+            error=_json(fields, "error", dict),
+            last_error=_json(fields, "last_error", dict),
+            webhook_state=_raw(fields, "webhook_state"),
+            deliveries=_json(fields, "deliveries", list) or [],
+            traceparent=_raw(fields, "traceparent"),
+            digest=_raw(fields, "digest") or "",
+            expires=_number(fields, "expires"),
+            groups=_names(fields, "groups"),
         )
 
     def readable_by(self, reader: Principal) -> bool:

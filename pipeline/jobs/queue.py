@@ -23,6 +23,12 @@ capped (``XADD ... MAXLEN ~``): submit refuses new work at the cap, so trimming 
 when requeues push past it; a queued job whose entry was trimmed fails (``job_dropped``) at the
 next sweep. Redis losing the consumer group (a restart without persistence, a flush) is repaired
 on the spot: a read that meets ``NOGROUP`` creates the group again.
+
+What another version (or damage) left in Redis that this code cannot read is logged and treated
+as absent, never allowed to stop a worker or fail a whole listing: a stream entry without a
+readable job id is acknowledged and deleted, a job record that does not parse is left out of
+listings (and is a 503 ``job_unreadable`` when asked for by id), and a job key of another type
+is dropped from the sweep's and listings' view.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from redis.exceptions import ResponseError
 from pipeline.errors import PipelineError, ServiceUnavailable, StoreUnavailable, error_body
 from pipeline.errors import retry_after as retry_after_header
 from pipeline.jobs import scripts
-from pipeline.jobs.model import Job
+from pipeline.jobs.model import Job, JobUnreadable
 from pipeline.store.kv import KeyValueStore, ScriptArg
 
 log = logging.getLogger("rag.jobs")
@@ -53,6 +59,10 @@ SWEEP_BATCH: Final = 100
 # When the queue is full nothing says when room will free up; a client polling every 10 s costs
 # the service little and loses little time.
 FULL_RETRY_AFTER: Final = 10.0
+
+
+class UnknownCursor(KeyError):
+    """A listing's ``after`` that is not one of the listed jobs."""
 
 
 class Conflict(PipelineError):
@@ -158,6 +168,7 @@ class JobQueue:
                 "CANCEL",
                 "SETTLE_KEY",
                 "LIST",
+                "DROP_ENTRIES",
             )
         }
         self._sweep_script = self.poll_kv.script(scripts.SWEEP)
@@ -239,23 +250,27 @@ class JobQueue:
         return existing, False
 
     async def get(self, job_id: str) -> Job | None:
-        fields = await self.kv.hgetall(self.job_prefix + job_id)
-        return Job.from_hash(fields) if fields else None
+        """The job, or None; raises ``JobUnreadable`` for a record this code cannot read."""
+        return _parsed(job_id, await self.kv.hgetall(self.job_prefix + job_id))
 
     async def get_for(self, tenant: str, job_id: str, user: str | None = None) -> Job | None:
         """The job if it exists and belongs to ``tenant`` (and to ``user``, unless None: a
-        tenant-wide view); anyone else's job is None."""
-        job = await self.get(job_id)
-        if job is None or job.tenant != tenant or (user is not None and job.user != user):
+        tenant-wide view); anyone else's job is None. Ownership is checked on the raw record
+        first, so only its owner learns that an unreadable record (``JobUnreadable``) exists."""
+        fields = await self.kv.hgetall(self.job_prefix + job_id)
+        if fields.get(b"tenant") != tenant.encode():
             return None
-        return job
+        if user is not None and fields.get(b"user") != user.encode():
+            return None
+        return _parsed(job_id, fields)
 
     async def page(
         self, tenant: str, *, limit: int, after: str | None, user: str | None = None
     ) -> tuple[list[Job], bool]:
         """The jobs of ``user`` of ``tenant`` (of every user of it when None), newest first,
-        after the job ``after``; and whether more follow. Raises ``KeyError`` for an ``after``
-        that is not one of those jobs."""
+        after the job ``after``; and whether more follow. Raises ``UnknownCursor`` for an
+        ``after`` that is not one of those jobs. A record that cannot be read is left out (and
+        logged): one damaged job must not hide all the others."""
         index = self._tenant_prefix + tenant if user is None else self._user_index(tenant, user)
         reply = await self._run(
             "LIST",
@@ -263,8 +278,8 @@ class JobQueue:
             [self.job_prefix, after or "", limit, LIST_SCAN_BUDGET],
         )
         if reply[0] == 0:
-            raise KeyError(after)
-        jobs = [Job.from_hash(_pairs(flat)) for flat in reply[2:]]
+            raise UnknownCursor(after)
+        jobs = [job for flat in reply[2:] if (job := _listed(flat)) is not None]
         return jobs, bool(reply[1])
 
     async def cancel(self, tenant: str, job_id: str, user: str | None = None) -> str:
@@ -290,7 +305,7 @@ class JobQueue:
     async def sweep(self) -> tuple[int, int]:
         """Fail queued jobs past their expiry, and queued jobs whose stream entry was trimmed;
         (expired, dropped). Any worker may run it at any time: each job is settled once."""
-        expired, dropped = await self.poll_kv.run_script(  # untraced: every worker, every 10 s
+        expired, dropped, *rest = await self.poll_kv.run_script(  # untraced: every 10 s
             "sweep",
             self._sweep_script,
             [self.queued],
@@ -301,6 +316,8 @@ class JobQueue:
                 orjson.dumps(DROPPED).decode(),
             ],
         )
+        if rest and int(rest[0]):
+            log.error("job sweep: dropped %d queued ids whose job key is not a hash", int(rest[0]))
         return int(expired), int(dropped)
 
     def expired_error(self) -> dict[str, Any]:
@@ -323,7 +340,7 @@ class JobQueue:
         entries = await self._regrouping(
             self.poll_kv.xreadgroup(self.stream, GROUP, consumer, count=count, block_ms=block_ms)
         )
-        return _deliveries(entries or [])
+        return await self._deliveries(entries or [])
 
     async def reclaim(self, consumer: str, *, min_idle_ms: int, count: int) -> list[Delivery]:
         """Entries another worker took and then left silent for ``min_idle_ms`` (it died)."""
@@ -332,7 +349,23 @@ class JobQueue:
                 self.stream, GROUP, consumer, min_idle_ms=min_idle_ms, count=count
             )
         )
-        return _deliveries(entries or [])
+        return await self._deliveries(entries or [])
+
+    async def _deliveries(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Delivery]:
+        """The entries as deliveries. One whose job id cannot be read names no job any worker
+        could run: it is acknowledged and deleted here (else every worker that takes it over
+        after the visibility timeout meets it again), and the rest of the batch goes on."""
+        deliveries, unreadable = [], []
+        for entry_id, fields in entries:
+            entry = entry_id.decode()  # stream ids are ASCII: Redis writes them
+            try:
+                deliveries.append(Delivery(entry=entry, job_id=fields.get(b"id", b"").decode()))
+            except UnicodeDecodeError:
+                log.error("job stream entry %s has no readable job id; dropping it", entry)
+                unreadable.append(entry)
+        if unreadable:
+            await self._run("DROP_ENTRIES", [self.stream], [GROUP, *unreadable])
+        return deliveries
 
     async def touch(self, consumer: str, entries: list[str]) -> None:
         """Heartbeat: the entries this worker still works on are not idle."""
@@ -478,8 +511,24 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _deliveries(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Delivery]:
-    return [
-        Delivery(entry=entry_id.decode(), job_id=fields.get(b"id", b"").decode())
-        for entry_id, fields in entries
-    ]
+def _parsed(job_id: str, fields: dict[bytes, bytes]) -> Job | None:
+    """The job stored as ``fields`` (None when there are none); ``JobUnreadable``, logged and
+    naming ``job_id``, when they cannot be read."""
+    if not fields:
+        return None
+    try:
+        return Job.from_hash(fields)
+    except JobUnreadable as exc:
+        log.error("job %s: its record cannot be read (%s)", job_id, exc.detail)
+        raise JobUnreadable(job_id, exc.detail) from exc.__cause__
+
+
+def _listed(flat: list[bytes]) -> Job | None:
+    """A job of a listing, or None (logged) for one whose record cannot be read."""
+    try:
+        return Job.from_hash(_pairs(flat))
+    except JobUnreadable as exc:
+        log.error(
+            "job %s left out of a listing: its record cannot be read (%s)", exc.job_id, exc.detail
+        )
+        return None

@@ -9,6 +9,12 @@ one result.
 Keys a script reaches beyond its ``KEYS`` are built from ``base`` (``{prefix}{jobs}:``), so they
 share the ``{jobs}`` hash tag and live in the same Redis Cluster slot.
 
+A value read back from Redis may have been written by another version, or damaged: a number
+that does not parse takes a default (``tonumber(x) or d``; a nil in a comparison would fail the
+script, and with it every call for that job), and the scripts that look at many jobs at once
+(the sweep, listings) read each with ``redis.pcall``, so one key of the wrong type does not
+stop them for every tenant.
+
 A queued job sits in two sorted sets scored by the time it expires (``queued``, for the sweep,
 and ``queued:{tenant}``, for the tenant's limit and for revoking a key), from submit (or
 requeue) until a worker starts it or it is cancelled or settled.
@@ -25,6 +31,13 @@ local function drop_entry(stream, group, entry)
     redis.call('XACK', stream, group, entry)
     redis.call('XDEL', stream, entry)
   end
+end
+
+-- The job's fields, or nil when its key holds something else than a hash (WRONGTYPE).
+local function fields_of(job, ...)
+  local h = redis.pcall('HMGET', job, ...)
+  if h.err then return nil end
+  return h
 end
 
 local function unqueue(base, job, id)
@@ -120,13 +133,13 @@ START: Final = (
     _HELPERS
     + _ACK
     + """
-local h = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'max_attempts', 'webhook_state',
-                     'entry', 'lease', 'expires', 'id')
-local status = h[1]
-if not status then ack() return {'gone', 0} end
+local h = fields_of(KEYS[1], 'status', 'attempts', 'max_attempts', 'webhook_state', 'entry',
+                   'lease', 'expires', 'id')
+local status = h and h[1]
+if not status then ack() return {'gone', 0} end  -- a key of another type is no job either
 if h[5] and h[5] ~= ARGV[2] then ack() return {'stale', 0} end
 if status == 'cancelled' then ack() return {'cancelled', 0} end
-local attempts = tonumber(h[2] or '0')
+local attempts = tonumber(h[2]) or 0
 if status == 'running' and h[6] == ARGV[3] then return {'run', attempts} end  -- a retried call
 if status == 'succeeded' or status == 'failed' then
   if h[4] == 'pending' then
@@ -136,7 +149,8 @@ if status == 'succeeded' or status == 'failed' then
   ack()
   return {'done', attempts}
 end
-if status == 'queued' and h[7] and tonumber(h[7]) < tonumber(ARGV[4]) then
+-- An expiry that does not parse is none: the sweep still expires the job by its queued score.
+if status == 'queued' and (tonumber(h[7]) or math.huge) < tonumber(ARGV[4]) then
   if settle(ARGV[5], ARGV[1], ARGV[7], KEYS[1], h[8], ARGV[4], ARGV[6], ARGV[8]) then
     return {'settled', attempts}  -- a fresh entry delivers its webhook
   end
@@ -144,7 +158,7 @@ if status == 'queued' and h[7] and tonumber(h[7]) < tonumber(ARGV[4]) then
 end
 redis.call('HSET', KEYS[1], 'lease', ARGV[3])
 unqueue(ARGV[5], KEYS[1], h[8])
-if attempts >= tonumber(h[3] or '1') then
+if attempts >= (tonumber(h[3]) or 1) then
   return {'exhausted', attempts}
 end
 attempts = attempts + 1
@@ -229,17 +243,23 @@ return 'cancelled'
 # KEYS: queued.  ARGV: 1 base, 2 group, 3 stream cap, 4 now, 5 result ttl, 6 most jobs to look
 #                      at, 7 the error of an expired job, 8 the error of a job whose entry is gone
 # Settles queued jobs past their expiry, and queued jobs (among the oldest) whose stream entry
-# is gone (trimmed by the stream's cap). Returns {expired, dropped}.
+# is gone (trimmed by the stream's cap). An id whose job key is not a hash is dropped from
+# ``queued`` (its tenant's set trims it by score at the next submit). Returns {expired, dropped,
+# unreadable}.
 SWEEP: Final = (
     _HELPERS
     + """
 local base, now, limit = ARGV[1], ARGV[4], tonumber(ARGV[6])
 local stream = base .. 'stream'
-local expired, dropped = 0, 0
+local expired, dropped, unreadable = 0, 0, 0
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(ids) do
   local job = base .. 'job:' .. id
-  if redis.call('HGET', job, 'status') == 'queued' then
+  local h = fields_of(job, 'status')
+  if not h then
+    redis.call('ZREM', KEYS[1], id)
+    unreadable = unreadable + 1
+  elseif h[1] == 'queued' then
     settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
     expired = expired + 1
   else
@@ -249,15 +269,18 @@ end
 ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1)
 for _, id in ipairs(ids) do
   local job = base .. 'job:' .. id
-  local h = redis.call('HMGET', job, 'status', 'entry')
-  if h[1] ~= 'queued' then
+  local h = fields_of(job, 'status', 'entry')
+  if not h then
+    redis.call('ZREM', KEYS[1], id)
+    unreadable = unreadable + 1
+  elseif h[1] ~= 'queued' then
     unqueue(base, job, id)
   elseif not h[2] or #redis.call('XRANGE', stream, h[2], h[2]) == 0 then
     settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[8])
     dropped = dropped + 1
   end
 end
-return {expired, dropped}
+return {expired, dropped, unreadable}
 """
 )
 
@@ -284,7 +307,8 @@ return settled
 # KEYS: an index (the tenant's, or one user's).  ARGV: job key prefix, after (id or ''),
 # limit, most ids to examine.
 # Returns {0} for an unknown cursor, else {1, has_more, job1 fields, job2 fields, ...}.
-# Ids whose record expired are skipped (and trimmed from the index by age at submit).
+# Ids whose record expired, or whose key holds something else than a hash, are skipped (and
+# trimmed from the index by age at submit).
 LIST: Final = """
 local limit = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
@@ -301,8 +325,8 @@ while found <= limit and budget > 0 do
   if #ids == 0 then break end
   for _, id in ipairs(ids) do
     budget = budget - 1
-    local fields = redis.call('HGETALL', ARGV[1] .. id)
-    if #fields > 0 then
+    local fields = redis.pcall('HGETALL', ARGV[1] .. id)
+    if not fields.err and #fields > 0 then
       found = found + 1
       if found <= limit then table.insert(out, fields) else out[2] = 1 end
     end
@@ -312,4 +336,12 @@ while found <= limit and budget > 0 do
 end
 if budget <= 0 and found <= limit then out[2] = 1 end
 return out
+"""
+
+# KEYS: stream.  ARGV: group, then the entries to acknowledge and delete (entries no worker can
+# read: they name no job).
+DROP_ENTRIES: Final = """
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+return 1
 """

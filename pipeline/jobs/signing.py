@@ -13,6 +13,8 @@ At rest the secrets are sealed (``secret_box``: AES-256-GCM, the key from
 ``RAG_JOBS__WEBHOOK_SECRET_KEY``), so reading Redis does not let anyone sign as the service.
 Without a key (development, tests) they are stored in plaintext and a warning says so; production
 refuses to start without one. A plaintext secret found once a key is set is sealed on first use.
+A stored value that cannot be read (not UTF-8, a grace period's end that is not a number) is
+``SecretUnreadable`` too: a delivery records it as a failed attempt, it never ends the worker.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import time
 from typing import Final
@@ -126,7 +129,7 @@ class WebhookSecrets:
             [self.prefix + tenant],
             [self._seal(tenant, new_secret())],
         )
-        return await self._open(tenant, "current", bytes(value).decode())
+        return await self._open(tenant, "current", _text(tenant, "current", bytes(value)))
 
     async def rotate(self, tenant: str) -> str:
         """A new secret; the old one keeps signing (as a second ``v1``) for the grace period."""
@@ -146,10 +149,11 @@ class WebhookSecrets:
         fields = await self.kv.hgetall(self.prefix + tenant)
         if b"current" not in fields:
             return [await self.current(tenant)]
-        in_use = [await self._open(tenant, "current", fields[b"current"].decode())]
-        until = int(fields.get(b"previous_until", b"0") or 0)
+        in_use = [await self._open(tenant, "current", _text(tenant, "current", fields[b"current"]))]
+        until = _until(tenant, fields.get(b"previous_until"))
         if b"previous" in fields and time.time() < until:
-            in_use.append(await self._open(tenant, "previous", fields[b"previous"].decode()))
+            previous = _text(tenant, "previous", fields[b"previous"])
+            in_use.append(await self._open(tenant, "previous", previous))
         return in_use
 
     def _seal(self, tenant: str, secret: str) -> str:
@@ -165,3 +169,26 @@ class WebhookSecrets:
                 [field, stored, self.box.seal(tenant, secret)],
             )
         return secret
+
+
+def _text(tenant: str, field: str, stored: bytes) -> str:
+    try:
+        return stored.decode()
+    except UnicodeDecodeError:
+        raise SecretUnreadable(
+            f"the webhook secret ({field}) of tenant {tenant!r} is not text: damaged"
+        ) from None
+
+
+def _until(tenant: str, stored: bytes | None) -> float:
+    """When the previous secret stops signing (0: it does not)."""
+    try:
+        until = float(stored or 0)
+    except ValueError:
+        until = math.nan
+    if math.isnan(until):
+        raise SecretUnreadable(
+            f"the end of the grace period of tenant {tenant!r}'s previous webhook secret is "
+            "not a number: damaged"
+        )
+    return until

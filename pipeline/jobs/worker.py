@@ -18,6 +18,11 @@ has an overall deadline (``WebhookSender``), so every delivery ends. The heartbe
 entries of deliveries too, and a worker with ``delivery_backlog`` deliveries waiting takes no
 new jobs until some are done.
 
+What it reads back from Redis may have been written by another version, or damaged: a job whose
+record cannot be read fails at once (``job_unreadable``, its webhook unsent), acknowledged, rather
+than being taken over and met again after every visibility timeout; and an unexpected error in
+the loop is logged and retried after a pause, so that neither kills the worker.
+
 Each job runs in its own trace (span ``process jobs``, kind consumer), linked to the trace of
 the request that submitted it, with the job id as an attribute.
 """
@@ -40,7 +45,7 @@ from opentelemetry.semconv._incubating.attributes import messaging_attributes as
 from opentelemetry.trace import Link, SpanKind
 
 from pipeline.errors import PipelineError, StoreUnavailable
-from pipeline.jobs.model import FAILED, SUCCEEDED, Job
+from pipeline.jobs.model import FAILED, SUCCEEDED, Job, JobUnreadable
 from pipeline.jobs.queue import Delivery, JobQueue
 from pipeline.jobs.webhooks import WebhookSender, ended, unsent, webhook_state
 from pipeline.looptime import Serving
@@ -59,7 +64,18 @@ INTERNAL_ERROR = {
 }
 
 
+UNREADABLE_ERROR = {
+    "message": "The job's stored record could not be read (damaged, or written by another "
+    "version of the service); it was not run. Submit it again.",
+    "type": "api_error",
+    "param": None,
+    "code": "job_unreadable",
+}
+
 OUTCOMES = {0: "lease lost", 1: "finished", 2: "finished, webhook owed"}
+# After an unexpected error in the loop: long enough that a fault met on every pass cannot spin
+# (nor flood the log), short enough that the worker is soon back.
+LOOP_ERROR_PAUSE = 1.0
 
 
 def default_consumer() -> str:
@@ -149,6 +165,12 @@ class JobWorker:
                     log.warning("job queue unreachable (%s); retrying", exc)
                     await self._first(asyncio.sleep(self.poll_seconds))
                     continue
+                except Exception:
+                    # A fault (or a value from Redis no check foresaw) must not end the task:
+                    # nothing would restart it, and this replica would run no job again.
+                    log.exception("job worker %s: unexpected error; going on", self.consumer)
+                    await self._first(asyncio.sleep(max(self.poll_seconds, LOOP_ERROR_PAUSE)))
+                    continue
                 for delivery in deliveries:
                     self._spawn(delivery)
         finally:
@@ -202,6 +224,7 @@ class JobWorker:
         def done(_: asyncio.Task[None]) -> None:
             self._running.pop(delivery.entry, None)
             self._slot_freed.set()
+            _log_fault(task, delivery)
 
         task.add_done_callback(done)
 
@@ -234,6 +257,9 @@ class JobWorker:
             if kind not in ("run", "exhausted", "deliver"):
                 return  # cancelled, finished, expired or settled: acknowledged by start
             job = await self.queue.get(delivery.job_id)
+        except JobUnreadable:
+            await self._fail_unreadable(delivery, lease, kind)
+            return
         except StoreUnavailable as exc:
             # Left pending: taken over after the visibility timeout.
             log.warning("job %s not started: %s", delivery.job_id, exc)
@@ -262,6 +288,23 @@ class JobWorker:
                 mark_failed(span, exc)
                 log.warning("job %s: could not record its state: %s", job.id, exc)
 
+    async def _fail_unreadable(self, delivery: Delivery, lease: str, kind: str) -> None:
+        """Fail, under the lease ``start`` gave, the job whose record cannot be read (the queue
+        logged why), with its webhook unsent: nothing could run it, nor say what to deliver."""
+        log.error("job %s failed: its record cannot be read", delivery.job_id)
+        try:
+            if kind != "deliver":
+                error = dict(UNREADABLE_ERROR)
+                if await self.queue.finish(delivery, lease, FAILED, error) != 2:
+                    return
+            await self._settle_unsent(delivery, lease)
+        except StoreUnavailable as exc:
+            log.warning("job %s: could not record its failure: %s", delivery.job_id, exc)
+
+    async def _settle_unsent(self, delivery: Delivery, lease: str) -> None:
+        unsendable = unsent(1, "the job's stored record could not be read")
+        await self.queue.settle_webhook(delivery, lease, FAILED, [unsendable])
+
     async def _advance(
         self, kind: str, job: Job, delivery: Delivery, lease: str, span: trace.Span
     ) -> None:
@@ -283,6 +326,7 @@ class JobWorker:
         def done(_: asyncio.Task[None]) -> None:
             self._delivering.pop(delivery.entry, None)
             self._slot_freed.set()
+            _log_fault(task, delivery)
 
         task.add_done_callback(done)
 
@@ -328,7 +372,12 @@ class JobWorker:
         """Deliver, recording each attempt, then settle: the final state and the attempts are
         written together (``settle_webhook``), so a record lost on the way (Redis briefly
         away) cannot leave them disagreeing."""
-        job = await self.queue.get(delivery.job_id)
+        try:
+            job = await self.queue.get(delivery.job_id)
+        except JobUnreadable:
+            log.error("job %s: webhook not sent: its record cannot be read", delivery.job_id)
+            await self._settle_unsent(delivery, lease)
+            return
         if job is None:
             return
         attempts = list(job.deliveries)
@@ -360,6 +409,14 @@ class JobWorker:
 
 class _TakenOver(Exception):
     """This worker's lease on a delivery is gone: another worker delivers it now."""
+
+
+def _log_fault(task: asyncio.Task[None], delivery: Delivery) -> None:
+    """Log what ended a job's task with an error none of its handlers expected (retrieving it,
+    so asyncio does not report it later without context). Its entry stays pending: another
+    worker takes it over, and ``start`` fails it once its attempts are spent."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("job %s: its task failed", delivery.job_id, exc_info=exc)
 
 
 def _links(traceparent: str | None) -> list[Link]:
