@@ -323,7 +323,7 @@ async def list_jobs(
     queue = job_queue(services.settings, services.kv)
     user = None if all_users else principal.user
     try:
-        jobs, more = await queue.page(principal.tenant, limit=limit, after=after, user=user)
+        jobs, more, cursor = await queue.page(principal.tenant, limit=limit, after=after, user=user)
     except UnknownCursor:
         raise InvalidRequest(
             f"after: no job with id '{_shown(after or '')}' to continue from.", param="after"
@@ -334,7 +334,9 @@ async def list_jobs(
             "object": "list",
             "data": data,
             "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
+            # The last listed: a record left out (unreadable) may be it, so a page of only
+            # such records still says where to go on from.
+            "last_id": cursor if more else data[-1]["id"] if data else None,
             "has_more": more,
         }
     )

@@ -266,11 +266,13 @@ class JobQueue:
 
     async def page(
         self, tenant: str, *, limit: int, after: str | None, user: str | None = None
-    ) -> tuple[list[Job], bool]:
+    ) -> tuple[list[Job], bool, str | None]:
         """The jobs of ``user`` of ``tenant`` (of every user of it when None), newest first,
-        after the job ``after``; and whether more follow. Raises ``UnknownCursor`` for an
-        ``after`` that is not one of those jobs. A record that cannot be read is left out (and
-        logged): one damaged job must not hide all the others."""
+        after the job ``after``; whether more follow; and the id to continue after (the last
+        listed, None when none was). Raises ``UnknownCursor`` for an ``after`` that is not one
+        of those jobs. A record that cannot be read is left out (and logged): one damaged job
+        must not hide all the others, nor stop a client paging past it (the id to continue
+        after may be a record left out)."""
         index = self._tenant_prefix + tenant if user is None else self._user_index(tenant, user)
         reply = await self._run(
             "LIST",
@@ -280,7 +282,9 @@ class JobQueue:
         if reply[0] == 0:
             raise UnknownCursor(after)
         jobs = [job for flat in reply[2:] if (job := _listed(flat)) is not None]
-        return jobs, bool(reply[1])
+        last = _pairs(reply[-1]).get(b"id") if len(reply) > 2 else None
+        cursor = last.decode(errors="replace") if isinstance(last, bytes) else None
+        return jobs, bool(reply[1]), cursor
 
     async def cancel(self, tenant: str, job_id: str, user: str | None = None) -> str:
         """Cancel a queued job of ``tenant`` (of ``user`` unless None): 'cancelled', 'missing',

@@ -73,3 +73,17 @@ async def test_a_job_record_without_a_tenant_is_not_found_and_the_list_still_ans
     listing = await h.client.get("/v1/jobs", headers=auth(key))
     assert listing.status_code == 200, listing.text
     assert [j["id"] for j in listing.json()["data"]] == [good]
+
+
+async def test_a_page_of_only_unreadable_jobs_gives_a_last_id_to_go_on_from(
+    app_without_workers: AppHarness,
+) -> None:
+    h = app_without_workers
+    key = await h.key(f"t{uuid.uuid4().hex[:8]}")
+    good, bad = await damaged_job(h, key, "created", b"abc")
+    page = await h.client.get("/v1/jobs?limit=1", headers=auth(key))
+    assert page.status_code == 200, page.text
+    assert page.json()["data"] == [] and page.json()["has_more"]
+    assert page.json()["last_id"] == bad
+    rest = await h.client.get(f"/v1/jobs?limit=1&after={bad}", headers=auth(key))
+    assert [j["id"] for j in rest.json()["data"]] == [good]

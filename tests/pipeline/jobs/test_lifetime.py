@@ -187,11 +187,11 @@ async def test_a_job_belongs_to_its_user_and_is_listed_per_user(
     alices = [(await queue.submit(make_job(f"a{i}")))[0].id for i in range(2)]
     via_other_key = (await queue.submit(make_job("a2", principal=ALICE_OTHER_KEY)))[0].id
     carols = (await queue.submit(make_job("c", principal=CAROL)))[0].id
-    mine, _ = await queue.page("acme", limit=10, after=None, user="alice")
+    mine, _, _ = await queue.page("acme", limit=10, after=None, user="alice")
     assert [j.id for j in mine] == [via_other_key, *alices[::-1]], "a user's jobs, any key"
-    theirs, _ = await queue.page("acme", limit=10, after=None, user="carol")
+    theirs, _, _ = await queue.page("acme", limit=10, after=None, user="carol")
     assert [j.id for j in theirs] == [carols]
-    everyone, _ = await queue.page("acme", limit=10, after=None)
+    everyone, _, _ = await queue.page("acme", limit=10, after=None)
     assert len(everyone) == 4
     assert await queue.get_for("acme", carols, "alice") is None
     assert await queue.get_for("acme", carols, "carol") is not None

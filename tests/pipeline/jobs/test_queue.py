@@ -26,7 +26,7 @@ async def test_submit_stores_the_record_the_stream_entry_and_the_index(queue: Jo
     )
     assert stored.request["messages"][0]["content"] == "first"
     assert await queue.backlog() == 1
-    page, more = await queue.page("acme", limit=10, after=None)
+    page, more, _ = await queue.page("acme", limit=10, after=None)
     assert [j.id for j in page] == [job.id] and not more
 
 
@@ -45,13 +45,13 @@ async def test_a_repeated_idempotency_key_returns_the_first_job(queue: JobQueue)
 async def test_listing_is_newest_first_paginated_and_per_tenant(queue: JobQueue) -> None:
     ids = [(await queue.submit(make_job(f"q{i}")))[0].id for i in range(5)]
     bobs = [(await queue.submit(make_job("b", principal=BOB)))[0].id for _ in range(2)]
-    first, more = await queue.page("acme", limit=2, after=None)
-    assert [j.id for j in first] == ids[::-1][:2] and more
-    second, more = await queue.page("acme", limit=2, after=first[-1].id)
+    first, more, cursor = await queue.page("acme", limit=2, after=None)
+    assert [j.id for j in first] == ids[::-1][:2] and more and cursor == first[-1].id
+    second, more, _ = await queue.page("acme", limit=2, after=first[-1].id)
     assert [j.id for j in second] == ids[::-1][2:4] and more
-    last, more = await queue.page("acme", limit=2, after=second[-1].id)
+    last, more, _ = await queue.page("acme", limit=2, after=second[-1].id)
     assert [j.id for j in last] == [ids[0]] and not more
-    theirs, _ = await queue.page("globex", limit=10, after=None)
+    theirs, _, _ = await queue.page("globex", limit=10, after=None)
     assert [j.id for j in theirs] == bobs[::-1]
     with pytest.raises(KeyError):
         await queue.page("acme", limit=2, after=bobs[0])  # a cursor of another tenant's

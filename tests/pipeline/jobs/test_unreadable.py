@@ -120,9 +120,24 @@ async def test_a_damaged_record_is_unreadable_and_left_out_of_listings(
     with pytest.raises(JobUnreadable) as raised:
         await queue.get(bad.id)
     assert raised.value.job_id == bad.id and raised.value.status_code == 503
-    listed, more = await queue.page("acme", limit=10, after=None)
+    listed, more, _ = await queue.page("acme", limit=10, after=None)
     assert [j.id for j in listed] == [good.id] and not more
     assert await queue.get_for("globex", bad.id) is None, "another tenant learns nothing"
+
+
+async def test_a_page_of_only_unreadable_records_still_says_where_to_go_on_from(
+    queue: JobQueue, kv: KeyValueStore
+) -> None:
+    """Its listing is empty with more to come: without the id of the last record left out, a
+    client had no cursor and could not page past the damage."""
+    good, _ = await queue.submit(make_job("good"))
+    bad = [(await queue.submit(make_job(f"bad {n}")))[0] for n in range(2)]
+    for job in bad:
+        await kv.client.hset(queue.job_prefix + job.id, "created", "abc")
+    listed, more, cursor = await queue.page("acme", limit=2, after=None)
+    assert listed == [] and more and cursor == bad[0].id  # newest first
+    rest, more, _ = await queue.page("acme", limit=2, after=cursor)
+    assert [j.id for j in rest] == [good.id] and not more
 
 
 async def test_an_unreadable_record_is_a_503_only_for_its_owner(
@@ -143,7 +158,7 @@ async def test_a_listing_skips_a_job_key_of_another_type(
     bad, _ = await queue.submit(make_job("bad"))
     await kv.client.delete(queue.job_prefix + bad.id)
     await kv.client.set(queue.job_prefix + bad.id, "not a hash")
-    listed, _ = await queue.page("acme", limit=10, after=None)
+    listed, _, _ = await queue.page("acme", limit=10, after=None)
     assert [j.id for j in listed] == [good.id]
 
 
