@@ -87,8 +87,23 @@ def write_snapshot(index: TenantIndex, directory: Path) -> None:
     fsync_dir(directory)
 
 
+class IndexUnreadable(RuntimeError):
+    """A tenant's published snapshot cannot be read: damaged (a partial copy, a disk that
+    filled), or written in a format this code does not know. A 503 ``index_unreadable`` for a
+    request (``pipeline.sources.search``); the message names no path (the log does)."""
+
+    def __init__(self, tenant: str, version: str) -> None:
+        super().__init__(
+            f"The index of tenant '{tenant}' (version {version[:40]!r}) cannot be read on this "
+            "server; retry later."
+        )
+        self.tenant = tenant
+        self.version = version
+
+
 def read_snapshot(directory: Path) -> TenantIndex:
-    """Load a snapshot written by `write_snapshot`."""
+    """Load a snapshot written by `write_snapshot`; ValueError (or what the parser raised)
+    for one that is not whole or not consistent."""
     meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}: unknown snapshot format {meta.get('format')!r}")
@@ -109,4 +124,24 @@ def read_snapshot(directory: Path) -> TenantIndex:
     terms = json.loads((directory / "terms.json").read_text(encoding="utf-8"))
     dense_path = directory / "dense.faiss"
     approximate = read_index(dense_path) if dense_path.exists() else None
+    _check(meta, records, vectors, tf, terms)
     return TenantIndex(meta["version"], records, vectors, tf, terms, approximate)
+
+
+def _check(meta: dict[str, Any], records: ChunkRecords, vectors: Any, tf: Any, terms: Any) -> None:
+    """What must hold of a whole snapshot, checked once at load (cheap: shapes and types), so
+    that damage is found here rather than by every search after it."""
+    chunks = len(records.chunk_id)
+    columns = (records.document_id, records.text, records.title, records.metadata)
+    if meta.get("chunks", chunks) != chunks or any(len(column) != chunks for column in columns):
+        raise ValueError("the chunk columns do not agree with each other or with meta.json")
+    if not all(isinstance(text, str) for text in (*records.chunk_id, *records.text)):
+        raise ValueError("a chunk's id or text is not a string")
+    if not all(title is None or isinstance(title, str) for title in records.title):
+        raise ValueError("a chunk's title is not a string")
+    if vectors.ndim != 2 or vectors.shape[0] != chunks:
+        raise ValueError(f"vectors of shape {vectors.shape} for {chunks} chunks")
+    if vectors.shape[1] != meta.get("dimension", vectors.shape[1]):
+        raise ValueError(f"vectors of dimension {vectors.shape[1]}, not meta.json's")
+    if not isinstance(terms, list) or tf.shape != (chunks, len(terms)):
+        raise ValueError("the term frequencies do not agree with the terms or the chunks")

@@ -17,6 +17,7 @@ pointer can still open it).
 from __future__ import annotations
 
 import fcntl
+import logging
 import re
 import threading
 import time
@@ -37,12 +38,14 @@ from retrieval.documents import (
 )
 from retrieval.embeddings import Embedder
 from retrieval.index import TenantIndex, derive
-from retrieval.snapshots import read_snapshot, write_snapshot
+from retrieval.snapshots import IndexUnreadable, read_snapshot, write_snapshot
 from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray
 from retrieval.versions import (
     NO_VERSION,
+    POINTER,
     clean_leftovers,
+    is_version,
     next_version,
     prune,
     publish,
@@ -51,6 +54,11 @@ from retrieval.versions import (
 )
 
 _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# How long a snapshot that could not be read is not read again (each try parses it whole, under
+# the tenant's lock, while that tenant's requests wait).
+UNREADABLE_RETRY_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ class _Loaded:
     pointer: str
     checked: float
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The last pointer that could not be loaded, until when it is not tried again, and why.
+    failed: tuple[str, float, IndexUnreadable] | None = None
 
 
 def check_tenant(tenant: str) -> str:
@@ -143,13 +153,33 @@ class IndexStore:
         return entry.pointer
 
     def _load(self, tenant: str, pointer: str) -> TenantIndex:
+        """The published snapshot ``pointer``; ``IndexUnreadable`` (logged) when it cannot be
+        read, or the pointer names no version of this tenant's directory."""
         for _ in range(5):
             try:
-                return read_snapshot(self._dir(tenant) / pointer)
+                return self._read(tenant, pointer)
             except FileNotFoundError:
                 # Pruned between reading the pointer and opening it: a newer one is published.
                 pointer = self._read_pointer(tenant)
-        return read_snapshot(self._dir(tenant) / pointer)
+        return self._read(tenant, pointer, last=True)
+
+    def _read(self, tenant: str, pointer: str, last: bool = False) -> TenantIndex:
+        directory = self._dir(tenant) / pointer
+        try:
+            if not is_version(pointer):
+                raise ValueError(f"{POINTER} holds {pointer[:40]!r}, not a version")
+            index = read_snapshot(directory)
+            if index.version != pointer:
+                raise ValueError(f"meta.json names version {index.version!r}")
+            return index
+        except FileNotFoundError:
+            if not last:
+                raise
+            error: Exception = FileNotFoundError(f"a file of {directory} is missing")
+        except Exception as exc:  # whatever the parsers raise for what they cannot read
+            error = exc
+        log.error("the index snapshot %s cannot be read: %s", directory, error)
+        raise IndexUnreadable(tenant, pointer) from error
 
     def version(self, tenant: str) -> str:
         """The published version of `tenant`'s index ("0" when it has none). Cheap."""
@@ -165,10 +195,26 @@ class IndexStore:
         with entry.lock:
             index = entry.index
             if index is None or index.version != entry.pointer:
-                index = self._load(tenant, entry.pointer)
-                entry.index = index
-                entry.pointer = index.version
+                index = self._reload(entry, tenant)
             return index
+
+    def _reload(self, entry: _Loaded, tenant: str) -> TenantIndex:
+        """Load the tenant's newly published snapshot. One that cannot be read is not tried
+        again for ``UNREADABLE_RETRY_S``; meanwhile the snapshot loaded before it (intact, one
+        version older) is served, or, with none, ``IndexUnreadable``."""
+        now = time.monotonic()
+        failed = entry.failed
+        if failed is None or failed[0] != entry.pointer or failed[1] <= now:
+            try:
+                index = self._load(tenant, entry.pointer)
+            except IndexUnreadable as exc:
+                failed = entry.failed = (entry.pointer, now + UNREADABLE_RETRY_S, exc)
+            else:
+                entry.index, entry.pointer, entry.failed = index, index.version, None
+                return index
+        if entry.index is not None:
+            return entry.index
+        raise failed[2]
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -17,11 +17,18 @@ _VERSION_DIR = re.compile(r"(\d{8})-[0-9a-f]{6}")
 
 
 def read_pointer(directory: Path) -> str:
-    """The published version in `directory` (NO_VERSION when there is none)."""
+    """The published version in `directory` (NO_VERSION when there is none). Never raises for
+    what the file holds: a pointer that names no version (damaged, edited) is refused where a
+    snapshot is loaded (`is_version`), never followed out of the tenant's directory."""
     try:
-        return (directory / POINTER).read_text(encoding="ascii").strip()
+        return (directory / POINTER).read_bytes().decode("ascii", errors="replace").strip()
     except FileNotFoundError:
         return NO_VERSION
+
+
+def is_version(name: str) -> bool:
+    """Whether `name` is a version's directory name (what a pointer must hold)."""
+    return _VERSION_DIR.fullmatch(name) is not None
 
 
 def next_version(directory: Path) -> str:

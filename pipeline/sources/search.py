@@ -41,6 +41,7 @@ from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.moves import TenantMoving
 from retrieval.backends.router import BackendRouter
 from retrieval.embeddings import embedding_executor
+from retrieval.snapshots import IndexUnreadable
 from retrieval.vectors import FloatArray
 
 T = TypeVar("T")
@@ -236,8 +237,9 @@ class PassageSearch:
 
 
 def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``call``, with a backend whose store did not answer reported as a 503, and a write
-    while the tenant's index is being moved as a 503 ``index_moving`` with its wait."""
+    """``call``, with a backend whose store did not answer reported as a 503, a write while
+    the tenant's index is being moved as a 503 ``index_moving`` with its wait, and a tenant's
+    snapshot that cannot be read as a 503 ``index_unreadable``."""
     try:
         return call(*args, **kwargs)
     except TenantMoving as exc:
@@ -246,3 +248,5 @@ def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         ) from exc
     except BackendUnavailable as exc:
         raise ServiceUnavailable(str(exc), code="retrieval_unavailable") from exc
+    except IndexUnreadable as exc:
+        raise ServiceUnavailable(str(exc), code="index_unreadable") from exc

@@ -6,6 +6,7 @@ model and the dev vLLM."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -446,3 +447,29 @@ async def test_an_index_of_only_hidden_documents_answers_as_an_empty_one(offline
     ann = await offline.services.keys.resolve(ann_key)
     assert ann is not None
     assert SECRET_ID in (await retrieve_as(offline, ann))[1], "ann, in finance, finds it"
+
+
+async def test_a_tenants_index_that_cannot_be_read_is_a_503_for_it_alone(
+    make_app, redis_server
+) -> None:
+    """A damaged snapshot (a partial copy, another version's format) was a 500 for every
+    search, ingest and delete of the tenant: now a 503 ``index_unreadable`` naming no path,
+    and another tenant is served as before. Read by a second replica on the same volume."""
+    settings = make_settings(redis_server.url, f"http://127.0.0.1:{free_port()}")
+    async with make_app(settings) as h:
+        damaged, other = await key(h, "damaged", "ann"), await key(h, "other", "bob")
+        await ingest(h, damaged, PUBLIC)
+        await ingest(h, other, PUBLIC)
+    root = Path(settings.retrieval.index_dir)
+    version = (root / "damaged" / "CURRENT").read_text().strip()
+    (root / "damaged" / version / "chunks.json").write_text("{not json")
+    async with make_app(settings) as h:
+        calls = [
+            ("/v1/retrieve", {"query": QUESTION, "top_k": 3, "min_relevance": 0}),
+            ("/v1/documents", {"documents": PUBLIC[:1]}),
+        ]
+        for path, body in calls:
+            response = await h.client.post(path, json=body, headers=auth(damaged))
+            error = assert_openai_error(response, 503, "service_unavailable")
+            assert error["code"] == "index_unreadable" and str(root) not in error["message"]
+        assert ids(await retrieved(h, other)) >= {"canteen"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,11 +11,14 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import retrieval.store as store_module
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.hybrid import HybridRetriever, SearchResult
+from retrieval.snapshots import IndexUnreadable
 from retrieval.store import IndexStore
 
 from .conftest import CORPUS, CountingEmbedder
@@ -208,3 +212,96 @@ def test_calls_that_change_nothing_publish_no_version(store: IndexStore) -> None
     assert store.upsert("t", []).version == version
     unchanged = store.delete("t", ["not-there"])
     assert (unchanged.version, unchanged.documents, unchanged.total_documents) == (version, 0, 2)
+
+
+# A published snapshot that cannot be read (a review's reproducers, 2026-12-05: each was a
+# 500 for every search, ingest and delete of the tenant; a pointer naming another tenant's
+# directory served that tenant's documents, and the next ingest copied them in).
+
+
+def damage(directory: Path, how: str) -> None:
+    """Damage the snapshot ``directory`` as a partial copy or an edit would."""
+    if how == "chunks not JSON":
+        (directory / "chunks.json").write_text("{not json")
+    elif how == "chunks emptied":
+        (directory / "chunks.json").write_text("")
+    elif how == "vectors halved":
+        data = (directory / "vectors.npy").read_bytes()
+        (directory / "vectors.npy").write_bytes(data[: len(data) // 2])
+    elif how == "vectors of another dimension":
+        rows = np.load(directory / "vectors.npy").shape[0]
+        np.save(directory / "vectors.npy", np.zeros((rows, 128), dtype=np.float32))
+    elif how == "terms cut short":
+        (directory / "terms.json").write_text('["a"]')
+    elif how == "a file missing":
+        (directory / "tf.npz").unlink()
+    elif how == "another format":
+        meta = json.loads((directory / "meta.json").read_text())
+        (directory / "meta.json").write_text(json.dumps({**meta, "format": 999}))
+
+
+DAMAGE = [
+    "chunks not JSON",
+    "chunks emptied",
+    "vectors halved",
+    "vectors of another dimension",
+    "terms cut short",
+    "a file missing",
+    "another format",
+]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_snapshot_that_cannot_be_read_is_index_unreadable_for_its_tenant_only(
+    store: IndexStore, embedder: Embedder, how: str
+) -> None:
+    store.upsert("t", CORPUS[:3])
+    store.upsert("other", CORPUS[3:5])
+    damage(store.root / "t" / store.version("t"), how)
+    fresh = IndexStore(store.root, embedder)
+    with pytest.raises(IndexUnreadable) as raised:
+        fresh.current("t")
+    assert "'t'" in str(raised.value) and str(store.root) not in str(raised.value)
+    with pytest.raises(IndexUnreadable):
+        fresh.upsert("t", CORPUS[5:6])  # nothing is built on what cannot be read
+    assert len(fresh.current("other") or ()) == 2
+
+
+def test_a_replica_keeps_serving_the_snapshot_it_has_when_the_next_cannot_be_read(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    serving = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    store.upsert("t", CORPUS[:3])
+    first = serving.current("t")
+    assert first is not None
+    store.upsert("t", CORPUS[3:4])
+    damage(store.root / "t" / store.version("t"), "chunks not JSON")
+    reads: list[Path] = []
+    real = store_module.read_snapshot
+
+    def counted(directory: Path) -> object:
+        reads.append(directory)
+        return real(directory)
+
+    store_module.read_snapshot = counted  # type: ignore[assignment]
+    try:
+        assert serving.current("t") is first and serving.current("t") is first
+    finally:
+        store_module.read_snapshot = real
+    assert len(reads) == 1, "the damaged snapshot is not parsed again on every request"
+
+
+@pytest.mark.parametrize("pointer", ["../other/{version}", "", "\xff\xfe", "00000001"])
+def test_a_pointer_that_names_no_version_of_the_tenant_is_never_followed(
+    store: IndexStore, embedder: Embedder, pointer: str
+) -> None:
+    store.upsert("t", CORPUS[:3])
+    store.upsert("other", CORPUS[3:5])
+    text = pointer.format(version=store.version("other"))
+    (store.root / "t" / "CURRENT").write_bytes(text.encode("latin-1"))
+    fresh = IndexStore(store.root, embedder)
+    with pytest.raises(IndexUnreadable):
+        fresh.current("t")
+    with pytest.raises(IndexUnreadable):
+        fresh.upsert("t", CORPUS[5:6])
+    assert len(fresh.current("other") or ()) == 2
