@@ -50,6 +50,7 @@ from retrieval import Document, DocumentError
 from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.moves import MoveUnderway, TenantMoving
+from retrieval.snapshots import IndexUnreadable
 from retrieval.store import IngestResult
 
 
@@ -423,4 +424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (TenantMoving, MoveUnderway, BackendUnavailable) as exc:
         print(f"rag: {exc} Run it again later.", file=sys.stderr)
+        return 1
+    except IndexUnreadable as exc:
+        print(
+            f"rag: the index of tenant '{exc.tenant}' (version {exc.version!r}) cannot be read: "
+            "the log says why; RELIABILITY.md section 8 says how to recover it.",
+            file=sys.stderr,
+        )
         return 1
