@@ -86,6 +86,17 @@ class _Loaded:
     failed: tuple[str, float, IndexUnreadable] | None = None
 
 
+def _published(directory: Path, pointer: str) -> TenantIndex:
+    """The snapshot ``pointer`` names, in ``directory``: ValueError where the pointer names no
+    version (it is never followed out of the tenant's directory) or the snapshot another."""
+    if not is_version(pointer):
+        raise ValueError(f"{POINTER} holds {pointer[:40]!r}, not a version")
+    index = read_snapshot(directory)
+    if index.version != pointer:
+        raise ValueError(f"meta.json names version {index.version!r}")
+    return index
+
+
 def check_tenant(tenant: str) -> str:
     """Return `tenant` if it is a valid tenant name, else raise ValueError."""
     if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant) or set(tenant) == {"."}:
@@ -155,31 +166,22 @@ class IndexStore:
     def _load(self, tenant: str, pointer: str) -> TenantIndex:
         """The published snapshot ``pointer``; ``IndexUnreadable`` (logged) when it cannot be
         read, or the pointer names no version of this tenant's directory."""
-        for _ in range(5):
+        failure: Exception | None = None
+        for attempt in range(6):
+            directory = self._dir(tenant) / pointer
             try:
-                return self._read(tenant, pointer)
-            except FileNotFoundError:
-                # Pruned between reading the pointer and opening it: a newer one is published.
-                pointer = self._read_pointer(tenant)
-        return self._read(tenant, pointer, last=True)
-
-    def _read(self, tenant: str, pointer: str, last: bool = False) -> TenantIndex:
-        directory = self._dir(tenant) / pointer
-        try:
-            if not is_version(pointer):
-                raise ValueError(f"{POINTER} holds {pointer[:40]!r}, not a version")
-            index = read_snapshot(directory)
-            if index.version != pointer:
-                raise ValueError(f"meta.json names version {index.version!r}")
-            return index
-        except FileNotFoundError:
-            if not last:
-                raise
-            error: Exception = FileNotFoundError(f"a file of {directory} is missing")
-        except Exception as exc:  # whatever the parsers raise for what they cannot read
-            error = exc
-        log.error("the index snapshot %s cannot be read: %s", directory, error)
-        raise IndexUnreadable(tenant, pointer) from error
+                return _published(directory, pointer)
+            except FileNotFoundError as exc:
+                failure = exc
+                if attempt < 5:
+                    # Pruned between reading the pointer and opening it: a newer one is
+                    # published.
+                    pointer = self._read_pointer(tenant)
+            except Exception as exc:  # whatever the parsers raise for what they cannot read
+                failure = exc
+                break
+        log.error("the index snapshot %s cannot be read: %s", directory, failure)
+        raise IndexUnreadable(tenant, pointer) from failure
 
     def version(self, tenant: str) -> str:
         """The published version of `tenant`'s index ("0" when it has none). Cheap."""

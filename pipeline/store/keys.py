@@ -394,7 +394,7 @@ class ApiKeyStore:
         try:
             name = digest.decode("ascii")
         except UnicodeDecodeError:
-            _unreadable("the id index of key %s", key_id)
+            log.warning("the id index of key %s cannot be read: not active", key_id[:64])
             return False  # no key of ours: a digest is hex
         fields = await self.kv.hgetall(self.prefix + name)
         return hmac.compare_digest(fields.get(b"hash", b""), digest)
@@ -469,8 +469,8 @@ class ApiKeyStore:
         except (KeyError, UnicodeDecodeError):
             # Another version's record, or a damaged one: the key is refused as unknown (401)
             # until an operator looks, rather than every request with it being a 500.
-            key_id = fields.get(b"key_id", b"?").decode(errors="replace")
-            _unreadable("the record of key %s", key_id)
+            key_id = fields.get(b"key_id", b"?").decode(errors="replace")[:64]
+            log.warning("the record of key %s cannot be read: refused as unknown", key_id)
             self._seen.pop(digest, None)
             return None
         if not KEY_ID_PATTERN.fullmatch(principal.key_id):
@@ -492,11 +492,6 @@ class ApiKeyStore:
         )
         key_id = bytes(reply).decode() if reply else principal.key_id
         return dataclasses.replace(principal, key_id=key_id)
-
-
-def _unreadable(what: str, key_id: str) -> None:
-    """``what`` names the record, with ``%s`` for the key's id."""
-    log.warning("%s cannot be read: the key is refused as unknown", what % key_id[:64])
 
 
 def _principal(fields: dict[bytes, bytes]) -> Principal:

@@ -79,16 +79,16 @@ local function prune(i)
   -- The sum caches the log's tokens. One this script cannot read (not a number, another
   -- type of key: another version's, or damage) is counted again from the log and rewritten,
   -- rather than failing the script, which would admit everything (fail open) until it expires.
-  local stored = redis.pcall('GET', sum_key)
-  local sum = 0
-  local readable = stored == false or (type(stored) == 'string' and tonumber(stored) ~= nil)
-  if readable and stored then sum = tonumber(stored) end
-  if not readable then
+  local stored = redis.pcall('GET', sum_key)  -- false when absent: 0; an error reply: a table
+  local sum = stored == false and 0 or (type(stored) == 'string' and tonumber(stored) or nil)
+  local recount = sum == nil
+  if recount then
+    sum = 0
     for _, member in ipairs(redis.call('ZRANGE', log, 0, -1)) do
       sum = sum + (tonumber(string.match(member, ':(%d+)$')) or 0)
     end
   end
-  if #gone > 0 or not readable then
+  if #gone > 0 or recount then
     for _, member in ipairs(gone) do
       sum = sum - (tonumber(string.match(member, ':(%d+)$')) or 0)
     end

@@ -268,7 +268,7 @@ def test_a_snapshot_that_cannot_be_read_is_index_unreadable_for_its_tenant_only(
 
 
 def test_a_replica_keeps_serving_the_snapshot_it_has_when_the_next_cannot_be_read(
-    store: IndexStore, embedder: Embedder
+    store: IndexStore, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     serving = IndexStore(store.root, embedder, reload_interval_s=0.0)
     store.upsert("t", CORPUS[:3])
@@ -283,11 +283,8 @@ def test_a_replica_keeps_serving_the_snapshot_it_has_when_the_next_cannot_be_rea
         reads.append(directory)
         return real(directory)
 
-    store_module.read_snapshot = counted  # type: ignore[assignment]
-    try:
-        assert serving.current("t") is first and serving.current("t") is first
-    finally:
-        store_module.read_snapshot = real
+    monkeypatch.setattr(store_module, "read_snapshot", counted)
+    assert serving.current("t") is first and serving.current("t") is first
     assert len(reads) == 1, "the damaged snapshot is not parsed again on every request"
 
 
