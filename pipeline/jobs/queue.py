@@ -256,8 +256,15 @@ class JobQueue:
     async def get_for(self, tenant: str, job_id: str, user: str | None = None) -> Job | None:
         """The job if it exists and belongs to ``tenant`` (and to ``user``, unless None: a
         tenant-wide view); anyone else's job is None. Ownership is checked on the raw record
-        first, so only its owner learns that an unreadable record (``JobUnreadable``) exists."""
-        fields = await self.kv.hgetall(self.job_prefix + job_id)
+        first, so only its owner learns that an unreadable record (``JobUnreadable``) exists;
+        a key that holds another type than a hash names no owner, so it is nobody's job."""
+        try:
+            fields = await self.kv.hgetall(self.job_prefix + job_id)
+        except StoreUnavailable as exc:
+            if not _redis_refused(exc, "WRONGTYPE"):
+                raise
+            log.error("job %s: its key holds another type than a hash", job_id)
+            return None
         if fields.get(b"tenant") != tenant.encode():
             return None
         if user is not None and fields.get(b"user") != user.encode():
@@ -381,7 +388,7 @@ class JobQueue:
         try:
             return await call
         except StoreUnavailable as exc:
-            if not _no_group(exc):
+            if not _redis_refused(exc, "NOGROUP"):
                 raise
         log.warning("the job stream's consumer group is gone (Redis lost its data?); recreating")
         await self.ensure_group()
@@ -506,9 +513,10 @@ DROPPED: Final = job_error(
 )
 
 
-def _no_group(exc: StoreUnavailable) -> bool:
+def _redis_refused(exc: StoreUnavailable, error: str) -> bool:
+    """Whether Redis answered the command with the error ``error`` (NOGROUP, WRONGTYPE)."""
     cause = exc.__cause__
-    return isinstance(cause, ResponseError) and str(cause).startswith("NOGROUP")
+    return isinstance(cause, ResponseError) and str(cause).startswith(error)
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

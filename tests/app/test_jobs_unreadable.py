@@ -61,15 +61,32 @@ async def test_an_unreadable_job_is_a_503_for_its_owner_and_left_out_of_the_list
     assert_openai_error(response, 404, "invalid_request_error")
 
 
-async def test_a_job_record_without_a_tenant_is_not_found_and_the_list_still_answers(
-    app_without_workers: AppHarness,
+async def replaced_by_a_string(h: AppHarness, key: str) -> tuple[str, str]:
+    """A good job and one whose key now holds a string (another program's key, or damage)."""
+    good = (await submit(h, key, chat_body("good"))).json()["id"]
+    bad = (await submit(h, key, chat_body("bad"))).json()["id"]
+    record = job_queue(h.services.settings, h.services.kv).job_prefix + bad
+    await h.services.kv.client.delete(record)
+    await h.services.kv.client.set(record, "not a hash")
+    return good, bad
+
+
+@pytest.mark.parametrize("damage", ["tenant-missing", "key-not-a-hash"])
+async def test_a_job_record_that_names_no_owner_is_not_found_and_the_list_still_answers(
+    app_without_workers: AppHarness, damage: str
 ) -> None:
     h = app_without_workers
     key = await h.key(f"t{uuid.uuid4().hex[:8]}")
-    good, bad = await damaged_job(h, key, "tenant", None)
-    for method in ("GET", "DELETE"):
-        response = await h.client.request(method, f"/v1/jobs/{bad}", headers=auth(key))
-        assert_openai_error(response, 404, "invalid_request_error")
+    if damage == "tenant-missing":
+        good, bad = await damaged_job(h, key, "tenant", None)
+    else:
+        good, bad = await replaced_by_a_string(h, key)
+    other = await h.key(f"o{uuid.uuid4().hex[:8]}")
+    for who in (key, other):
+        for method in ("GET", "DELETE"):
+            response = await h.client.request(method, f"/v1/jobs/{bad}", headers=auth(who))
+            error = assert_openai_error(response, 404, "invalid_request_error")
+            assert error["code"] == "job_not_found"
     listing = await h.client.get("/v1/jobs", headers=auth(key))
     assert listing.status_code == 200, listing.text
     assert [j["id"] for j in listing.json()["data"]] == [good]

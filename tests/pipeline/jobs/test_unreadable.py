@@ -162,6 +162,14 @@ async def test_a_listing_skips_a_job_key_of_another_type(
     assert [j.id for j in listed] == [good.id]
 
 
+async def test_a_job_key_of_another_type_is_nobodys_job(queue: JobQueue, kv: KeyValueStore) -> None:
+    bad, _ = await queue.submit(make_job("bad"))
+    await kv.client.delete(queue.job_prefix + bad.id)
+    await kv.client.set(queue.job_prefix + bad.id, "not a hash")
+    assert await queue.get_for("acme", bad.id, "alice") is None
+    assert await queue.get_for(BOB.tenant, bad.id) is None
+
+
 async def test_a_job_whose_record_cannot_be_read_fails_once_and_is_acknowledged(
     queue: JobQueue, kv: KeyValueStore
 ) -> None:
