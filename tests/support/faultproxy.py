@@ -88,7 +88,9 @@ class FaultProxy:
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
+        self._starting: set[socket.socket] = set()  # accepted, their handler not yet begun
+        self._handlers: set[asyncio.Task[None]] = set()
         self._links: set[_Link] = set()
         self._flowing = asyncio.Event()
         self._delay = 0.0
@@ -243,21 +245,58 @@ class FaultProxy:
 
         self._call(apply())
 
+    # Its own accept, not asyncio's Server: on Python 3.11 a Server closed (``refuse()``) between
+    # accepting a connection and making its transport strands that transport half made (its
+    # ``_attach`` asserts), and the garbage collector later warns "unclosed transport" in
+    # whichever test is running. Here each accepted socket is handed to its handler at once.
+
     async def _listen(self) -> None:
-        if self._server is None:
-            self._server = await asyncio.start_server(
-                self._accept, "127.0.0.1", self.port, reuse_address=True
-            )
-            self.port = self._server.sockets[0].getsockname()[1]
+        if self._listener is None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.port))
+            listener.listen(128)
+            listener.setblocking(False)
+            self.port = listener.getsockname()[1]
+            self._listener = listener
+            self._loop.add_reader(listener.fileno(), self._take, listener)
+
+    def _take(self, listener: socket.socket) -> None:
+        """Accept every connection waiting, each given a handler task now."""
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # none left (EAGAIN), or out of descriptors: the rest wait
+                return
+            conn.setblocking(False)
+            self._starting.add(conn)
+            task = self._loop.create_task(self._serve(conn))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        self._starting.discard(conn)
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn)
+        except (OSError, ValueError):  # closed by a shutdown before this began
+            conn.close()
+            return
+        except BaseException:
+            conn.close()
+            raise
+        await self._accept(reader, writer)
 
     async def _stop_listening(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._listener is not None:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
 
     async def _shutdown(self) -> None:
         await self._stop_listening()
+        for conn in self._starting:  # accepted, their handler never begun
+            conn.close()
+        self._starting.clear()
         for link in list(self._links):
             link.close()
             link.flowing.set()
