@@ -49,8 +49,12 @@ _repr = _Transport.__repr__
 
 
 def _remembering_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    made_in = f"made in {_current[0]} by {_origin()}"
+    # Set first: a transport whose __init__ raises half way (asyncio's Server closed as it
+    # accepted, on 3.11) holds its socket all the same, and warns when collected.
+    self._made_in = made_in + " (half made: its __init__ raised)"
     _init(self, *args, **kwargs)
-    self._made_in = f"made in {_current[0]} by {_origin()}"
+    self._made_in = made_in
 
 
 def _telling_repr(self: Any) -> str:
