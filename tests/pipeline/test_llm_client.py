@@ -261,11 +261,17 @@ async def test_the_pools_together_hold_no_more_connections_than_the_client_may_o
 ) -> None:
     """Fewer connections than pools, and a limit the pools do not divide: never more open."""
     async with CountingUpstream(interval_s=0.02) as upstream:
-        client = LLMClient(upstream.url, max_connections=limit)
+        # Half the calls wait for a connection: a wait as long as a starved machine needs
+        # (the default 2 s could end in a PoolTimeout there), as this is about counts.
+        client = LLMClient(upstream.url, max_connections=limit, connect_timeout=30.0)
         try:
-            answers = await asyncio.gather(*(answer(client) for _ in range(2 * limit)))
-            assert all(finished(chunks) for chunks in answers)
-            assert upstream.most_open <= limit
+            answers = await asyncio.gather(
+                *(answer(client) for _ in range(2 * limit)), return_exceptions=True
+            )
+            failed = [a for a in answers if isinstance(a, BaseException)]
+            assert not failed, failed[:3]
+            assert all(finished(chunks) for chunks in answers if isinstance(chunks, list))
+            assert upstream.most_open <= limit, (upstream.most_open, upstream.accepted)
             assert client._connections._value == limit  # every call gave its connection back
         finally:
             await client.aclose()
