@@ -189,10 +189,17 @@ async def test_two_files_of_one_name_and_bad_metadata_are_refused(harness) -> No
 
 async def test_a_file_name_with_a_path_or_control_characters_is_refused_by_name(harness) -> None:
     key = await harness.key(scopes="retrieve,ingest")
-    for name in ("../../etc/passwd.txt", "a\\b.txt", "/abs.md"):
+    # Paths, then names that read as others or break a line: a bidi override
+    # ("\u202etxt.exe.md" shows as "dm.exe.txt"), an isolate, separators, a C1 control.
+    spoofing = ("\u202etxt.exe.md", "a\u2067b.md", "a\u2028b.md", "a\u2029b.md", "c1\x85.md")
+    for name in ("../../etc/passwd.txt", "a\\b.txt", "/abs.md", *spoofing):
         response = await upload(harness, key, [(name, b"Plain text.")])
         error = assert_openai_error(response, 400, "invalid_request_error")
         assert error["code"] == "invalid_filename", name
+    persian = "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627.md"  # a ZWNJ inside a word
+    response = await upload(harness, key, [(persian, b"Plain text.")])
+    assert response.status_code == 200, response.text
+    assert response.json()["filename"] == persian
     for raw_name in (b"nul\x00.txt", b"tab\t.txt", b"bell\x07.txt"):  # as sent, not escaped
         body = (
             b'--B\r\nContent-Disposition: form-data; name="file"; filename="'
