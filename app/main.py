@@ -116,5 +116,6 @@ def create_app(
         tracer=tracer,
         metrics=metrics.HttpMetrics() if settings.telemetry.metrics else None,
         request_log=RequestLog() if settings.log.requests else None,
+        follow_callers=settings.telemetry.caller_trace == "follow",
     )
     return app

@@ -220,6 +220,14 @@ class TelemetrySettings(BaseModel):
     allow_content_capture_in_production: bool = Field(
         False, description="Without it, production refuses to start with content capture on."
     )
+    caller_trace: Literal["link", "follow"] = Field(
+        "link",
+        description=(
+            "A caller's traceparent: link (each request a trace of its own, linked to the "
+            "caller's span) or follow (continue the caller's trace and its sampling decision: "
+            "only for callers you trust, as a caller could join another tenant's trace)."
+        ),
+    )
     metrics: bool = Field(True, description="Serve /metrics and record the service's metrics.")
     metrics_token: SecretStr | None = Field(
         None,

@@ -33,9 +33,14 @@ UNTRACED: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 class RequestTracing:
     """The root span of each HTTP request, its metrics and its log line.
 
-    The span continues the caller's trace (``traceparent`` and ``tracestate``) and its trace id
-    goes back as ``x-trace-id``. Probes and scrapes (``untraced``) get no span, so a healthcheck
-    every few seconds does not fill Jaeger; they are still counted and logged (at debug level).
+    Each request is a trace of its own, whose id goes back as ``x-trace-id``; a caller's trace
+    context (``traceparent``) is a link on the root span. Only with ``follow_callers`` (callers
+    the operator trusts, a gateway of theirs) does the span continue the caller's trace, with
+    its ``tracestate``, ``baggage`` and sampling decision: otherwise a caller who learned another
+    tenant's trace id could put its requests into that tenant's trace, and any caller could turn
+    tracing off for its own requests (``sampled`` 0) or on for all of them. Probes and scrapes
+    (``untraced``) get no span, so a healthcheck every few seconds does not fill Jaeger; they
+    are still counted and logged (at debug level).
     """
 
     def __init__(
@@ -46,8 +51,10 @@ class RequestTracing:
         metrics: HttpMetrics | None = None,
         request_log: RequestLog | None = None,
         untraced: frozenset[str] = UNTRACED,
+        follow_callers: bool = False,
     ) -> None:
         self.app = app
+        self.follow_callers = follow_callers
         self.tracer = tracer
         self.metrics = metrics
         self.request_log = request_log
@@ -60,8 +67,8 @@ class RequestTracing:
         facts = RequestFacts(scope["method"], scope["path"])
         span, token = None, None
         if facts.path not in self.untraced:
-            parent = self._parent(scope)
-            span = self._start_span(facts, parent)
+            parent, links = self._parent(scope)
+            span = self._start_span(facts, parent, links)
             token = otel_context.attach(trace.set_span_in_context(span, parent))
         trace_id = format(span.get_span_context().trace_id, "032x").encode() if span else b""
         if self.metrics is not None:
@@ -93,20 +100,29 @@ class RequestTracing:
             if token is not None:
                 otel_context.detach(token)
 
-    @staticmethod
-    def _parent(scope: Scope) -> otel_context.Context:
-        """The caller's trace context, or a fresh one: our span is then a root."""
+    def _parent(self, scope: Scope) -> tuple[otel_context.Context, list[trace.Link]]:
+        """The context our span starts in (the caller's when followed, else a fresh one: our
+        span is then a root) and its links (the caller's span, when not followed)."""
         carrier = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in scope["headers"]
             if name in PROPAGATED
         }
-        return extract(carrier) if carrier else otel_context.Context()
+        if not carrier:
+            return otel_context.Context(), []
+        caller = extract(carrier)
+        if self.follow_callers:
+            return caller, []
+        called_from = trace.get_current_span(caller).get_span_context()
+        return otel_context.Context(), [trace.Link(called_from)] if called_from.is_valid else []
 
-    def _start_span(self, facts: RequestFacts, parent: otel_context.Context) -> trace.Span:
+    def _start_span(
+        self, facts: RequestFacts, parent: otel_context.Context, links: list[trace.Link]
+    ) -> trace.Span:
         return self.tracer.start_span(
             f"{facts.method} {facts.path}",
             context=parent,
+            links=links,
             kind=SpanKind.SERVER,
             attributes={
                 http_attributes.HTTP_REQUEST_METHOD: facts.method,

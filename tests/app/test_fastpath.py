@@ -164,11 +164,13 @@ async def test_a_fast_hit_is_traced_logged_and_counted(
     with caplog.at_level(logging.INFO, logger="rag.request"):
         hit = await post(h, key, body, traceparent=parent)
     assert served_fast(h, hit)
-    assert hit.headers["x-trace-id"] == parent.split("-")[1], "the caller's trace goes on"
-    trace_id = int(parent.split("-")[1], 16)
+    caller_trace = parent.split("-")[1]
+    assert hit.headers["x-trace-id"] != caller_trace, "a trace of its own"
+    trace_id = int(hit.headers["x-trace-id"], 16)
     spans = [s for s in h.exporter.get_finished_spans() if s.context.trace_id == trace_id]
     root = next(s for s in spans if s.kind == SpanKind.SERVER)
-    assert root.parent is not None and root.parent.is_remote
+    assert root.parent is None
+    assert [format(link.context.trace_id, "032x") for link in root.links] == [caller_trace]
     # Under it, the one Redis GET of the alias, and no stage.
     assert [s.name for s in spans if s is not root] == ["redis GET"]
     attributes = root.attributes or {}

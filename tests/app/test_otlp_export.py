@@ -139,7 +139,7 @@ async def test_a_miss_and_a_hit_arrive_over_grpc_as_one_trace_each_through_every
     assert not any("Bearer" in value or key in value for s in spans for value in s.texts())
 
 
-async def test_over_http_a_callers_traceparent_is_continued_and_content_capture_shows_text(
+async def test_over_http_a_trusted_callers_traceparent_is_continued_and_content_shows(
     make_app, redis_server, vllm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port = free_port()
@@ -147,7 +147,11 @@ async def test_over_http_a_callers_traceparent_is_continued_and_content_capture_
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     caller_trace, caller_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     text = question()
-    settings = make_settings(redis_server.url, vllm.url, telemetry={"capture_content": True})
+    settings = make_settings(
+        redis_server.url,
+        vllm.url,
+        telemetry={"capture_content": True, "caller_trace": "follow"},
+    )
     async with http_receiver(port) as receiver:
         received: list[ReceivedSpan] = []
         root_seen = asyncio.Event()
@@ -186,13 +190,17 @@ async def test_the_sampler_and_headers_come_from_the_environment(
     make_app, redis_server, grpc_receiver: GrpcTraceReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``parentbased_traceidratio`` at 0: a new trace is not exported (its id still comes
-    back), a caller's sampled trace is; the exporter sends ``OTEL_EXPORTER_OTLP_HEADERS``."""
+    back), a followed caller's sampled trace is; the exporter sends
+    ``OTEL_EXPORTER_OTLP_HEADERS``."""
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant-of-collector=ours")
     body = {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}
     caller_trace = uuid.uuid4().hex
-    async with make_app(make_settings(redis_server.url, "http://127.0.0.1:9")) as harness:
+    settings = make_settings(
+        redis_server.url, "http://127.0.0.1:9", telemetry={"caller_trace": "follow"}
+    )
+    async with make_app(settings) as harness:
         key = await harness.key()
         alone = await harness.chat(key, body)
         continued = await harness.chat(
