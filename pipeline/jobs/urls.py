@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+import httpx
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[Address]]]
@@ -75,9 +77,15 @@ def _embedded(address: Address) -> Address | None:
     return None
 
 
+def _metadata(address: Address) -> bool:
+    """A metadata address, or an IPv6 form that routes to one (``::ffff:169.254.169.254``)."""
+    inner = _embedded(address)
+    return address in METADATA_ADDRESSES or (inner is not None and inner in METADATA_ADDRESSES)
+
+
 def refusal(address: Address) -> str | None:
     """Why a webhook may not connect to ``address``, or None when it may."""
-    if address in METADATA_ADDRESSES:
+    if _metadata(address):
         return "a cloud metadata address"
     inner = _embedded(address)
     if inner is not None:
@@ -90,6 +98,8 @@ def refusal(address: Address) -> str | None:
         ("unspecified", address.is_unspecified),
         ("reserved", address.is_reserved),
         ("private", address.is_private),
+        # fec0::/10, deprecated but still routed inside some networks; ipaddress calls it global.
+        ("site-local", isinstance(address, ipaddress.IPv6Address) and address.is_site_local),
     ):
         if flag:
             return f"a {name} address"
@@ -153,6 +163,12 @@ class UrlPolicy:
             raise WebhookUrlRefused("webhook_url must be an absolute https URL")
         if parts.username is not None or parts.password is not None:
             raise WebhookUrlRefused("webhook_url must not contain credentials")
+        if port == 0:
+            raise WebhookUrlRefused("webhook_url has port 0")
+        try:  # what the sender will make of it: a host IDNA 2008 refuses (☃.net) is refused now
+            httpx.URL(url)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise WebhookUrlRefused(f"webhook_url is not a valid URL: {exc}") from None
         try:
             literal: Address | None = ipaddress.ip_address(host)
         except ValueError:
@@ -176,7 +192,7 @@ class UrlPolicy:
 
     def check_address(self, target: WebhookTarget, address: Address) -> None:
         """Raise ``WebhookUrlRefused`` unless ``target`` may connect to ``address``."""
-        if address in METADATA_ADDRESSES:
+        if _metadata(address):
             raise WebhookUrlRefused(f"webhook host {target.host} is a cloud metadata address")
         if self._allowed_address(address) or (target.literal is None and target.host in self.hosts):
             return

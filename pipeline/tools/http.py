@@ -177,6 +177,13 @@ class HttpTool:
         own = parse_url(_fill(url, {p: "x" for p in _PLACEHOLDER.findall(url)}))
         if not self.allows(own):
             raise UrlRefused(f"HTTP tool {name!r}: its own URL {url} is off its allow-list")
+        if not allow_private and any(p.scheme == "http" for p in self.prefixes):
+            # Refused at start: the address rules take plain http only for a service inside
+            # the network, so every call of such a tool would fail.
+            raise UrlRefused(
+                f"HTTP tool {name!r}: a public URL must use https (http is for a service "
+                "inside the network, with allow_private)"
+            )
         self.parameters = parameters or template_schema(url)
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s

@@ -29,6 +29,8 @@ REFUSED_URLS = [
     ("https://100.100.100.200/hook", "metadata"),
     ("https://100.64.0.1/hook", "not a public address"),
     ("https://240.0.0.1/hook", "reserved"),
+    ("https://[fec0::1]/hook", "site-local"),  # deprecated, still routed in some networks
+    ("https://[::ffff:169.254.169.254]/hook", "metadata"),
 ]
 MALFORMED_URLS = [
     "not a url",
@@ -42,6 +44,8 @@ MALFORMED_URLS = [
     "https://[::1/",
     "http://hooks.example.com/hook",  # http only for allow-listed hosts
     "https://" + "a" * 3000 + ".com/",
+    "https://hooks.example.com:0/",
+    "https://\u2603.net/hook",  # IDNA 2003 takes it, the sender's (2008) does not
 ]
 
 
@@ -100,6 +104,37 @@ def test_the_allow_list_takes_hosts_and_networks_but_never_metadata() -> None:
         policy.parse("http://169.254.169.254/latest/")
     with pytest.raises(WebhookUrlRefused, match="private"):
         policy.parse("https://10.0.0.1/")
+
+
+# IPv6 forms that route to a metadata service: an allow-listed name whose DNS answers one of
+# these (its owner's zone, or rebinding) must be refused as the IPv4 address itself is.
+METADATA_FORMS = [
+    "::ffff:169.254.169.254",
+    "::ffff:a9fe:a9fe",
+    "64:ff9b::a9fe:a9fe",
+    "2002:a9fe:a9fe::",
+    "::ffff:100.100.100.200",
+    "::ffff:169.254.170.2",
+]
+
+
+@pytest.mark.parametrize("address", METADATA_FORMS)
+async def test_an_allow_listed_name_never_reaches_a_metadata_address_in_any_form(
+    address: str,
+) -> None:
+    async def answers(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        return [ipaddress.ip_address(address)]
+
+    policy = UrlPolicy(["hooks.partner.example"])
+    with pytest.raises(WebhookUrlRefused, match="metadata"):
+        await policy.resolve(policy.parse("https://hooks.partner.example/in"), answers)
+    mapped_private = UrlPolicy(["hooks.partner.example"])
+
+    async def private(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        return [ipaddress.ip_address("::ffff:10.0.0.5")]
+
+    target = mapped_private.parse("https://hooks.partner.example/in")
+    assert await mapped_private.resolve(target, private)  # the allow-list still holds for it
 
 
 async def test_a_host_that_does_not_resolve_is_refused_at_submit() -> None:

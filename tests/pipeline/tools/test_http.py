@@ -102,6 +102,17 @@ def test_a_tool_whose_own_url_is_off_its_allow_list_is_refused_at_start() -> Non
     assert default.parameters["required"] == ["q"]
 
 
+def test_a_public_tool_on_plain_http_is_refused_at_start_not_at_every_call() -> None:
+    with pytest.raises(UrlRefused, match="https"):
+        HttpTool("x", "x", "http://api.example.com/v1/items/{id}")
+    with pytest.raises(UrlRefused, match="https"):
+        HttpTool(
+            "x", "x", "https://a.example/{q}", allow=["https://a.example/", "http://b.example/"]
+        )
+    inside = HttpTool("x", "x", "http://inventory.internal/items/{id}", allow_private=True)
+    assert str(inside.check("http://inventory.internal/items/7")).startswith("http://")
+
+
 class Handler(BaseHTTPRequestHandler):
     seen: ClassVar[list[tuple[str, str]]] = []
 
@@ -225,4 +236,9 @@ async def test_private_addresses_need_allow_private(tracing: Tracing, server: st
     assert run.status == "refused" and "loopback" in run.content
     metadata = HttpTool("meta", "x", "http://169.254.169.254/latest/{path}", allow_private=True)
     run = await fetch(tracing, metadata, '{"path": "meta-data"}')
+    assert run.status == "refused" and "metadata" in run.content
+    mapped = HttpTool(
+        "meta6", "x", "http://[::ffff:169.254.169.254]/latest/{path}", allow_private=True
+    )
+    run = await fetch(tracing, mapped, '{"path": "meta-data"}')
     assert run.status == "refused" and "metadata" in run.content
