@@ -16,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.semconv.attributes import http_attributes, url_attributes
 from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.logs import RequestFacts, RequestLog, handed_context
@@ -25,8 +26,10 @@ from pipeline.looptime import Serving
 from pipeline.telemetry.metrics import NOT_ROUTED
 from pipeline.telemetry.spans import mark_failed
 
-# Trace context headers (W3C Trace Context and Baggage) that continue a caller's trace.
+# Trace context headers (W3C Trace Context and Baggage): the caller's trace, which a request
+# links to, or continues with ``follow_callers``.
 PROPAGATED: Final = frozenset({b"traceparent", b"tracestate", b"baggage"})
+_TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
 UNTRACED: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -108,13 +111,20 @@ class RequestTracing:
             for name, value in scope["headers"]
             if name in PROPAGATED
         }
-        if not carrier:
-            return otel_context.Context(), []
-        caller = extract(carrier)
         if self.follow_callers:
-            return caller, []
-        called_from = trace.get_current_span(caller).get_span_context()
-        return otel_context.Context(), [trace.Link(called_from)] if called_from.is_valid else []
+            return (extract(carrier) if carrier else otel_context.Context()), []
+        if "traceparent" not in carrier:
+            return otel_context.Context(), []
+        # The traceparent alone: the caller's tracestate and baggage are not ours to keep (nor
+        # to log, as the baggage propagator does with a header it finds too long).
+        caller = _TRACE_CONTEXT.extract({"traceparent": carrier["traceparent"]})
+        called = trace.get_current_span(caller).get_span_context()
+        if not called.is_valid:
+            return otel_context.Context(), []
+        link = trace.SpanContext(
+            called.trace_id, called.span_id, is_remote=True, trace_flags=called.trace_flags
+        )
+        return otel_context.Context(), [trace.Link(link)]
 
     def _start_span(
         self, facts: RequestFacts, parent: otel_context.Context, links: list[trace.Link]

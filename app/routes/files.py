@@ -63,10 +63,15 @@ router = APIRouter(tags=["files"])
 PATH = "/v1/files"
 MAX_FIELD_BYTES = 16_384  # a form field that is not a file (metadata, access, purpose)
 MAX_FIELDS = 16
-# A path, C0 and C1 controls, line and paragraph separators, and the bidi embeddings,
-# overrides and isolates that make a name read as another ("\u202etxt.exe" shows as
-# "exe.txt"): none is kept in a title or an id. Joiners (ZWNJ in Persian) are letters' business.
-_BAD_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f/\\\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# A path, C0 and C1 controls, line and paragraph separators, the bidi embeddings, overrides
+# and isolates that make a name read as another ("\u202etxt.exe" shows as "exe.txt"), and
+# characters that show nothing (zero-width space, word joiner, BOM, interlinear annotation,
+# tag characters, which can carry hidden text): none is kept in a title or an id. Joiners
+# (ZWNJ in Persian) and directional marks belong to their scripts and are kept.
+_BAD_NAME = re.compile(
+    r"[\x00-\x1f\x7f-\x9f/\\\u200b\u2028\u2029\u202a-\u202e\u2060\u2066-\u2069\ufeff"
+    r"\ufff9-\ufffb\U000e0000-\U000e007f]"
+)
 _ID_UNSAFE = re.compile(r"[\s#]+")
 
 

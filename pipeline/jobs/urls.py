@@ -77,8 +77,18 @@ def _embedded(address: Address) -> Address | None:
     return None
 
 
+def _unscoped(address: Address) -> Address:
+    """``address`` without an IPv6 zone (``%eth0``): addresses compare equal only with the
+    same zone, and the kernel ignores a zone on an address that is not link-local."""
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id:
+        return ipaddress.IPv6Address(int(address))
+    return address
+
+
 def _metadata(address: Address) -> bool:
-    """A metadata address, or an IPv6 form that routes to one (``::ffff:169.254.169.254``)."""
+    """A metadata address, or an IPv6 form that routes to one (``::ffff:169.254.169.254``),
+    with any zone."""
+    address = _unscoped(address)
     inner = _embedded(address)
     return address in METADATA_ADDRESSES or (inner is not None and inner in METADATA_ADDRESSES)
 
@@ -87,6 +97,7 @@ def refusal(address: Address) -> str | None:
     """Why a webhook may not connect to ``address``, or None when it may."""
     if _metadata(address):
         return "a cloud metadata address"
+    address = _unscoped(address)
     inner = _embedded(address)
     if inner is not None:
         reason = refusal(inner)

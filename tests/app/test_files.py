@@ -192,7 +192,8 @@ async def test_a_file_name_with_a_path_or_control_characters_is_refused_by_name(
     # Paths, then names that read as others or break a line: a bidi override
     # ("\u202etxt.exe.md" shows as "dm.exe.txt"), an isolate, separators, a C1 control.
     spoofing = ("\u202etxt.exe.md", "a\u2067b.md", "a\u2028b.md", "a\u2029b.md", "c1\x85.md")
-    for name in ("../../etc/passwd.txt", "a\\b.txt", "/abs.md", *spoofing):
+    hidden = ("a\u200bb.md", "a\ufeff.md", "tag\U000e0041\U000e0042.md")  # zero-width, tags
+    for name in ("../../etc/passwd.txt", "a\\b.txt", "/abs.md", *spoofing, *hidden):
         response = await upload(harness, key, [(name, b"Plain text.")])
         error = assert_openai_error(response, 400, "invalid_request_error")
         assert error["code"] == "invalid_filename", name

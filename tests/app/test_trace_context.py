@@ -42,7 +42,11 @@ async def test_a_callers_trace_is_a_link_on_a_trace_of_the_requests_own(h: AppHa
     key = await h.key()
     caller_trace, caller_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     response = await h.chat(
-        key, BODY, traceparent=traceparent(caller_trace, caller_span), tracestate="v=caller"
+        key,
+        BODY,
+        traceparent=traceparent(caller_trace, caller_span),
+        tracestate="v=caller",
+        baggage="tenant=someone-else",
     )
     assert response.status_code == 404, response.text
     ours = response.headers["x-trace-id"]
@@ -55,6 +59,7 @@ async def test_a_callers_trace_is_a_link_on_a_trace_of_the_requests_own(h: AppHa
         for link in root.links
     ] == [(caller_trace, caller_span)]
     assert root.context is not None and root.context.trace_state.get("v") is None
+    assert not root.links[0].context.trace_state, "the caller's tracestate is not kept"
 
 
 async def test_a_caller_can_neither_join_another_tenants_trace_nor_go_untraced(

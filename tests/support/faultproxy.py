@@ -253,10 +253,14 @@ class FaultProxy:
     async def _listen(self) -> None:
         if self._listener is None:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", self.port))
-            listener.listen(128)
-            listener.setblocking(False)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind(("127.0.0.1", self.port))
+                listener.listen(128)
+                listener.setblocking(False)
+            except BaseException:  # the port taken meanwhile: no socket left to the collector
+                listener.close()
+                raise
             self.port = listener.getsockname()[1]
             self._listener = listener
             self._loop.add_reader(listener.fileno(), self._take, listener)
@@ -266,13 +270,23 @@ class FaultProxy:
         while True:
             try:
                 conn, _ = listener.accept()
-            except OSError:  # none left (EAGAIN), or out of descriptors: the rest wait
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # none left
+            except OSError:
+                # Out of descriptors or memory: the listener stays readable, so stop watching
+                # it for a moment (as asyncio's Server does) instead of spinning on it.
+                self._loop.remove_reader(listener.fileno())
+                self._loop.call_later(0.2, self._watch_again, listener)
                 return
             conn.setblocking(False)
             self._starting.add(conn)
             task = self._loop.create_task(self._serve(conn))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+
+    def _watch_again(self, listener: socket.socket) -> None:
+        if self._listener is listener:  # not refused or shut down meanwhile
+            self._loop.add_reader(listener.fileno(), self._take, listener)
 
     async def _serve(self, conn: socket.socket) -> None:
         self._starting.discard(conn)

@@ -104,6 +104,13 @@ def test_the_allow_list_takes_hosts_and_networks_but_never_metadata() -> None:
         policy.parse("http://169.254.169.254/latest/")
     with pytest.raises(WebhookUrlRefused, match="private"):
         policy.parse("https://10.0.0.1/")
+    # An IPv6 zone makes an address compare unequal to the same address without one; the
+    # kernel ignores it off link-local, so it would reach the metadata service all the same.
+    around = UrlPolicy(["fd00::/8"])
+    assert around.parse("https://[fd00::5]/").literal is not None
+    for zoned in ("https://[fd00:ec2::254%1]/", "https://[fd00:ec2::254%25eth0]/"):
+        with pytest.raises(WebhookUrlRefused, match="metadata"):
+            around.parse(zoned)
 
 
 # IPv6 forms that route to a metadata service: an allow-listed name whose DNS answers one of
