@@ -45,6 +45,10 @@ METADATA_ADDRESSES: Final = frozenset(
     for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
 )
 _NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
+# The local-use NAT64 prefix (RFC 8215): /48, so the IPv4 address sits in bits 48-63 and 72-87
+# (RFC 6052). Refused as reserved anyway; unwrapped only to find a metadata address behind a
+# host the operator allow-listed by name.
+_LOCAL_NAT64: Final = ipaddress.ip_network("64:ff9b:1::/48")
 
 
 class WebhookUrlRefused(ValueError):
@@ -90,6 +94,9 @@ def _metadata(address: Address) -> bool:
     with any zone."""
     address = _unscoped(address)
     inner = _embedded(address)
+    if address in _LOCAL_NAT64:
+        bits = int(address)
+        inner = ipaddress.IPv4Address((((bits >> 64) & 0xFFFF) << 16) | ((bits >> 40) & 0xFFFF))
     return address in METADATA_ADDRESSES or (inner is not None and inner in METADATA_ADDRESSES)
 
 

@@ -46,7 +46,9 @@ ROOT_RELS = (
 
 
 class Listener:
-    """Counts the connections made to a port on 127.0.0.1."""
+    """Counts the connections made to a port on 127.0.0.1, and hangs up on each at once: a
+    converter that fetched (mammoth's ``urlopen`` has no timeout) fails this test at once
+    instead of waiting for an answer, as it would on ``SilentServer``."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))

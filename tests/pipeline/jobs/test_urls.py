@@ -122,6 +122,7 @@ METADATA_FORMS = [
     "2002:a9fe:a9fe::",
     "::ffff:100.100.100.200",
     "::ffff:169.254.170.2",
+    "64:ff9b:1:a9fe:a9:fe00::",  # the local-use NAT64 prefix, a /48
 ]
 
 
