@@ -441,14 +441,33 @@ def test_a_closed_connection_sends_nothing_more_to_a_server_that_stopped_reading
     assert received and received[0] < size, "the request's rest was dropped with the connection"
 
 
+def dead_listener() -> tuple[socket.socket, int]:
+    """A listener on 127.0.0.2 whose port is free on 127.0.0.1 too, where the test's server
+    then listens (a port picked on 127.0.0.2 alone was once a connection's on 127.0.0.1)."""
+    for _ in range(100):
+        dead = socket.socket()
+        dead.bind(("127.0.0.2", 0))
+        port = dead.getsockname()[1]
+        probe = socket.socket()
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            probe.listen(1)  # as the server will: a connection's local port conflicts here
+        except OSError:
+            dead.close()
+            continue
+        finally:
+            probe.close()
+        dead.listen(0)
+        return dead, port
+    raise AssertionError("no port free on both 127.0.0.1 and 127.0.0.2")
+
+
 def test_a_host_whose_first_address_is_dead_is_reached_at_the_next(
     run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A listener whose accept queue is full drops new SYNs: a dead address that does not refuse.
-    dead = socket.socket()
-    dead.bind(("127.0.0.2", 0))
-    dead.listen(0)
-    port = dead.getsockname()[1]
+    dead, port = dead_listener()
     filler = socket.create_connection(("127.0.0.2", port))
 
     async def two_addresses(host: str, port: int) -> list[Any]:
