@@ -342,6 +342,7 @@ def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexSto
         overlap_words=config.overlap_words,
         max_document_chars=config.max_document_chars,
         approximate_above=config.approximate_above,
+        lock_wait_s=config.write_lock_wait_seconds,
     )
 
 

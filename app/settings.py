@@ -28,7 +28,7 @@ from pipeline.jobs.secret_box import parse_keys
 from retrieval.backends.milvus_expr import TypedKind, check_collection, check_key
 from retrieval.embeddings import Backend
 from retrieval.relevance import DEFAULT_THRESHOLD
-from retrieval.store import check_tenant
+from retrieval.tenants import check_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +278,12 @@ class RetrievalSettings(Durations):
     )
     ingest_threads: int = Field(
         1, ge=1, description="Threads that run ingests and deletes; more wait for one to free."
+    )
+    write_lock_wait_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a write waits while another write of the tenant (this replica's, "
+        "another's, `rag ingest`) holds its index: then a 503 index_busy, nothing written.",
     )
     embeddings: Backend = Field(
         "onnx-int8",

@@ -2,9 +2,11 @@
 
 A `Document` is validated when it is built, so a bad one never reaches an index: an empty text, an
 id that is empty, too long or holds whitespace, control characters or `#` (the chunk-id separator),
+a text with nothing visible in it (only whitespace, controls, invisible format characters),
 or a metadata value that is not a string, a finite number, a bool or a list of strings all raise
 `DocumentError`, as do a title over 1,000 characters and metadata over 8 KB as JSON (both are
-copied onto every chunk), as does an access list that is not valid (retrieval.access). A
+copied onto every chunk), as does an access list that is not valid (retrieval.access); the ways
+in check the finer limits of `/v1/documents` too (`check_metadata_limits`). A
 document too large to index raises `DocumentError` with
 `too_large=True`, which the HTTP layer answers with 413.
 """
@@ -27,6 +29,14 @@ _ID = re.compile(r"[^\s#\x00-\x1f\x7f]{1,256}")
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _WORD = re.compile(r"\S+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Python's whitespace (``str.isspace``), spelled out for JSON Schema too (whose ``\\s`` is
+# ECMAScript's, which differs: U+0085, U+FEFF); then what else shows nothing: controls (C0,
+# DEL, C1), zero-width space to RLM, line/paragraph separators and bidi controls, word joiner to
+# invisible plus, BOM. A text needs one character outside them (searched for, so its first
+# visible character ends the search).
+SPACE = r"\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+INVISIBLE = SPACE + r"\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff"
+_VISIBLE = re.compile(f"[^{INVISIBLE}]")
 
 DEFAULT_MAX_WORDS = 180
 DEFAULT_OVERLAP_WORDS = 30
@@ -34,6 +44,13 @@ DEFAULT_OVERLAP_WORDS = 30
 # bounded, so one request cannot grow the index hundreds of times its own size.
 MAX_TITLE_CHARS = 1000
 MAX_METADATA_BYTES = 8192
+MAX_METADATA_KEYS = 64
+MAX_METADATA_TEXT_CHARS = 1024  # a string value, or one string of a list
+MAX_METADATA_LIST_ITEMS = 64
+# Integers as the JSON bodies take them (app.http.bodies): what a signed or unsigned 64-bit
+# integer holds. Past that a value cannot be filtered on exactly.
+INT64_MIN = -(2**63)
+UINT64_MAX = 2**64 - 1
 
 
 class DocumentError(ValueError):
@@ -71,6 +88,42 @@ def _check_metadata(metadata: object) -> Metadata:
     return checked
 
 
+def check_metadata_limits(metadata: Metadata) -> None:
+    """DocumentError unless ``metadata`` (a document's, checked) keeps to the limits that
+    ``/v1/documents`` declares in its schema: at most 64 keys, strings of 1,024 characters,
+    lists of 64, integers that fit in 64 bits, no lone surrogate. Every other way in (uploaded
+    files, ``rag ingest``) calls it, so none stores what the API refuses."""
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise DocumentError(
+            f"metadata has {len(metadata)} keys; at most {MAX_METADATA_KEYS} are accepted"
+        )
+    for key, value in metadata.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and not INT64_MIN <= value <= UINT64_MAX:
+            raise DocumentError(f"metadata {key!r}: integers must fit in 64 bits")
+        if isinstance(value, list):
+            if len(value) > MAX_METADATA_LIST_ITEMS:
+                raise DocumentError(
+                    f"metadata {key!r}: a list of {len(value)} strings; at most "
+                    f"{MAX_METADATA_LIST_ITEMS} are accepted"
+                )
+            for item in value:
+                _check_metadata_text(key, item)
+        elif isinstance(value, str):
+            _check_metadata_text(key, value)
+
+
+def _check_metadata_text(key: str, value: str) -> None:
+    if len(value) > MAX_METADATA_TEXT_CHARS:
+        raise DocumentError(
+            f"metadata {key!r}: a string of {len(value)} characters; at most "
+            f"{MAX_METADATA_TEXT_CHARS} are accepted"
+        )
+    if _SURROGATE.search(value):
+        raise DocumentError(f"metadata {key!r}: a string holds a lone surrogate")
+
+
 @dataclass(frozen=True)
 class Document:
     """A document to index: `id` unique within a tenant, `text` non-empty.
@@ -94,8 +147,11 @@ class Document:
             raise DocumentError(
                 f"document id {self.id!r} must be 1-256 characters without whitespace or '#'"
             )
-        if not isinstance(self.text, str) or not self.text.strip():
-            raise DocumentError(f"document {self.id!r} has empty text")
+        if not isinstance(self.text, str) or not _VISIBLE.search(self.text):
+            raise DocumentError(
+                f"document {self.id!r} has empty text (nothing in it shows: only whitespace, "
+                "control or invisible characters)"
+            )
         if not isinstance(self.title, str):
             raise DocumentError(f"document {self.id!r}: title must be a string")
         # A lone surrogate (JSON allows "\ud800") is not text and cannot be stored as UTF-8.

@@ -8,6 +8,10 @@ only ever loads its own directory)::
     <tenant>/<version>/       a complete snapshot (see retrieval.snapshots)
     <tenant>/.tmp-<version>/  a snapshot being written; left over only by a crashed writer
 
+A writer waits for the lock at most ``lock_wait_s`` (a writer that stalls holding it, a stopped
+process, must not hold every other write of the tenant, on every replica, for ever): then
+``IndexBusy``, and nothing is written.
+
 A writer builds the next snapshot in a temp directory, fsyncs it, renames it into place and only
 then replaces CURRENT, so a crash at any point leaves the previous version serving. The next
 writer removes leftovers and keeps the last two versions (a reader that has just read the old
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +42,7 @@ from retrieval.documents import (
 from retrieval.embeddings import Embedder
 from retrieval.index import TenantIndex, derive
 from retrieval.snapshots import IndexUnreadable, read_snapshot, write_snapshot
+from retrieval.tenants import check_tenant
 from retrieval.tokenize import tokenize
 from retrieval.vectors import FloatArray
 from retrieval.versions import (
@@ -53,12 +57,24 @@ from retrieval.versions import (
     temp_dir,
 )
 
-_TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # How long a snapshot that could not be read is not read again (each try parses it whole, under
 # the tenant's lock, while that tenant's requests wait).
 UNREADABLE_RETRY_S = 5.0
 
 log = logging.getLogger(__name__)
+
+
+class IndexBusy(Exception):
+    """Another writer held the tenant's write lock for all of ``waited_s``: nothing was
+    written; the write may be tried again."""
+
+    def __init__(self, tenant: str, waited_s: float) -> None:
+        super().__init__(
+            f"Another write to the index of tenant {tenant!r} held it for {waited_s:g} s; "
+            "nothing was written."
+        )
+        self.tenant = tenant
+        self.waited_s = waited_s
 
 
 @dataclass(frozen=True)
@@ -97,13 +113,6 @@ def _published(directory: Path, pointer: str) -> TenantIndex:
     return index
 
 
-def check_tenant(tenant: str) -> str:
-    """Return `tenant` if it is a valid tenant name, else raise ValueError."""
-    if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant) or set(tenant) == {"."}:
-        raise ValueError(f"invalid tenant name {tenant!r}: use 1-64 of A-Z a-z 0-9 _ . -")
-    return tenant
-
-
 class IndexStore:
     """Versioned per-tenant indexes under `root`; `embedder` embeds new chunks at ingest.
 
@@ -111,6 +120,7 @@ class IndexStore:
     neighbours); a document longer than `max_document_chars` is refused (DocumentError with
     too_large). Above `approximate_above` chunks a tenant also gets an HNSW index for dense-only
     search. `reload_interval_s` bounds how often `current()` looks at the CURRENT pointer.
+    A write waits at most `lock_wait_s` for another writer of the tenant (None: for ever).
     """
 
     def __init__(
@@ -124,6 +134,7 @@ class IndexStore:
         approximate_above: int = 200_000,
         reload_interval_s: float = 0.2,
         sort_for_embedding: bool = True,
+        lock_wait_s: float | None = 30.0,
     ) -> None:
         self.root = Path(root)
         self.sort_for_embedding = sort_for_embedding  # False: document order (the bench's
@@ -134,6 +145,7 @@ class IndexStore:
         self.max_document_chars = max_document_chars
         self.approximate_above = approximate_above
         self.reload_interval_s = reload_interval_s
+        self.lock_wait_s = lock_wait_s
         # Test hook: called with the temp directory once the snapshot is written, just before
         # it is published. Lets a test kill a writer at the worst moment.
         self.before_publish: Callable[[Path], None] | None = None
@@ -340,7 +352,7 @@ class IndexStore:
         directory = self._dir(tenant)
         directory.mkdir(parents=True, exist_ok=True)
         with (directory / ".lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._lock(lock.fileno(), tenant)
             try:
                 pointer = self._read_pointer(tenant)
                 cached = self._entry(tenant).index
@@ -352,6 +364,26 @@ class IndexStore:
                     yield self._load(tenant, pointer)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _lock(self, fd: int, tenant: str) -> None:
+        """Take the tenant's write lock on ``fd``, waiting at most ``lock_wait_s``
+        (``IndexBusy`` then). The lock is tried again at growing intervals up to 0.25 s: an
+        flock cannot be waited for with a time limit."""
+        if self.lock_wait_s is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return
+        give_up = time.monotonic() + self.lock_wait_s
+        pause = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise IndexBusy(tenant, self.lock_wait_s) from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.25)
 
     def _publish(
         self,

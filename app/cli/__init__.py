@@ -42,8 +42,8 @@ from pipeline.store.keys import (
     DEFAULT_SCOPES,
     ApiKeyStore,
     validate_groups,
-    validate_name,
     validate_scopes,
+    validate_tenant,
 )
 from pipeline.store.kv import KeyValueStore
 from retrieval import Document, DocumentError
@@ -51,7 +51,7 @@ from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.moves import MoveUnderway, TenantMoving
 from retrieval.snapshots import IndexUnreadable
-from retrieval.store import IngestResult
+from retrieval.store import IndexBusy, IngestResult
 
 
 def _key_store() -> ApiKeyStore:
@@ -154,7 +154,7 @@ TENANT_LIMITS = ("rpm", "tpm", "key_rpm", "key_tpm")
 
 async def _tenant_limits(args: argparse.Namespace) -> int:
     """The tenant record's limits, read by every replica's limiter on the next request."""
-    validate_name("tenant", args.tenant)
+    validate_tenant(args.tenant)
     store = _key_store()
     record = f"{get_settings().redis.key_prefix}limits:tenant:{args.tenant}"
     try:
@@ -422,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, StoreUnavailable) as exc:
         print(f"rag: {exc}", file=sys.stderr)
         return 2
-    except (TenantMoving, MoveUnderway, BackendUnavailable) as exc:
+    except (TenantMoving, MoveUnderway, BackendUnavailable, IndexBusy) as exc:
         print(f"rag: {exc} Run it again later.", file=sys.stderr)
         return 1
     except IndexUnreadable as exc:

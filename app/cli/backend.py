@@ -34,7 +34,7 @@ from retrieval.backends.router import BackendRouter
 from retrieval.backends.versions import Poller
 from retrieval.embeddings import Backend
 from retrieval.onnx_embeddings import native_bf16
-from retrieval.store import check_tenant
+from retrieval.tenants import check_tenant
 
 
 def bulk_backend(config: RetrievalSettings) -> Backend:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import orjson
+import pydantic_core
 
 from retrieval import Document, DocumentError
-from retrieval.documents import parse_access
+from retrieval.documents import check_metadata_limits, parse_access
 from retrieval.files import EXTENSIONS, ConverterPool, FileRejected
 
 
@@ -38,13 +38,15 @@ def _from_json(data: object) -> Document:
     if doc_id is None:
         raise DocumentError("missing 'id' (or BEIR '_id')")
     metadata = data.get("metadata") or {}
-    return Document(
+    document = Document(
         id=str(doc_id),
         text=str(data.get("text", "")),
         title=str(data.get("title") or ""),
         metadata=metadata,
         access=parse_access(data.get("access")),  # who may see it; absent: the whole tenant
     )
+    check_metadata_limits(document.metadata)  # as /v1/documents would
+    return document
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -62,9 +64,14 @@ def read_jsonl(path: Path, skipped: Skipped) -> Iterator[Document]:
             if not line.strip():
                 continue
             try:
-                yield _from_json(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
+                # Integers keep their exact value (``check_metadata_limits`` refuses those past
+                # 64 bits; orjson made them floats), no NaN, no lone surrogates.
+                data = pydantic_core.from_json(line, allow_inf_nan=False)
+            except ValueError as exc:
                 skipped.add(f"{path}:{number}", f"not JSON ({exc})")
+                continue
+            try:
+                yield _from_json(data)
             except DocumentError as exc:
                 skipped.add(f"{path}:{number}", str(exc))
 

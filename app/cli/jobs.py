@@ -25,7 +25,7 @@ from app.services import Services
 from app.settings import get_settings
 from app.telemetry import build_tracer_provider, tracer_from
 from pipeline.jobs.secret_box import SecretUnreadable
-from pipeline.store.keys import validate_name
+from pipeline.store.keys import validate_tenant
 from pipeline.store.kv import KeyValueStore
 
 
@@ -92,7 +92,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 async def _secret(args: argparse.Namespace) -> int:
     settings = get_settings()
-    validate_name("tenant", args.tenant)
+    validate_tenant(args.tenant)
     kv = KeyValueStore.from_url(
         settings.redis.url, trace.NoOpTracer(), timeout=max(settings.redis.timeout_seconds, 2.0)
     )

@@ -9,9 +9,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app.http.responses import JSONResponse
-from pipeline.errors import PipelineError, error_body
+from pipeline.errors import ClientClosedRequest, PipelineError, error_body
 
 log = logging.getLogger("rag.errors")
 
@@ -66,6 +67,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PipelineError)
     async def _pipeline_error(request: Request, exc: PipelineError) -> JSONResponse:
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client went away before its body was read whole (``request.body()``,
+        # ``request.form()``): a 499 for the log and metrics, as for one that leaves while its
+        # request waits (``app.http.disconnect``), not a 500 with a traceback; the answer goes
+        # nowhere.
+        closed = ClientClosedRequest()
+        return JSONResponse(closed.to_dict(), status_code=closed.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -34,14 +34,14 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, RootModel
 from starlette.datastructures import FormData, UploadFile
 
 from app.http.auth import IngestPrincipal
+from app.http.bodies import BodyError, BodyLimits, parse_json
 from app.http.openapi import answers as declared
 from app.services import ServicesDep
 from app.settings import FileSettings
@@ -55,13 +55,17 @@ from pipeline.errors import (
 from pipeline.sources.search import PassageSearch
 from retrieval import Document, DocumentError, chunk_document
 from retrieval.access import AccessList
-from retrieval.documents import parse_access
+from retrieval.documents import check_metadata_limits, parse_access
 from retrieval.files import EXTENSIONS, Converted, ConverterPool, FileRejected, PoolBusy
 
 router = APIRouter(tags=["files"])
 
 PATH = "/v1/files"
 MAX_FIELD_BYTES = 16_384  # a form field that is not a file (metadata, access, purpose)
+FIELD_LIMITS = BodyLimits(max_depth=8, max_nodes=10_000)  # metadata and access are flat
+# What each file's document adds to the form's metadata, so that the form's metadata is refused
+# as such (no room for them) rather than file by file.
+_FILE_KEYS: Final = {"filename": "f", "format": "f"}
 MAX_FIELDS = 16
 # A path, C0 and C1 controls, line and paragraph separators, the bidi embeddings, overrides
 # and isolates that make a name read as another ("\u202etxt.exe" shows as "exe.txt"), and
@@ -183,13 +187,15 @@ def _text_field(form: FormData, name: str) -> str | None:
 
 
 def _json_field(form: FormData, name: str) -> Any:
+    """A JSON form field, parsed as a JSON body is (``app.http.bodies``): integers keep their
+    exact value and must fit in 64 bits, numbers are finite, strings hold no lone surrogate."""
     text = _text_field(form, name)
     if text is None:
         return None
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"'{name}' is not JSON ({exc}).", param=name) from None
+        return parse_json(text.encode("utf-8", "surrogatepass"), FIELD_LIMITS)
+    except BodyError as exc:
+        raise InvalidRequest(f"'{name}': {exc}", param=name, code=exc.code) from None
 
 
 def _document_id(filename: str) -> str:
@@ -225,13 +231,18 @@ async def _read(upload: UploadFile, limit: int) -> Upload:
 
 
 def _checked_metadata(value: Any) -> dict[str, Any]:
-    """The ``metadata`` field, checked as a document's metadata is (400 naming it)."""
+    """The ``metadata`` field, checked as a document's metadata is, with room for the keys
+    each file's document adds (``filename``, ``format``): a 400 naming it."""
     if value is None:
         return {}
     try:
-        return Document(id="metadata", text="-", metadata=value).metadata
+        metadata = Document(id="metadata", text="-", metadata=value).metadata
+        check_metadata_limits({**metadata, **_FILE_KEYS})
     except DocumentError as exc:
-        raise InvalidRequest(str(exc), param="metadata") from None
+        raise InvalidRequest(
+            f"{exc} (each file's document adds {', '.join(_FILE_KEYS)})", param="metadata"
+        ) from None
+    return metadata
 
 
 async def _read_form(request: Request, config: FileSettings) -> UploadForm:
@@ -253,6 +264,11 @@ async def _read_form(request: Request, config: FileSettings) -> UploadForm:
         if len(purpose) > 64:
             raise InvalidRequest("'purpose' is at most 64 characters.", param="purpose")
         document_id = _text_field(form, "document_id")
+        if document_id == "":
+            raise InvalidRequest(
+                "'document_id' is empty: leave it out to use the file's name.",
+                param="document_id",
+            )
         if document_id is not None and len(files) > 1:
             raise InvalidRequest(
                 "'document_id' names one document: upload one file with it.", param="document_id"

@@ -23,18 +23,26 @@ from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUn
 from pipeline.sources.search import PassageSearch, parse_request_filters, viewer_of
 from retrieval import Document, DocumentError, IngestResult, RelevanceGate
 from retrieval.access import MAX_ENTRIES, MAX_NAME_CHARS
-from retrieval.documents import parse_access
+from retrieval.documents import (
+    INVISIBLE,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_LIST_ITEMS,
+    MAX_METADATA_TEXT_CHARS,
+    SPACE,
+    parse_access,
+)
 
 router = APIRouter(tags=["retrieval"])
 
 LIMITS = BodyLimits()
 METADATA_KEY = r"^[A-Za-z0-9_.:-]+$"
-# Python's whitespace (``str.isspace``, what ``retrieval.Document`` reads as blank), spelled
-# out: JSON Schema's ``\s`` is ECMAScript's, which differs (U+0085, U+FEFF).
-SPACE = r"\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-MetadataText = Annotated[str, Field(max_length=1024)]
+MetadataText = Annotated[str, Field(max_length=MAX_METADATA_TEXT_CHARS)]
 MetadataValue = (
-    MetadataText | int | float | bool | Annotated[list[MetadataText], Field(max_length=64)]
+    MetadataText
+    | int
+    | float
+    | bool
+    | Annotated[list[MetadataText], Field(max_length=MAX_METADATA_LIST_ITEMS)]
 )
 # A group or user name of an access list (retrieval.access): the id rules, and no ',' either.
 AccessName = Annotated[
@@ -67,14 +75,15 @@ class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # As ``retrieval.Document`` checks them, so the schema says it: an id without whitespace,
-    # control characters or '#', a text that is not blank, metadata keys of word characters.
+    # control characters or '#', a text with something that shows, metadata keys of word
+    # characters.
     id: str = Field(min_length=1, max_length=256, pattern=rf"^[^#\x00-\x1f\x7f{SPACE}]+$")
-    text: str = Field(pattern=rf"[^{SPACE}]")
+    text: str = Field(pattern=rf"[^{INVISIBLE}]")  # something that shows
     title: str = Field("", max_length=1000)
     metadata: dict[Annotated[str, Field(max_length=64, pattern=METADATA_KEY)], MetadataValue] = (
         Field(
             default_factory=dict,
-            max_length=64,
+            max_length=MAX_METADATA_KEYS,
             json_schema_extra={"propertyNames": {"maxLength": 64, "pattern": METADATA_KEY}},
         )
     )
@@ -142,7 +151,17 @@ async def ingest_documents(
             param="documents",
         )
     documents = []
+    positions: dict[str, int] = {}
     for position, item in enumerate(body.documents):
+        first = positions.setdefault(item.id, position)
+        if first != position:
+            # Which copy would win is the caller's guess: refused, as /v1/files refuses it.
+            raise InvalidRequest(
+                f"documents.{position}: the id {item.id!r} is also documents.{first}'s; a request "
+                "holds one document per id.",
+                param=f"documents.{position}.id",
+                code="duplicate_document_id",
+            )
         try:
             access = None if item.access is None else parse_access(item.access.model_dump())
             documents.append(

@@ -19,7 +19,7 @@ from pipeline.features.spec import SPECS, FeatureSpec, FeatureValueError, parse_
 from pipeline.features.store import FeatureRow
 from pipeline.model.messages import last_user_text
 from pipeline.sources.search import parse_request_filters
-from pipeline.store.keys import validate_name
+from pipeline.store.keys import validate_name, validate_tenant
 
 MAX_FILTERS = 16
 
@@ -68,7 +68,7 @@ def derive_rows(
             skipped += 1
             continue
         try:
-            validate_name("tenant", tenant)
+            validate_tenant(tenant)
             validate_name("user", user)
         except ValueError:
             skipped += 1

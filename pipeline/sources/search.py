@@ -42,9 +42,12 @@ from retrieval.backends.moves import TenantMoving
 from retrieval.backends.router import BackendRouter
 from retrieval.embeddings import embedding_executor
 from retrieval.snapshots import IndexUnreadable
+from retrieval.store import IndexBusy
 from retrieval.vectors import FloatArray
 
 T = TypeVar("T")
+# The wait a write refused with index_busy is told to take before trying again.
+INDEX_BUSY_RETRY_S = 5.0
 
 
 def parse_request_filters(spec: Any, param: str = "rag.filters") -> Filter | None:
@@ -239,7 +242,8 @@ class PassageSearch:
 def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``call``, with a backend whose store did not answer reported as a 503, a write while
     the tenant's index is being moved as a 503 ``index_moving`` with its wait, and a tenant's
-    snapshot that cannot be read as a 503 ``index_unreadable``."""
+    snapshot that cannot be read as a 503 ``index_unreadable``, and a write that waited its
+    whole time for the tenant's lock as a 503 ``index_busy`` (nothing was written)."""
     try:
         return call(*args, **kwargs)
     except TenantMoving as exc:
@@ -250,3 +254,7 @@ def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise ServiceUnavailable(str(exc), code="retrieval_unavailable") from exc
     except IndexUnreadable as exc:
         raise ServiceUnavailable(str(exc), code="index_unreadable") from exc
+    except IndexBusy as exc:
+        raise ServiceUnavailable(
+            f"{exc} Try again shortly.", code="index_busy", headers=retry_after(INDEX_BUSY_RETRY_S)
+        ) from exc

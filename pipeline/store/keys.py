@@ -51,6 +51,7 @@ from pipeline.looptime import Bound
 from pipeline.store.kv import UNREACHABLE, KeyValueStore
 from pipeline.telemetry import metrics
 from retrieval.access import AccessError, check_names
+from retrieval.tenants import check_tenant
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,12 @@ def validate_name(kind: str, value: str) -> str:
     if not TENANT_PATTERN.fullmatch(value):
         raise ValueError(f"{kind} must match {TENANT_PATTERN.pattern}, got {value!r}")
     return value
+
+
+def validate_tenant(value: str) -> str:
+    """A tenant's name: ``validate_name``'s rule and the index store's (``check_tenant``: not
+    only dots, which name no directory of their own)."""
+    return check_tenant(validate_name("tenant", value))
 
 
 def validate_scopes(scopes: frozenset[str]) -> frozenset[str]:
@@ -208,7 +215,7 @@ class ApiKeyStore:
         re-creates its development key on every start), and refused otherwise.
         Raises ``ValueError`` with the reason.
         """
-        validate_name("tenant", tenant)
+        validate_tenant(tenant)
         validate_name("user", user)
         validate_scopes(scopes)
         validate_groups(groups)
@@ -466,7 +473,7 @@ class ApiKeyStore:
             return None
         try:
             principal = _principal(fields)
-        except (KeyError, UnicodeDecodeError):
+        except (KeyError, ValueError):  # UnicodeDecodeError, a name that breaks the rules
             # Another version's record, or a damaged one: the key is refused as unknown (401)
             # until an operator looks, rather than every request with it being a 500.
             key_id = fields.get(b"key_id", b"?").decode(errors="replace")[:64]
@@ -495,9 +502,11 @@ class ApiKeyStore:
 
 
 def _principal(fields: dict[bytes, bytes]) -> Principal:
+    """The record's principal; ValueError where its tenant or user breaks the rules that
+    keys are created by (they name directories and Redis keys)."""
     return Principal(
-        tenant=fields[b"tenant"].decode(),
-        user=fields[b"user"].decode(),
+        tenant=validate_tenant(fields[b"tenant"].decode()),
+        user=validate_name("user", fields[b"user"].decode()),
         scopes=frozenset(s for s in fields.get(b"scopes", b"").decode().split(",") if s),
         key_id=fields.get(b"key_id", b"").decode(),
         rpm=_limit(fields.get(b"rpm")),

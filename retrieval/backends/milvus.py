@@ -88,7 +88,8 @@ from retrieval.hybrid import (
     top_positions,
 )
 from retrieval.relevance import DEFAULT_MODEL, RelevanceModel
-from retrieval.store import IngestResult, check_tenant
+from retrieval.store import IngestResult
+from retrieval.tenants import check_tenant
 from retrieval.vectors import FloatArray
 from retrieval.versions import NO_VERSION
 

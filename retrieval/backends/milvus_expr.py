@@ -35,7 +35,7 @@ from typing import Literal
 from retrieval.access import AccessList, Viewer
 from retrieval.documents import Metadata
 from retrieval.filters import Clause, Filter, FilterError, Scalar
-from retrieval.store import check_tenant
+from retrieval.tenants import check_tenant
 
 KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # Document metadata keys may also hold . : - (retrieval.documents); those are matched by

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from retrieval.backends.versions import Poller
-from retrieval.store import check_tenant
+from retrieval.tenants import check_tenant
 
 MOVE_TTL_S = 30.0
 RETRY_AFTER_S = 5.0

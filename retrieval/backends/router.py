@@ -18,7 +18,7 @@ import redis
 from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.moves import MoveFence, WriteLapsed
 from retrieval.backends.versions import PolledRedis
-from retrieval.store import check_tenant
+from retrieval.tenants import check_tenant
 
 
 class OverrideStore(Protocol):

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import redis
 
-from retrieval.store import check_tenant
+from retrieval.tenants import check_tenant
 from retrieval.versions import NO_VERSION
 
 log = logging.getLogger(__name__)

@@ -149,7 +149,17 @@ async def test_a_cached_entry_that_cannot_be_read_is_a_miss_whose_answer_replace
     assert again.status_code == 200 and again.headers["x-cache"] == "hit"
 
 
-@pytest.mark.parametrize("damage", ["a tenant that is not UTF-8", "no tenant"])
+# A record's tenant and user name index directories and Redis keys: one that breaks the rules
+# keys are created by (only dots, a colon, a path) is another version's or a damaged record.
+DAMAGED_RECORDS = {
+    "a tenant that is not UTF-8": ("tenant", b"\xff\xfe"),
+    "a tenant of only dots": ("tenant", b".."),
+    "a tenant with a colon": ("tenant", b"acme:other"),
+    "a user that is a path": ("user", b"../alice"),
+}
+
+
+@pytest.mark.parametrize("damage", [*DAMAGED_RECORDS, "no tenant"])
 async def test_a_key_whose_record_cannot_be_read_is_refused_as_unknown_not_a_500(
     harness, damage: str
 ) -> None:
@@ -159,7 +169,7 @@ async def test_a_key_whose_record_cannot_be_read_is_refused_as_unknown_not_a_500
     if damage == "no tenant":
         await client.hdel(record, "tenant")
     else:
-        await client.hset(record, "tenant", b"\xff\xfe")
+        await client.hset(record, *DAMAGED_RECORDS[damage])
     for streamed in (False, True):
         answer = await harness.chat(raw, body(unique_question(), stream=streamed))
         assert answer.status_code == 401, answer.text

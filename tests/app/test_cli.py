@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 from pathlib import Path
 
@@ -31,8 +32,11 @@ def test_keys_create_prints_a_key_that_resolves_to_the_principal(redis_server) -
     principal = asyncio.run(resolve())
     assert principal is not None
     assert (principal.tenant, principal.user, principal.scopes) == ("dev", "ann", {"chat"})
-    bad = rag("keys", "create", "--tenant", "../etc", "--user", "x", env=env)
-    assert bad.returncode == 2 and "tenant" in bad.stderr
+    # A path, and names of only dots: the index store could not give them a directory (every
+    # document request with such a key was a 500).
+    for tenant in ("../etc", "..", "."):
+        bad = rag("keys", "create", "--tenant", tenant, "--user", "x", env=env)
+        assert bad.returncode == 2 and "tenant" in bad.stderr, (tenant, bad.stderr)
 
 
 def test_keys_create_refuses_no_scopes_and_weak_custom_keys_and_revoke_takes_the_raw_key(
@@ -92,6 +96,8 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
                 "{not json",
                 json.dumps({"_id": "b2", "title": "", "text": ""}),
                 json.dumps({"_id": "b3", "title": "Statins", "text": "Statins lower LDL."}),
+                # An integer past 64 bits was stored as the float 1.1805916207174113e+21.
+                '{"_id": "b4", "text": "Big numbers.", "metadata": {"n": 1180591620717411303424}}',
             ]
         )
     )
@@ -107,9 +113,10 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
     assert beir.returncode == 0, beir.stderr
     assert beir.stdout == ""  # quiet: no summary, but the problems are still reported
     problems = beir.stderr.splitlines()
-    assert len(problems) == 2 and all(line.startswith("skipped ") for line in problems)
+    assert len(problems) == 3 and all(line.startswith("skipped ") for line in problems)
     assert "corpus.jsonl:2: not JSON" in problems[0]
     assert "corpus.jsonl:3:" in problems[1]
+    assert "corpus.jsonl:5:" in problems[2] and "64 bits" in problems[2]
 
     store = IndexStore(index_dir, shared_embedder)
     retriever = HybridRetriever(store)
@@ -197,3 +204,25 @@ def test_ingest_into_a_tenant_whose_index_cannot_be_read_exits_1_saying_so(
     again = rag("ingest", str(docs), "--tenant", "files", env=env)
     assert again.returncode == 1, again.stderr
     assert "the index of tenant 'files'" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_ingest_while_another_writer_holds_the_tenant_gives_up_in_time_saying_so(
+    tmp_path: Path, shared_embedder
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tides.txt").write_text("Tides are caused by the gravity of the Moon.\n")
+    index_dir = tmp_path / "index"
+    (index_dir / "busy").mkdir(parents=True)
+    env = {
+        "RAG_RETRIEVAL__INDEX_DIR": str(index_dir),
+        "RAG_RETRIEVAL__WRITE_LOCK_WAIT_SECONDS": "0.5",
+    }
+    with (index_dir / "busy" / ".lock").open("a") as stalled:
+        fcntl.flock(stalled, fcntl.LOCK_EX)  # a writer that stopped holding it
+        busy = rag("ingest", str(docs), "--tenant", "busy", env=env)
+    assert busy.returncode == 1, busy.stderr
+    assert "held it for 0.5 s" in busy.stderr and "Run it again later" in busy.stderr
+    assert "Traceback" not in busy.stderr
+    assert not (index_dir / "busy" / "CURRENT").exists()  # nothing was published
+    assert rag("ingest", str(docs), "--tenant", "busy", env=env).returncode == 0

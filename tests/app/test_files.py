@@ -4,6 +4,8 @@ heading path and page; bad files refused one by one, by name, while the others g
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -185,6 +187,35 @@ async def test_two_files_of_one_name_and_bad_metadata_are_refused(harness) -> No
     for metadata in ('{"bad key": 1}', "[1]", '{"k": {"nested": 1}}'):
         bad = await upload(harness, key, [("b.md", b"text")], metadata=metadata)
         assert assert_openai_error(bad, 400, "invalid_request_error")["param"] == "metadata"
+
+
+async def test_upload_metadata_keeps_to_the_limits_of_v1_documents(harness) -> None:
+    # These were stored (a hostile review, 2026-12-05): 100 keys, a 5,000-character value,
+    # and 99999999999999999999999 as the float 1e+23, all refused by /v1/documents.
+    key = await harness.key(scopes="retrieve,ingest")
+    too_many = json.dumps({f"k{i}": i for i in range(100)})
+    no_room = json.dumps({f"k{i}": i for i in range(63)})  # filename and format are added
+    for metadata, code in (
+        (too_many, None),
+        (no_room, None),
+        (json.dumps({"k": "x" * 5000}), None),
+        ('{"n": 99999999999999999999999}', "integer_out_of_range"),
+        ('{"n": 1e400}', "number_out_of_range"),
+        ('{"k": "\\ud800"}', "invalid_string"),
+    ):
+        bad = await upload(harness, key, [("b.md", b"Plain text.")], metadata=metadata)
+        error = assert_openai_error(bad, 400, "invalid_request_error")
+        assert error["param"] == "metadata", (metadata[:40], error)
+        if code is not None:
+            assert error["code"] == code, error
+    huge_access = json.dumps({"groups": [{"deep": [1e400]}]})
+    bad = await upload(harness, key, [("b.md", b"Plain text.")], access=huge_access)
+    assert assert_openai_error(bad, 400, "invalid_request_error")["param"] == "access"
+    empty_id = await upload(harness, key, [("b.md", b"Plain text.")], document_id="")
+    assert assert_openai_error(empty_id, 400, "invalid_request_error")["param"] == "document_id"
+    fits = json.dumps({f"k{i}": i for i in range(61)} | {"n": 2**64 - 1})
+    kept = await upload(harness, key, [("b.md", b"Plain text.")], metadata=fits)
+    assert kept.status_code == 200, kept.text
 
 
 async def test_a_file_name_with_a_path_or_control_characters_is_refused_by_name(harness) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import time
 import uuid
 
 import pytest
@@ -176,6 +178,22 @@ async def test_bad_documents_are_refused_with_4xx(make_app, redis_server) -> Non
             headers=auth(key),
         )
         assert_openai_error(bad_metadata, 400, "invalid_request_error")
+        # One id twice: which copy would win was the caller's guess (the last one did).
+        twice = await harness.client.post(
+            "/v1/documents",
+            json={"documents": [{"id": "d", "text": "first"}, {"id": "d", "text": "second"}]},
+            headers=auth(key),
+        )
+        error = assert_openai_error(twice, 400, "invalid_request_error")
+        assert (error["param"], error["code"]) == ("documents.1.id", "duplicate_document_id")
+        invisible = await harness.client.post(
+            "/v1/documents",
+            json={"documents": [{"id": "z", "text": "\u200b\u0001\ufeff"}]},
+            headers=auth(key),
+        )
+        assert assert_openai_error(invisible, 400, "invalid_request_error")["param"] == (
+            "documents.0.text"
+        )
         # The filler words are no topic: the relevance gate is set aside to find them.
         still = await search(harness, key, "word5", top_k=1, min_relevance=0)
         assert still["data"][0]["document_id"] == "long", "nothing stored was lost"
@@ -240,3 +258,48 @@ async def test_searches_keep_answering_while_an_ingest_publishes_a_new_version(h
     assert all(r["data"][0]["document_id"] == "kiwi-1" for r in results)
     assert {r["index_version"] for r in results} <= {first["version"], second["version"]}
     assert (await search(harness, key, "rivers", top_k=1))["index_version"] == second["version"]
+
+
+async def test_a_write_waits_for_a_stalled_writer_only_so_long_then_is_refused_unwritten(
+    make_app, redis_server
+) -> None:
+    # Another writer of the tenant (another replica, `rag ingest`) that stalls while it holds
+    # the tenant's write lock: a stopped process, a hung disk. A write here used to wait for
+    # it with no limit, holding this replica's ingest thread (every tenant's writes) too.
+    settings = make_settings(
+        redis_server.url,
+        f"http://127.0.0.1:{free_port()}",
+        retrieval={"write_lock_wait_seconds": 0.5},
+    )
+    async with make_app(settings) as harness:
+        key = await harness.key(scopes="retrieve,ingest")
+        other = await harness.key(tenant="other", scopes="retrieve,ingest")
+        first = await ingest(harness, key, DOCS)
+        lock = settings.retrieval.index_dir / "acme" / ".lock"
+        with lock.open("a") as stalled:
+            fcntl.flock(stalled, fcntl.LOCK_EX)
+            started = time.monotonic()
+            posted = await harness.client.post(
+                "/v1/documents",
+                json={"documents": [{"id": "new-1", "text": "Glaciers carve fjords."}]},
+                headers=auth(key),
+            )
+            deleted = await harness.client.delete("/v1/documents/kiwi-1", headers=auth(key))
+            waited = time.monotonic() - started
+            for refused in (posted, deleted):
+                error = assert_openai_error(refused, 503, "service_unavailable")
+                assert error["code"] == "index_busy", error
+                assert refused.headers["retry-after"] == "5"
+            assert waited >= 1.0  # each waited its half second, no more than it was allowed
+            # Reads go on from the published version; another tenant's writes are not held.
+            found = await search(harness, key, "flightless bird", top_k=1)
+            assert found["index_version"] == first["version"]
+            assert found["data"][0]["document_id"] == "kiwi-1"
+            assert (await ingest(harness, other, DOCS[:1]))["documents"] == 1
+            fcntl.flock(stalled, fcntl.LOCK_UN)
+        # Nothing of the refused writes was applied; the same write now goes in.
+        assert (await search(harness, key, "glaciers fjords", top_k=3))["index_version"] == (
+            first["version"]
+        )
+        again = await ingest(harness, key, [{"id": "new-1", "text": "Glaciers carve fjords."}])
+        assert again["total_documents"] == 4 and again["version"] != first["version"]

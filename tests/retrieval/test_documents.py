@@ -6,12 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.documents import Document, DocumentError, chunk_document
+from retrieval.documents import (
+    Document,
+    DocumentError,
+    check_metadata_limits,
+    chunk_document,
+)
 from retrieval.embeddings import Embedder
 from retrieval.store import IndexStore
 
 
-@pytest.mark.parametrize("text", ["", "   \n\t "])
+# Nothing in these shows: controls, zero-width and format characters, a BOM, C1 controls.
+@pytest.mark.parametrize(
+    "text", ["", "   \n\t ", "\x00\x01", "\x01\x02\x03\x1b", "\u200b", "\ufeff \u2060", "\x85\xa0"]
+)
 def test_empty_text_is_refused(text: str) -> None:
     with pytest.raises(DocumentError, match="empty text") as info:
         Document("d1", text)
@@ -31,6 +39,38 @@ def test_bad_ids_are_refused(doc_id: str) -> None:
 def test_bad_metadata_is_refused(metadata: dict[str, object]) -> None:
     with pytest.raises(DocumentError, match="metadata"):
         Document("d1", "text", metadata=metadata)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({f"k{i}": i for i in range(65)}, "65 keys"),
+        ({"k": "x" * 1025}, "1025 characters"),
+        ({"k": ["x"] * 65}, "65 strings"),
+        ({"k": ["ok", "x" * 1025]}, "1025 characters"),
+        ({"k": 2**64}, "64 bits"),
+        ({"k": -(2**63) - 1}, "64 bits"),
+        ({"k": "\ud800"}, "lone surrogate"),
+    ],
+)
+def test_metadata_over_the_limits_of_v1_documents_is_refused_whatever_the_way_in(
+    metadata: dict[str, object], says: str
+) -> None:
+    # /v1/documents' schema declared these limits; uploads and `rag ingest` skipped them (a
+    # 5,000-character value and 100 keys stored; 10**23 stored as the float 1e+23). Both check
+    # a document's metadata with this now.
+    document = Document("d1", "text", metadata=metadata)  # type: ignore[arg-type]
+    with pytest.raises(DocumentError, match=says):
+        check_metadata_limits(document.metadata)
+
+
+def test_metadata_at_the_limits_is_kept_exactly() -> None:
+    widest = {f"k{i}": "x" * 100 for i in range(63)}  # within the 8 KB of JSON
+    check_metadata_limits(Document("d1", "text", metadata={**widest, "n": 1}).metadata)
+    edges = {"a": "x" * 1024, "b": ["y"] * 64, "c": 2**64 - 1, "d": -(2**63), "e": True}
+    document = Document("d1", "\u200dtext", metadata=edges)  # type: ignore[arg-type]
+    check_metadata_limits(document.metadata)
+    assert document.metadata == edges
 
 
 def test_metadata_is_copied_so_the_caller_cannot_change_an_indexed_document() -> None:
