@@ -283,7 +283,8 @@ class RetrievalSettings(Durations):
         30.0,
         gt=0,
         description="How long a write waits while another write of the tenant (this replica's, "
-        "another's, `rag ingest`) holds its index: then a 503 index_busy, nothing written.",
+        "another's, `rag ingest`) holds its index without progress (a writer touches the lock "
+        "while it works): then a 503 index_busy, nothing written.",
     )
     embeddings: Backend = Field(
         "onnx-int8",

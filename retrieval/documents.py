@@ -31,11 +31,16 @@ _WORD = re.compile(r"\S+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Python's whitespace (``str.isspace``), spelled out for JSON Schema too (whose ``\\s`` is
 # ECMAScript's, which differs: U+0085, U+FEFF); then what else shows nothing: controls (C0,
-# DEL, C1), zero-width space to RLM, line/paragraph separators and bidi controls, word joiner to
-# invisible plus, BOM. A text needs one character outside them (searched for, so its first
-# visible character ends the search).
+# DEL, C1), the soft hyphen, joiners and fillers, variation selectors, zero-width space to RLM,
+# line/paragraph separators, bidi controls and isolates, word joiner to the deprecated format
+# characters, BOM, interlinear annotation. A text needs one character outside them (searched
+# for, so its first visible character ends the search). Tag characters (U+E0000 on) are not
+# here: JSON Schema's patterns cannot name a character past U+FFFF.
 SPACE = r"\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-INVISIBLE = SPACE + r"\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff"
+INVISIBLE = SPACE + (
+    r"\x00-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    r"\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+)
 _VISIBLE = re.compile(f"[^{INVISIBLE}]")
 
 DEFAULT_MAX_WORDS = 180

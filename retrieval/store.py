@@ -8,9 +8,12 @@ only ever loads its own directory)::
     <tenant>/<version>/       a complete snapshot (see retrieval.snapshots)
     <tenant>/.tmp-<version>/  a snapshot being written; left over only by a crashed writer
 
-A writer waits for the lock at most ``lock_wait_s`` (a writer that stalls holding it, a stopped
-process, must not hold every other write of the tenant, on every replica, for ever): then
-``IndexBusy``, and nothing is written.
+The lock's holder touches ``.lock`` every few seconds while it writes (a heartbeat). Another
+writer waits for the lock as long as the holder shows progress (a large tenant's publish can
+take minutes), but gives up once it has waited ``lock_wait_s`` and ``.lock`` has not been
+touched for as long: the holder has stalled (a stopped process, a hung disk), and it must not
+hold every other write of the tenant, on every replica, for ever. Then ``IndexBusy``, and
+nothing is written.
 
 A writer builds the next snapshot in a temp directory, fsyncs it, renames it into place and only
 then replaces CURRENT, so a crash at any point leaves the previous version serving. The next
@@ -65,16 +68,48 @@ log = logging.getLogger(__name__)
 
 
 class IndexBusy(Exception):
-    """Another writer held the tenant's write lock for all of ``waited_s``: nothing was
-    written; the write may be tried again."""
+    """Another writer held the tenant's write lock without progress for ``waited_s``:
+    nothing was written; the write may be tried again."""
 
     def __init__(self, tenant: str, waited_s: float) -> None:
         super().__init__(
-            f"Another write to the index of tenant {tenant!r} held it for {waited_s:g} s; "
-            "nothing was written."
+            f"Another write to the index of tenant {tenant!r} held it for {waited_s:g} s "
+            "without progress; nothing was written."
         )
         self.tenant = tenant
         self.waited_s = waited_s
+
+
+@contextmanager
+def _heartbeat(path: Path, interval_s: float) -> Iterator[None]:
+    """Touch ``path`` now and every ``interval_s`` until the block ends (from a thread of its
+    own: the writer's own work, an HNSW build, may hold the thread for minutes)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                path.touch()
+            except OSError as exc:  # a full or read-only disk: the write itself will fail
+                log.warning("cannot mark progress on %s: %s", path, exc)
+            if stop.wait(interval_s):
+                return
+
+    beating = threading.Thread(target=beat, name="index-lock-heartbeat", daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beating.join()
+
+
+def _idle_s(path: Path) -> float:
+    """Seconds since ``path`` was last touched (its holder's heartbeat); unknown: for ever."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return float("inf")
 
 
 @dataclass(frozen=True)
@@ -120,7 +155,8 @@ class IndexStore:
     neighbours); a document longer than `max_document_chars` is refused (DocumentError with
     too_large). Above `approximate_above` chunks a tenant also gets an HNSW index for dense-only
     search. `reload_interval_s` bounds how often `current()` looks at the CURRENT pointer.
-    A write waits at most `lock_wait_s` for another writer of the tenant (None: for ever).
+    A write waits for another writer of the tenant while it shows progress, and gives up after
+    `lock_wait_s` without any (None: waits for ever).
     """
 
     def __init__(
@@ -348,41 +384,49 @@ class IndexStore:
 
     @contextmanager
     def _writer(self, tenant: str) -> Iterator[TenantIndex | None]:
-        """Hold the tenant's write lock; yield the latest published snapshot (from disk)."""
+        """Hold the tenant's write lock, with a heartbeat on it; yield the latest published
+        snapshot (from disk)."""
         directory = self._dir(tenant)
         directory.mkdir(parents=True, exist_ok=True)
-        with (directory / ".lock").open("a") as lock:
-            self._lock(lock.fileno(), tenant)
+        path = directory / ".lock"
+        with path.open("a") as lock:
+            self._lock(lock.fileno(), path, tenant)
             try:
-                pointer = self._read_pointer(tenant)
-                cached = self._entry(tenant).index
-                if pointer == NO_VERSION:
-                    yield None
-                elif cached is not None and cached.version == pointer:
-                    yield cached
-                else:
-                    yield self._load(tenant, pointer)
+                with _heartbeat(path, self._beat_s):
+                    pointer = self._read_pointer(tenant)
+                    cached = self._entry(tenant).index
+                    if pointer == NO_VERSION:
+                        yield None
+                    elif cached is not None and cached.version == pointer:
+                        yield cached
+                    else:
+                        yield self._load(tenant, pointer)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _lock(self, fd: int, tenant: str) -> None:
-        """Take the tenant's write lock on ``fd``, waiting at most ``lock_wait_s``
-        (``IndexBusy`` then). The lock is tried again at growing intervals up to 0.25 s: an
-        flock cannot be waited for with a time limit."""
+    @property
+    def _beat_s(self) -> float:
+        """How often a writer touches ``.lock``: well within any waiter's ``lock_wait_s``."""
+        return min(5.0, (self.lock_wait_s or 20.0) / 4)
+
+    def _lock(self, fd: int, path: Path, tenant: str) -> None:
+        """Take the tenant's write lock on ``fd``; ``IndexBusy`` once this writer has waited
+        ``lock_wait_s`` and the holder has not touched ``path`` for as long (it stalled). The
+        lock is tried again at growing intervals up to 0.25 s: an flock cannot be waited for
+        with a time limit."""
         if self.lock_wait_s is None:
             fcntl.flock(fd, fcntl.LOCK_EX)
             return
-        give_up = time.monotonic() + self.lock_wait_s
-        pause = 0.005
+        started, pause = time.monotonic(), 0.005
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
-                left = give_up - time.monotonic()
-                if left <= 0:
+                waited = time.monotonic() - started
+                if waited >= self.lock_wait_s and _idle_s(path) >= self.lock_wait_s:
                     raise IndexBusy(tenant, self.lock_wait_s) from None
-                time.sleep(min(pause, left))
+                time.sleep(pause)
                 pause = min(pause * 2, 0.25)
 
     def _publish(

@@ -298,6 +298,13 @@ def _ingest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    except IndexBusy as exc:
+        print(
+            f"rag ingest: {exc} (that batch); {documents} documents were ingested before it. "
+            "Run the same command again later (it replaces what it ingested).",
+            file=sys.stderr,
+        )
+        return 1
     for problem in skipped.items:
         print(f"skipped {problem}", file=sys.stderr)
     if not args.quiet:

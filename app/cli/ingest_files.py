@@ -37,11 +37,17 @@ def _from_json(data: object) -> Document:
     doc_id = data.get("_id", data.get("id"))
     if doc_id is None:
         raise DocumentError("missing 'id' (or BEIR '_id')")
+    text, title = data.get("text", ""), data.get("title") or ""
+    # A number where text belongs is no text (1e400 became "inf"); an id may be a number.
+    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+        raise DocumentError("'id' must be a string or an integer")
+    if not isinstance(text, str) or not isinstance(title, str):
+        raise DocumentError("'text' and 'title' must be strings")
     metadata = data.get("metadata") or {}
     document = Document(
         id=str(doc_id),
-        text=str(data.get("text", "")),
-        title=str(data.get("title") or ""),
+        text=text,
+        title=title,
         metadata=metadata,
         access=parse_access(data.get("access")),  # who may see it; absent: the whole tenant
     )

@@ -93,7 +93,10 @@ class DocumentIn(BaseModel):
 class IngestRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[DocumentIn] = Field(min_length=1)
+    documents: list[DocumentIn] = Field(
+        min_length=1,
+        description="Upserted in order, as one new version: an id given twice keeps its last copy.",
+    )
 
 
 class RetrieveRequest(BaseModel):
@@ -151,17 +154,7 @@ async def ingest_documents(
             param="documents",
         )
     documents = []
-    positions: dict[str, int] = {}
     for position, item in enumerate(body.documents):
-        first = positions.setdefault(item.id, position)
-        if first != position:
-            # Which copy would win is the caller's guess: refused, as /v1/files refuses it.
-            raise InvalidRequest(
-                f"documents.{position}: the id {item.id!r} is also documents.{first}'s; a request "
-                "holds one document per id.",
-                param=f"documents.{position}.id",
-                code="duplicate_document_id",
-            )
         try:
             access = None if item.access is None else parse_access(item.access.model_dump())
             documents.append(

@@ -14,6 +14,7 @@ import asyncio
 import contextvars
 import functools
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -100,6 +101,10 @@ class PassageSearch:
         self.tracer = tracer
         self._searches = ThreadPoolExecutor(search_threads, thread_name_prefix="search")
         self._writes = embedding_executor(ingest_threads, ingest_torch_threads, "ingest")
+        # Per tenant: the write of this process in the pool, the others waiting (_gated_write);
+        # and until when a tenant refused index_busy is refused at once.
+        self._gates: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._busy_until: dict[str, float] = {}
 
     async def _off_loop(
         self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any
@@ -213,16 +218,39 @@ class PassageSearch:
             attributes={attr.TENANT: tenant, attr.INGEST_DOCUMENTS: len(documents)},
         ):
             docs = list(documents)
-            return await self._off_loop(
-                self._writes, _answered, self._write, tenant, lambda b: b.upsert(tenant, docs)
-            )
+            return await self._gated_write(tenant, lambda b: b.upsert(tenant, docs))
 
     async def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
         with current_span(self.tracer, f"delete {tenant}", attributes={attr.TENANT: tenant}):
             ids = list(document_ids)
-            return await self._off_loop(
-                self._writes, _answered, self._write, tenant, lambda b: b.delete(tenant, ids)
-            )
+            return await self._gated_write(tenant, lambda b: b.delete(tenant, ids))
+
+    async def _gated_write(
+        self, tenant: str, write: Callable[[RetrievalBackend], IngestResult]
+    ) -> IngestResult:
+        """``write`` in the ingest pool, at most one of a tenant's at a time: the others wait
+        here, on the loop, not in the pool, where a tenant whose lock a stalled writer holds
+        would keep every other tenant's writes waiting. A tenant refused ``index_busy`` a
+        moment ago is refused again at once until its ``Retry-After`` has passed."""
+        gate = self._gates.get(tenant)
+        if gate is None:
+            gate = self._gates[tenant] = asyncio.Lock()
+        async with gate:
+            left = self._busy_until.get(tenant, 0.0) - time.monotonic()
+            if left > 0:
+                raise ServiceUnavailable(
+                    f"Another write to the index of tenant {tenant!r} held it without progress "
+                    "a moment ago; nothing was written. Try again shortly.",
+                    code="index_busy",
+                    headers=retry_after(left),
+                )
+            self._busy_until.pop(tenant, None)
+            try:
+                return await self._off_loop(self._writes, _answered, self._write, tenant, write)
+            except ServiceUnavailable as exc:
+                if isinstance(exc.__cause__, IndexBusy):
+                    self._busy_until[tenant] = time.monotonic() + INDEX_BUSY_RETRY_S
+                raise
 
     def _write(
         self, tenant: str, write: Callable[[RetrievalBackend], IngestResult]

@@ -268,7 +268,7 @@ class ApiKeyStore:
         # The record goes first: should the index outlive it, is_active still says False.
         if await self.kv.delete(self.prefix + digest) == 0 or not fields:
             return None
-        principal = _principal(fields)
+        principal = _principal(fields, checked=False)
         id_key = self._id_key(principal.key_id)
         if await self.kv.get(id_key) == digest.encode():
             await self.kv.delete(id_key)
@@ -290,7 +290,7 @@ class ApiKeyStore:
             if value is not None and value < 0:
                 await self.kv.hdel(key, name)
         await self._announce(digest)
-        return _principal(await self.kv.hgetall(key))
+        return _principal(await self.kv.hgetall(key), checked=False)
 
     async def set_groups(self, raw: str, groups: frozenset[str]) -> Principal | None:
         """Replace the key's groups (empty: none); the principal after, None if no such key.
@@ -306,7 +306,7 @@ class ApiKeyStore:
             await self.kv.hdel(key, "groups")
         await self._announce(digest)
         fields = await self.kv.hgetall(key)
-        return _principal(fields) if fields else None
+        return _principal(fields, checked=False) if fields else None
 
     async def _announce(self, digest: str) -> None:
         """Tell every replica to forget its cached entry of this key."""
@@ -501,17 +501,30 @@ class ApiKeyStore:
         return dataclasses.replace(principal, key_id=key_id)
 
 
-def _principal(fields: dict[bytes, bytes]) -> Principal:
-    """The record's principal; ValueError where its tenant or user breaks the rules that
-    keys are created by (they name directories and Redis keys)."""
+def _principal(fields: dict[bytes, bytes], *, checked: bool = True) -> Principal:
+    """The record's principal; KeyError or ValueError (UnicodeDecodeError included) where it
+    cannot be read or its tenant or user breaks the rules that keys are created by (they name
+    directories and Redis keys). Not ``checked``: read as it is, whatever it holds (an
+    operator's command on a damaged record, a revoke above all, must still do its whole
+    work)."""
+    errors = "strict" if checked else "replace"
+
+    def text(name: bytes, default: bytes | None = b"") -> str:
+        value = fields[name] if checked and default is None else fields.get(name, b"")
+        return value.decode(errors=errors)
+
+    tenant, user = text(b"tenant", None), text(b"user", None)
+    if checked:
+        validate_tenant(tenant)
+        validate_name("user", user)
     return Principal(
-        tenant=validate_tenant(fields[b"tenant"].decode()),
-        user=validate_name("user", fields[b"user"].decode()),
-        scopes=frozenset(s for s in fields.get(b"scopes", b"").decode().split(",") if s),
-        key_id=fields.get(b"key_id", b"").decode(),
+        tenant=tenant,
+        user=user,
+        scopes=frozenset(s for s in text(b"scopes").split(",") if s),
+        key_id=text(b"key_id"),
         rpm=_limit(fields.get(b"rpm")),
         tpm=_limit(fields.get(b"tpm")),
-        groups=frozenset(g for g in fields.get(b"groups", b"").decode().split(",") if g),
+        groups=frozenset(g for g in text(b"groups").split(",") if g),
     )
 
 

@@ -178,6 +178,25 @@ async def test_a_key_whose_record_cannot_be_read_is_refused_as_unknown_not_a_500
     assert models.status_code == 401, models.text
 
 
+@pytest.mark.parametrize("damage", list(DAMAGED_RECORDS))
+async def test_a_key_whose_record_cannot_be_read_can_still_be_revoked_whole(
+    harness, damage: str
+) -> None:
+    # The command an operator runs on such a key: it deleted the record, then failed reading
+    # it, leaving the key's id index and the replicas' caches as they were.
+    raw = await harness.key()
+    keys = harness.services.keys
+    record = keys.prefix + hash_key(raw)
+    client = harness.services.kv.client
+    key_id = (await client.hget(record, "key_id")).decode()
+    await client.hset(record, *DAMAGED_RECORDS[damage])
+    revoked = await keys.revoke(raw)
+    assert revoked is not None and revoked.key_id == key_id
+    assert not await client.exists(record)
+    assert not await client.exists(keys._id_key(key_id)), "the key's id index was left"
+    assert await keys.revoke(raw) is None
+
+
 async def settled_async(check: Callable[[], Awaitable[bool]], seconds: float = 15.0) -> None:
     for _ in range(int(seconds / 0.05)):
         if await check():

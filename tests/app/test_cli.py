@@ -98,6 +98,7 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
                 json.dumps({"_id": "b3", "title": "Statins", "text": "Statins lower LDL."}),
                 # An integer past 64 bits was stored as the float 1.1805916207174113e+21.
                 '{"_id": "b4", "text": "Big numbers.", "metadata": {"n": 1180591620717411303424}}',
+                '{"_id": "b5", "text": 1e400}',  # was ingested as the text "inf"
             ]
         )
     )
@@ -113,10 +114,11 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
     assert beir.returncode == 0, beir.stderr
     assert beir.stdout == ""  # quiet: no summary, but the problems are still reported
     problems = beir.stderr.splitlines()
-    assert len(problems) == 3 and all(line.startswith("skipped ") for line in problems)
+    assert len(problems) == 4 and all(line.startswith("skipped ") for line in problems)
     assert "corpus.jsonl:2: not JSON" in problems[0]
     assert "corpus.jsonl:3:" in problems[1]
     assert "corpus.jsonl:5:" in problems[2] and "64 bits" in problems[2]
+    assert "corpus.jsonl:6:" in problems[3] and "must be strings" in problems[3]
 
     store = IndexStore(index_dir, shared_embedder)
     retriever = HybridRetriever(store)
@@ -222,7 +224,8 @@ def test_ingest_while_another_writer_holds_the_tenant_gives_up_in_time_saying_so
         fcntl.flock(stalled, fcntl.LOCK_EX)  # a writer that stopped holding it
         busy = rag("ingest", str(docs), "--tenant", "busy", env=env)
     assert busy.returncode == 1, busy.stderr
-    assert "held it for 0.5 s" in busy.stderr and "Run it again later" in busy.stderr
+    assert "held it for 0.5 s without progress" in busy.stderr, busy.stderr
+    assert "0 documents were ingested before it" in busy.stderr
     assert "Traceback" not in busy.stderr
     assert not (index_dir / "busy" / "CURRENT").exists()  # nothing was published
     assert rag("ingest", str(docs), "--tenant", "busy", env=env).returncode == 0

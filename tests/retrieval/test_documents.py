@@ -18,7 +18,17 @@ from retrieval.store import IndexStore
 
 # Nothing in these shows: controls, zero-width and format characters, a BOM, C1 controls.
 @pytest.mark.parametrize(
-    "text", ["", "   \n\t ", "\x00\x01", "\x01\x02\x03\x1b", "\u200b", "\ufeff \u2060", "\x85\xa0"]
+    "text",
+    [
+        "",
+        "   \n\t ",
+        "\x00\x01",
+        "\x01\x02\x03\x1b",
+        "\u200b",
+        "\ufeff \u2060",
+        "\x85\xa0",
+        "\u2066\u2069\xad\u061c\u180e\ufff9\u034f\ufe0f\u3164",
+    ],
 )
 def test_empty_text_is_refused(text: str) -> None:
     with pytest.raises(DocumentError, match="empty text") as info:

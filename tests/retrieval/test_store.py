@@ -302,3 +302,47 @@ def test_a_pointer_that_names_no_version_of_the_tenant_is_never_followed(
     with pytest.raises(IndexUnreadable):
         fresh.upsert("t", CORPUS[5:6])
     assert len(fresh.current("other") or ()) == 2
+
+
+def _holder(lock: Path, seconds: float, beat: bool, taken: threading.Event) -> None:
+    """Another writer: holds the tenant's lock for ``seconds``, touching it (its heartbeat)
+    every 50 ms when ``beat``."""
+    import fcntl
+    import time
+
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        taken.set()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if beat:
+                lock.touch()
+            time.sleep(0.05)
+        fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@pytest.mark.parametrize("beat", [True, False], ids=["making progress", "stalled"])
+def test_a_writer_waits_for_one_that_makes_progress_and_gives_up_on_one_that_stalled(
+    tmp_path: Path, embedder: Embedder, beat: bool
+) -> None:
+    # A large tenant's publish (an HNSW build) can hold the lock for minutes: a write waits
+    # for it as long as the holder's heartbeat goes on, and gives up on a holder that has
+    # stopped (lock_wait_s without progress), with nothing written.
+    store = IndexStore(tmp_path, embedder, lock_wait_s=0.3)
+    store.upsert("t", [Document("a", "The first document.")])
+    version = store.version("t")
+    taken = threading.Event()
+    holder = threading.Thread(target=_holder, args=(tmp_path / "t" / ".lock", 2.0, beat, taken))
+    holder.start()
+    try:
+        assert taken.wait(10)
+        if beat:
+            result = store.upsert("t", [Document("b", "The second document.")])
+            assert result.total_documents == 2 and result.version != version
+        else:
+            with pytest.raises(store_module.IndexBusy, match="without progress"):
+                store.upsert("t", [Document("b", "The second document.")])
+            assert store.version("t") == version
+            assert holder.is_alive(), "the write waited for the stalled holder to end"
+    finally:
+        holder.join()
