@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.production import unsafe_for_production
 from pipeline.jobs.secret_box import parse_keys
+from pipeline.store.limits import MAX_PER_MINUTE
 from retrieval.backends.milvus_expr import TypedKind, check_collection, check_key
 from retrieval.embeddings import Backend
 from retrieval.relevance import DEFAULT_THRESHOLD
@@ -167,10 +168,18 @@ class TenantLimitSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rpm: int | None = Field(None, ge=0, description="Requests per minute of the whole tenant.")
-    tpm: int | None = Field(None, ge=0, description="Tokens per minute of the whole tenant.")
-    key_rpm: int | None = Field(None, ge=0, description="Requests per minute of each key.")
-    key_tpm: int | None = Field(None, ge=0, description="Tokens per minute of each key.")
+    rpm: int | None = Field(
+        None, ge=0, le=MAX_PER_MINUTE, description="Requests per minute of the whole tenant."
+    )
+    tpm: int | None = Field(
+        None, ge=0, le=MAX_PER_MINUTE, description="Tokens per minute of the whole tenant."
+    )
+    key_rpm: int | None = Field(
+        None, ge=0, le=MAX_PER_MINUTE, description="Requests per minute of each key."
+    )
+    key_tpm: int | None = Field(
+        None, ge=0, le=MAX_PER_MINUTE, description="Tokens per minute of each key."
+    )
 
 
 class LimitSettings(BaseModel):
@@ -179,10 +188,14 @@ class LimitSettings(BaseModel):
     and a tenant record's (``rag keys tenant-limits``) come first; these are the defaults."""
 
     enabled: bool = Field(True, description="Check limits on every /v1 request (off: never).")
-    key_rpm: int = Field(0, ge=0, description="Requests per minute of each key.")
-    key_tpm: int = Field(0, ge=0, description="Tokens per minute of each key.")
-    tenant_rpm: int = Field(0, ge=0, description="Requests per minute of each tenant.")
-    tenant_tpm: int = Field(0, ge=0, description="Tokens per minute of each tenant.")
+    key_rpm: int = Field(0, ge=0, le=MAX_PER_MINUTE, description="Requests per minute of each key.")
+    key_tpm: int = Field(0, ge=0, le=MAX_PER_MINUTE, description="Tokens per minute of each key.")
+    tenant_rpm: int = Field(
+        0, ge=0, le=MAX_PER_MINUTE, description="Requests per minute of each tenant."
+    )
+    tenant_tpm: int = Field(
+        0, ge=0, le=MAX_PER_MINUTE, description="Tokens per minute of each tenant."
+    )
     tenants: dict[str, TenantLimitSettings] = Field(
         default_factory=dict, description="Per-tenant defaults (JSON: tenant -> limits)."
     )

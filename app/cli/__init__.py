@@ -46,6 +46,7 @@ from pipeline.store.keys import (
     validate_tenant,
 )
 from pipeline.store.kv import KeyValueStore
+from pipeline.store.limits import MAX_PER_MINUTE
 from retrieval import Document, DocumentError
 from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
@@ -119,8 +120,8 @@ def _limit(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"not a count: {text!r} (a number >= 0, or default)"
         ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("a limit is >= 0 (0: no limit), or default")
+    if not 0 <= value <= MAX_PER_MINUTE:
+        raise argparse.ArgumentTypeError(f"a limit is 0 (no limit) to {MAX_PER_MINUTE}, or default")
     return value
 
 

@@ -99,10 +99,17 @@ async def _charged(
     """The stream, and its tokens charged to the caller's limits however it ends: its usage
     when it has ended, else what its model calls spent until it was cut (``spend``, complete
     once ``body`` is closed: ``pipeline.model.spend``); ``body`` is closed at once however this
-    one ends."""
+    one ends.
+
+    A follower of a shared generation spent nothing itself: cut short, it has no usage either,
+    and would be charged nothing for what it read (a hostile review, 2026-12-05: 330 of 351
+    chunks read for free). So at least one token is charged per event relayed (each a delta of
+    one token or more)."""
+    relayed = 0
     try:
         async with aclosing(body):
             async for chunk in body:
+                relayed += chunk.count(b"data: ")
                 yield chunk
     finally:
-        charge(services, principal, spend.charge(answer.completion))
+        charge(services, principal, max(spend.charge(answer.completion), relayed))

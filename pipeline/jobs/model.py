@@ -112,6 +112,15 @@ def _count(fields: dict[bytes, bytes], name: str, default: int) -> int:
     return int(value) if value else default
 
 
+def _limit(fields: dict[bytes, bytes], name: str) -> int | None:
+    """A key's limit kept with its job; damaged, the tenant's applies (as for the key)."""
+    value = fields.get(name.encode())
+    try:
+        return max(0, int(value)) if value else None
+    except ValueError:
+        return None
+
+
 def _names(fields: dict[bytes, bytes], name: str) -> frozenset[str]:
     return frozenset(item for item in (_raw(fields, name) or "").split(",") if item)
 
@@ -143,6 +152,10 @@ class Job:
     digest: str = ""
     expires: float | None = None  # a queued job not started by then fails (set by the queue)
     groups: frozenset[str] = frozenset()  # the submitting key's, for access lists
+    # The submitting key's own limits per minute, which its answer's tokens are charged to
+    # (None: the tenant's); a job made before they were kept is charged as the tenant's.
+    rpm: int | None = None
+    tpm: int | None = None
 
     @classmethod
     def create(
@@ -168,6 +181,8 @@ class Job:
             traceparent=traceparent,
             digest=body_digest(request, webhook_url, metadata),
             groups=principal.groups,
+            rpm=principal.rpm,
+            tpm=principal.tpm,
         )
 
     def principal(self) -> Principal:
@@ -177,6 +192,8 @@ class Job:
             scopes=self.scopes,
             key_id=self.key_id,
             groups=self.groups,
+            rpm=self.rpm,
+            tpm=self.tpm,
         )
 
     def to_hash(self) -> dict[str, str]:
@@ -196,6 +213,9 @@ class Job:
         }
         if self.groups:
             fields["groups"] = ",".join(sorted(self.groups))
+        for name, limit in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if limit is not None:
+                fields[name] = str(limit)
         if self.webhook_url:
             fields["webhook_url"] = self.webhook_url
         if self.metadata is not None:
@@ -243,6 +263,8 @@ class Job:
             digest=_raw(fields, "digest") or "",
             expires=_number(fields, "expires"),
             groups=_names(fields, "groups"),
+            rpm=_limit(fields, "rpm"),
+            tpm=_limit(fields, "tpm"),
         )
 
     def readable_by(self, reader: Principal) -> bool:

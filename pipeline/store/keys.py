@@ -49,6 +49,7 @@ from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
 from pipeline.looptime import Bound
 from pipeline.store.kv import UNREACHABLE, KeyValueStore
+from pipeline.store.limits import MAX_PER_MINUTE
 from pipeline.telemetry import metrics
 from retrieval.access import AccessError, check_names
 from retrieval.tenants import check_tenant
@@ -532,7 +533,7 @@ def _limit(value: bytes | None) -> int | None:
     if value is None:
         return None
     try:
-        return max(0, int(value))
+        return min(max(0, int(value)), MAX_PER_MINUTE)
     except ValueError:
         return None  # a damaged field: the tenant's default applies
 

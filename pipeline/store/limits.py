@@ -39,6 +39,9 @@ from pipeline.errors import PipelineError, StoreUnavailable, retry_after
 from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import metrics
 
+# The largest limit per minute: a larger one (the CLI took any integer; 2^63 wrapped to a
+# negative number in the script's reply and dropped the x-ratelimit-* headers) counts as this.
+MAX_PER_MINUTE: Final = 10**12
 KINDS: Final = ("requests", "tokens")
 SCOPES: Final = ("key", "tenant")
 
@@ -60,7 +63,8 @@ for i = 1, 4 do
   local chosen = ARGV[4 + i]
   if chosen == '' then chosen = record[i] end
   if not chosen or chosen == '' then chosen = ARGV[8 + i] end
-  local per_minute = tonumber(chosen) or 0
+  -- At most MAX_PER_MINUTE: past 2^63 the reply's integers wrap to negative numbers.
+  local per_minute = math.min(tonumber(chosen) or 0, 1e12)
   limits[i] = 0
   if per_minute > 0 then limits[i] = math.max(1, math.floor(per_minute * scale)) end
 end

@@ -290,3 +290,42 @@ async def test_a_token_sum_that_cannot_be_read_is_counted_again_from_the_log(
     assert not refused.admitted and not refused.degraded
     assert refused.refused is not None and refused.refused.kind == "tokens"
     assert await kv.client.get(sum_key) == b"120"
+
+
+async def test_a_jobs_tokens_are_charged_to_its_keys_own_limit(
+    kv: KeyValueStore, prefix: str
+) -> None:
+    # A job keeps its key's limits: its worker charged the answer as the tenant's, so a key
+    # with a tpm of its own (and no tenant limit) was charged nothing for its jobs (a hostile
+    # review, 2026-12-05: 40 jobs, about 8,700 tokens, against a key tpm of 300).
+    from pipeline.jobs.model import Job
+
+    limits = limiter(kv, prefix, window_seconds=60)
+    who = principal(rpm=1000, tpm=300)
+    job = Job.create(who, {"model": "smollm2", "messages": []}, max_attempts=1)
+    stored = {k.encode(): v.encode() for k, v in job.to_hash().items()}
+    runs_as = Job.from_hash(stored).principal()
+    assert (runs_as.rpm, runs_as.tpm) == (1000, 300)
+    await limits.settle(runs_as, 120)
+    after = await limits.admit(who)
+    assert after.headers()["x-ratelimit-remaining-tokens"] == "180"
+    # A job stored before the limits were kept, or with a damaged one: the tenant's applies.
+    for damaged in ({}, {b"tpm": b"lots"}):
+        old = {k: v for k, v in stored.items() if k not in (b"rpm", b"tpm")} | damaged
+        assert Job.from_hash(old).principal().tpm is None
+
+
+async def test_a_limit_past_what_the_script_counts_in_keeps_its_headers(
+    kv: KeyValueStore, prefix: str
+) -> None:
+    # 2^63 and more (the CLI took any integer) wrapped to a negative number in the script's
+    # reply: the x-ratelimit-* headers vanished. Such a limit now counts as MAX_PER_MINUTE.
+    from pipeline.store.limits import MAX_PER_MINUTE
+
+    limits = limiter(kv, prefix, window_seconds=60)
+    decision = await limits.admit(principal(rpm=2**63, tpm=10**40))
+    assert decision.admitted
+    headers = decision.headers()
+    assert headers["x-ratelimit-limit-requests"] == str(MAX_PER_MINUTE)
+    assert headers["x-ratelimit-limit-tokens"] == str(MAX_PER_MINUTE)
+    assert int(headers["x-ratelimit-remaining-requests"]) == MAX_PER_MINUTE - 1

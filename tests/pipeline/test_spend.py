@@ -148,3 +148,25 @@ def test_the_charge_is_the_answers_usage_or_the_spend_where_that_is_more() -> No
     assert spend.charge(None) == 50  # cut short
     assert spend.charge(filtered) == 50  # ended by a filter before its usage came
     assert spend.charge(answered) == 80  # a follower pays the shared answer's usage
+
+
+async def test_a_follower_cut_short_is_charged_the_events_it_was_relayed(monkeypatch) -> None:
+    # A follower of a shared generation spends nothing itself and, cut short, has no usage:
+    # it read most of an answer for free (a hostile review, 2026-12-05: 330 of 351 chunks).
+    import app.routes.chat as chat_route
+
+    charged: list[int] = []
+    monkeypatch.setattr(chat_route, "charge", lambda services, who, tokens: charged.append(tokens))
+
+    async def relayed() -> AsyncGenerator[bytes, None]:
+        for i in range(10):
+            yield b'data: {"choices": [{"delta": {"content": "w%d "}}]}\n\n' % i
+
+    class Unfinished:  # the shared answer, not ended when its client leaves
+        completion = None
+
+    who = Principal(tenant="acme", user="alice", scopes=frozenset({"chat"}), key_id="k")
+    stream = chat_route._charged(relayed(), Unfinished(), None, who, Spend())  # type: ignore[arg-type]
+    read = [await anext(stream) for _ in range(7)]
+    await stream.aclose()  # the client hangs up
+    assert len(read) == 7 and charged == [7]
