@@ -52,8 +52,8 @@ MAX_METADATA_BYTES = 8192
 MAX_METADATA_KEYS = 64
 MAX_METADATA_TEXT_CHARS = 1024  # a string value, or one string of a list
 MAX_METADATA_LIST_ITEMS = 64
-# Integers as the JSON bodies take them (app.http.bodies): what a signed or unsigned 64-bit
-# integer holds. Past that a value cannot be filtered on exactly.
+# What a signed or unsigned 64-bit integer holds: no JSON body (app.http.bodies) and no
+# document's metadata takes an integer past them.
 INT64_MIN = -(2**63)
 UINT64_MAX = 2**64 - 1
 

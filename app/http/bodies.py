@@ -29,11 +29,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from pipeline.errors import InvalidRequest
+from retrieval.documents import INT64_MIN, UINT64_MAX
 
 M = TypeVar("M", bound=BaseModel)
 
-INT64_MIN = -(2**63)
-UINT64_MAX = 2**64 - 1
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 

@@ -74,8 +74,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # ``request.form()``): a 499 for the log and metrics, as for one that leaves while its
         # request waits (``app.http.disconnect``), not a 500 with a traceback; the answer goes
         # nowhere.
-        closed = ClientClosedRequest()
-        return JSONResponse(closed.to_dict(), status_code=closed.status_code)
+        return await _pipeline_error(request, ClientClosedRequest())
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

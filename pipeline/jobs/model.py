@@ -25,6 +25,7 @@ import orjson
 
 from pipeline.context import Principal
 from pipeline.errors import ServiceUnavailable
+from pipeline.store.keys import read_limit
 
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
@@ -110,15 +111,6 @@ def _number(fields: dict[bytes, bytes], name: str) -> float | None:
 def _count(fields: dict[bytes, bytes], name: str, default: int) -> int:
     value = fields.get(name.encode())
     return int(value) if value else default
-
-
-def _limit(fields: dict[bytes, bytes], name: str) -> int | None:
-    """A key's limit kept with its job; damaged, the tenant's applies (as for the key)."""
-    value = fields.get(name.encode())
-    try:
-        return max(0, int(value)) if value else None
-    except ValueError:
-        return None
 
 
 def _names(fields: dict[bytes, bytes], name: str) -> frozenset[str]:
@@ -263,8 +255,8 @@ class Job:
             digest=_raw(fields, "digest") or "",
             expires=_number(fields, "expires"),
             groups=_names(fields, "groups"),
-            rpm=_limit(fields, "rpm"),
-            tpm=_limit(fields, "tpm"),
+            rpm=read_limit(fields.get(b"rpm")),
+            tpm=read_limit(fields.get(b"tpm")),
         )
 
     def readable_by(self, reader: Principal) -> bool:

@@ -49,7 +49,6 @@ from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
 from pipeline.looptime import Bound
 from pipeline.store.kv import UNREACHABLE, KeyValueStore
-from pipeline.store.limits import MAX_PER_MINUTE
 from pipeline.telemetry import metrics
 from retrieval.access import AccessError, check_names
 from retrieval.tenants import check_tenant
@@ -510,11 +509,11 @@ def _principal(fields: dict[bytes, bytes], *, checked: bool = True) -> Principal
     work)."""
     errors = "strict" if checked else "replace"
 
-    def text(name: bytes, default: bytes | None = b"") -> str:
-        value = fields[name] if checked and default is None else fields.get(name, b"")
+    def text(name: bytes, required: bool = False) -> str:
+        value = fields[name] if checked and required else fields.get(name, b"")
         return value.decode(errors=errors)
 
-    tenant, user = text(b"tenant", None), text(b"user", None)
+    tenant, user = text(b"tenant", required=True), text(b"user", required=True)
     if checked:
         validate_tenant(tenant)
         validate_name("user", user)
@@ -523,19 +522,22 @@ def _principal(fields: dict[bytes, bytes], *, checked: bool = True) -> Principal
         user=user,
         scopes=frozenset(s for s in text(b"scopes").split(",") if s),
         key_id=text(b"key_id"),
-        rpm=_limit(fields.get(b"rpm")),
-        tpm=_limit(fields.get(b"tpm")),
+        rpm=read_limit(fields.get(b"rpm")),
+        tpm=read_limit(fields.get(b"tpm")),
         groups=frozenset(g for g in text(b"groups").split(",") if g),
     )
 
 
-def _limit(value: bytes | None) -> int | None:
-    if value is None:
+def read_limit(value: bytes | None) -> int | None:
+    """A limit per minute as a record stores it (a key's, a job's); None where there is none or
+    it is damaged: the tenant's default applies. One past what the script counts in is its
+    business (``pipeline.store.limits``: it counts as ``MAX_PER_MINUTE``)."""
+    if not value:
         return None
     try:
-        return min(max(0, int(value)), MAX_PER_MINUTE)
+        return max(0, int(value))
     except ValueError:
-        return None  # a damaged field: the tenant's default applies
+        return None
 
 
 def _encoded(value: str | None) -> bytes | None:
