@@ -1,5 +1,7 @@
 """Rate limits at the edge: every authenticated /v1 request is admitted or refused (429) before
-its body is read, and every answer carries the ``x-ratelimit-*`` headers.
+its body is read, and every answer carries the ``x-ratelimit-*`` headers. Where a token limit
+applies, the chat route then holds the request's estimated tokens (``reserve``), refused with
+the same 429 while the window is full.
 
 ``RateLimits`` is the ASGI middleware just inside ``AuthenticateFirst`` (it reads the principal
 that one resolved). The tokens of an answer are charged after it (``charge``): the chat route
@@ -17,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.http.auth import PRINCIPAL, refuse
 from app.services import Services
 from pipeline.context import Principal
-from pipeline.store.limits import Decision, refusal
+from pipeline.store.limits import Decision, Reservation, refusal
 
 DEGRADED: Final = "rag.ratelimit.degraded"
 _settling: set[asyncio.Task[None]] = set()  # charges in flight (kept from the collector)
@@ -71,12 +73,29 @@ def annotate_limits(decision: Decision) -> None:
         )
 
 
-def charge(services: Services, principal: Principal, tokens: int) -> None:
-    """Charge an answer's tokens to its key and tenant, in the background, so that no answer
-    waits for it (a stream its client cut short included: what it spent until then,
-    ``pipeline.model.spend``)."""
-    if services.limits is None or tokens <= 0:
+async def reserve(services: Services, principal: Principal, tokens: int) -> Reservation | None:
+    """Hold a request's estimated ``tokens`` in its key's and tenant's token windows (once its
+    body is read), or raise the 429 that says which limit is spent; None where no token limit
+    applies, or Redis cannot be asked and the limiter fails open."""
+    limiter = services.limits
+    if limiter is None:
+        return None
+    decision, reservation = await limiter.reserve(principal, tokens)
+    if not decision.admitted:
+        annotate_limits(decision)
+        raise refusal(decision, limiter.config.window_seconds)
+    return reservation
+
+
+def charge(
+    services: Services, principal: Principal, tokens: int, reservation: Reservation | None = None
+) -> None:
+    """Charge an answer's tokens to its key and tenant in place of its ``reservation``, in the
+    background, so that no answer waits for it (a stream its client cut short included: what
+    it spent until then, ``pipeline.model.spend``)."""
+    if services.limits is None or (tokens <= 0 and reservation is None):
         return
-    task = asyncio.get_running_loop().create_task(services.limits.settle(principal, tokens))
+    settling = services.limits.settle(principal, tokens, reservation)
+    task = asyncio.get_running_loop().create_task(settling)
     _settling.add(task)
     task.add_done_callback(_settling.discard)

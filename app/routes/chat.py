@@ -19,7 +19,7 @@ from app.http.answers import ChatCompletion
 from app.http.auth import ChatPrincipal, bearer_token
 from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.disconnect import queued_calls_leave_with
-from app.http.limits import charge
+from app.http.limits import charge, reserve
 from app.http.openapi import answers
 from app.http.responses import JSONResponse, chat_completion, sse_stream
 from app.http.schemas import ChatCompletionRequest
@@ -29,7 +29,8 @@ from app.path import PathsDep
 from app.services import Services, ServicesDep
 from pipeline.answer.stream import AnswerStream
 from pipeline.context import CacheControl, Principal, RequestContext
-from pipeline.model.spend import Spend, spent
+from pipeline.model.spend import Spend, estimated_tokens, spent
+from pipeline.store.limits import Reservation
 
 router = APIRouter(tags=["chat"])
 
@@ -62,6 +63,10 @@ async def create_chat_completion(
         cache_control=CacheControl.parse(request.headers.get("cache-control")),
     )
     hand_to_log(request.scope, ctx)
+    # Its estimate held in its token limits until it is charged: the requests in flight count.
+    held = await reserve(
+        services, principal, estimated_tokens(ctx.params, settings.llm.context_length)
+    )
     # The model calls of this request, the streamed answer's included, add what they spend
     # (the task's context, copied into every task started for it).
     spend = Spend()
@@ -70,14 +75,16 @@ async def create_chat_completion(
         with queued_calls_leave_with(request.receive):
             await paths.chat.run(ctx)
     except BaseException:
-        charge(services, principal, spend.tokens)  # a call that ended without an answer
+        charge(services, principal, spend.tokens, held)  # a call that ended without an answer
         raise
     hit = ctx.cache_status == "hit"
     headers = {"x-cache": "hit" if hit else "miss"}
+    if hit:
+        charge(services, principal, 0, held)  # a cache hit costs no tokens
     if ctx.params.stream and ctx.answer is not None:
         events = sse_stream(ctx, ctx.answer)
         return EventStreamResponse(
-            events if hit else _charged(events, ctx.answer, services, principal, spend),
+            events if hit else _charged(events, ctx.answer, services, principal, spend, held),
             deadline=ctx.deadline,
             write_stall_s=settings.server.stream_write_stall_seconds,
             headers={**headers, "cache-control": "no-cache"},
@@ -85,7 +92,7 @@ async def create_chat_completion(
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
     if not hit:
-        charge(services, principal, spend.charge(ctx.completion))
+        charge(services, principal, spend.charge(ctx.completion), held)
     return JSONResponse(chat_completion(ctx, ctx.completion), headers=headers)
 
 
@@ -95,6 +102,7 @@ async def _charged(
     services: Services,
     principal: Principal,
     spend: Spend,
+    held: Reservation | None,
 ) -> AsyncGenerator[bytes]:
     """The stream, and its tokens charged to the caller's limits however it ends: its usage
     when it has ended, else what its model calls spent until it was cut (``spend``, complete
@@ -112,4 +120,4 @@ async def _charged(
                 relayed += chunk.count(b"data: ")
                 yield chunk
     finally:
-        charge(services, principal, max(spend.charge(answer.completion), relayed))
+        charge(services, principal, max(spend.charge(answer.completion), relayed), held)

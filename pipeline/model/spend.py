@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from pipeline.answer.completion import Completion
+from pipeline.context import ChatParams
 from pipeline.model.tokens import TokenCounter
 
 # The framing of one chat message around its content (role and separators), as chat templates
@@ -58,6 +59,23 @@ def prompt_tokens(payload: dict[str, Any], counter: TokenCounter) -> int:
     if payload.get("tools"):
         total += counter.count(orjson.dumps(payload["tools"]).decode())
     return total
+
+
+# Characters per token in OpenAI's estimate of a request before it runs.
+CHARS_PER_TOKEN = 4
+
+
+def estimated_tokens(params: ChatParams, context_length: int) -> int:
+    """What a request may spend, from its body alone, as OpenAI's limits reckon it when a
+    request arrives: its messages' and tools' text at four characters a token, plus its
+    ``max_tokens`` (the whole context where it sets none); at most ``context_length``, the
+    most one model call can take. The sources retrieved for it are not known yet: what it
+    spends is settled when it ends (``pipeline.store.limits.RateLimiter.settle``)."""
+    chars = sum(len(_text(m.get("content"))) for m in params.messages if isinstance(m, dict))
+    if params.tools:
+        chars += len(orjson.dumps(params.tools))
+    answer = params.sampling.get("max_tokens") or context_length
+    return min(context_length, chars // CHARS_PER_TOKEN + int(answer))
 
 
 def _text(content: Any) -> str:

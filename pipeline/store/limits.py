@@ -7,8 +7,10 @@ clock, so N replicas share one budget exactly and no replica's clock matters. A 
 more than that is admitted, however the load is spread over the replicas.
 
 Tokens are settled after the answer (prompt + completion of a generated answer; a cache hit
-costs none): a request is admitted while the tokens of the last window are under the limit, so
-the last admitted request may take the window past it by its own tokens, and the next waits.
+costs none). Before that, once its body is read, a chat request holds an estimate of them
+(``reserve``), which its settlement replaces: a request is admitted while the tokens of the
+last window, answers' and the estimates of requests in flight, are under the limit, so the last
+admitted request may take the window past it by its own tokens, and the next waits.
 
 Where a limit comes from, first found wins (0 is "no limit"):
 
@@ -46,9 +48,10 @@ KINDS: Final = ("requests", "tokens")
 SCOPES: Final = ("key", "tenant")
 
 # KEYS: key requests, tenant requests, key tokens, tenant tokens, tenant record.
-# ARGV: mode ('admit' | 'settle'), window ms, member id, tokens (settle), then the four limits
-# as passed by the caller ('' where the caller has none: the tenant record or the defaults
-# decide), then the four defaults (key rpm, key tpm, tenant rpm, tenant tpm; per window).
+# ARGV: mode ('admit' | 'reserve' | 'settle'), window ms, member id, tokens (reserve, settle),
+# then the four limits as passed by the caller ('' where the caller has none: the tenant record
+# or the defaults decide), then the four defaults (key rpm, key tpm, tenant rpm, tenant tpm; per
+# window), then (settle) the member of the request's reservation, '' if none.
 # The scale (window / 60 s) turns a per-minute limit into a per-window one.
 # Returns: {admitted (1/0), refused limit index (0 if none), retry ms, then per limit in the
 # order key requests, tenant requests, key tokens, tenant tokens: limit, used, reset ms}.
@@ -108,10 +111,11 @@ end
 local admitted = 1
 local refused = 0
 local retry = 0
-if ARGV[1] == 'admit' then
-  for i = 1, 4 do
+-- Refuses the request when a limit in first..last is spent (or held by reservations): how
+-- long until the oldest entries leave the window and free enough room.
+local function check(first, last)
+  for i = first, last do
     if limit_of[i] > 0 and used[i] >= limit_of[i] then
-      -- When the oldest entries leave the window, enough room is freed.
       local wait = window
       if i <= 2 then
         local rank = used[i] - limit_of[i]
@@ -129,6 +133,21 @@ if ARGV[1] == 'admit' then
       admitted = 0
     end
   end
+end
+-- Logs tokens (a reservation or an answer's) as member:tokens in the token logs.
+local function add_tokens(member, tokens)
+  for i = 3, 4 do
+    if limit_of[i] > 0 then
+      redis.call('ZADD', KEYS[i], now, member .. ':' .. tokens)
+      redis.call('PEXPIRE', KEYS[i], window)
+      used[i] = used[i] + tokens
+      redis.call('SET', KEYS[i] .. ':sum', used[i], 'PX', window)
+    end
+  end
+end
+local tokens = tonumber(ARGV[4]) or 0
+if ARGV[1] == 'admit' then
+  check(1, 4)
   if admitted == 1 then
     for i = 1, 2 do
       if limit_of[i] > 0 then
@@ -138,18 +157,22 @@ if ARGV[1] == 'admit' then
       end
     end
   end
+elseif ARGV[1] == 'reserve' then
+  check(3, 4)
+  if admitted == 1 and tokens > 0 then add_tokens(ARGV[3], tokens) end
 else
-  local tokens = tonumber(ARGV[4]) or 0
-  if tokens > 0 then
+  -- settle: the request's reservation (if still in the window) gives way to what it spent.
+  local held = ARGV[13] or ''
+  if held ~= '' then
+    local reserved = tonumber(string.match(held, ':(%d+)$')) or 0
     for i = 3, 4 do
-      if limit_of[i] > 0 then
-        redis.call('ZADD', KEYS[i], now, ARGV[3] .. ':' .. tokens)
-        redis.call('PEXPIRE', KEYS[i], window)
-        used[i] = used[i] + tokens
+      if limit_of[i] > 0 and redis.call('ZREM', KEYS[i], held) == 1 then
+        used[i] = math.max(0, used[i] - reserved)
         redis.call('SET', KEYS[i] .. ':sum', used[i], 'PX', window)
       end
     end
   end
+  if tokens > 0 then add_tokens(ARGV[3], tokens) end
 end
 local reply = {admitted, refused, math.max(0, retry)}
 for i = 1, 4 do
@@ -235,6 +258,15 @@ class Decision:
         return headers
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """Tokens a request holds in its token windows until it is settled: the log's member
+    (``<id>:<tokens>``, as the script stores it) and the tokens."""
+
+    member: str
+    tokens: int
+
+
 class RateLimited(PipelineError):
     """A 429: the key's or the tenant's budget of requests or tokens for the window is spent
     (``rate_limit_exceeded``), or, failing closed, it cannot be checked
@@ -296,35 +328,40 @@ class RateLimiter:
                 return Decision(admitted=True)  # nothing to count: no script, no headers
             reply = await self._run("admit", principal, 0)
         except StoreUnavailable as exc:
-            mode = "open" if self.config.fail_open else "closed"
-            metrics.ratelimit_degraded(mode)
-            if self.config.fail_open:
-                return Decision(admitted=True, degraded=True)
-            return Decision(
-                admitted=False, degraded=True, retry_after_ms=math.ceil(exc.retry_after_s * 1000)
-            )
+            return self._unchecked(exc)
         decision = _decision(reply)
         if decision.refused is not None:
             metrics.ratelimit_refused(decision.refused.scope, decision.refused.kind)
         return decision
 
-    async def _limited(self, principal: Principal) -> bool:
-        """Whether any limit applies to ``principal``. The tenant record is read again at most
-        once a second per tenant (a change made with ``rag keys tenant-limits`` applies within
-        about a second where no other limit applied before)."""
+    def _unchecked(self, exc: StoreUnavailable) -> Decision:
+        """The decision when Redis cannot be asked: admitted failing open, else refused."""
+        mode = "open" if self.config.fail_open else "closed"
+        metrics.ratelimit_degraded(mode)
+        if self.config.fail_open:
+            return Decision(admitted=True, degraded=True)
+        return Decision(
+            admitted=False, degraded=True, retry_after_ms=math.ceil(exc.retry_after_s * 1000)
+        )
+
+    async def _limited(self, principal: Principal, kinds: tuple[int, ...] = (0, 1)) -> bool:
+        """Whether any limit of ``kinds`` (0 requests, 1 tokens) applies to ``principal``. The
+        tenant record is read again at most once a second per tenant (a change made with
+        ``rag keys tenant-limits`` applies within about a second where no other limit applied
+        before)."""
         own = (principal.rpm, principal.tpm)
-        if any(own):
+        if any(own[kind] for kind in kinds):
             return True
         defaults = self.config.defaults(principal.tenant)
         record = await self._tenant_record(principal.tenant)
-        key = [
-            value if value is not None else int(record.get(name, 0) or defaults[i])
-            for i, (name, value) in enumerate(zip(("key_rpm", "key_tpm"), own, strict=True))
-        ]
-        tenant = [
-            int(record.get(name, 0) or defaults[2 + i]) for i, name in enumerate(("rpm", "tpm"))
-        ]
-        return any(key) or any(tenant)
+        for kind in kinds:
+            name = KINDS[kind][0] + "pm"  # rpm, tpm
+            key = own[kind]
+            if key is None:
+                key = int(record.get(f"key_{name}", 0) or defaults[kind])
+            if key or int(record.get(name, 0) or defaults[2 + kind]):
+                return True
+        return False
 
     async def _tenant_record(self, tenant: str) -> dict[str, str]:
         """The tenant record as last read: read on first use, and again in the background once
@@ -366,19 +403,54 @@ class RateLimiter:
         self._records[tenant] = (time.monotonic(), record)
         return record
 
-    async def settle(self, principal: Principal, tokens: int) -> None:
-        """Charge an answer's tokens to the key and the tenant; lost (logged in the metric)
-        when Redis cannot be reached."""
-        if tokens <= 0:
+    async def reserve(
+        self, principal: Principal, tokens: int
+    ) -> tuple[Decision, Reservation | None]:
+        """Hold ``tokens`` (a request's estimate, read from its body) in the key's and the
+        tenant's token windows until the request is settled, or say why not: refused while
+        what the window holds, answers and reservations, is at a limit. So the requests in
+        flight when a key reaches its limit no longer all go through: the window goes past a
+        limit by the last admitted request's estimate, and by what answers spend beyond their
+        estimates. No script runs where no token limit applies; never raises for Redis."""
+        member = secrets.token_hex(8)
+        try:
+            if tokens <= 0 or not await self._limited(principal, kinds=(1,)):
+                return Decision(admitted=True), None
+            reply = await self._run("reserve", principal, tokens, member=member)
+        except StoreUnavailable as exc:
+            return self._unchecked(exc), None
+        decision = _decision(reply)
+        if decision.refused is not None:
+            metrics.ratelimit_refused(decision.refused.scope, decision.refused.kind)
+            return decision, None
+        return decision, Reservation(f"{member}:{tokens}", tokens)
+
+    async def settle(
+        self, principal: Principal, tokens: int, reservation: Reservation | None = None
+    ) -> None:
+        """Charge an answer's tokens to the key and the tenant, in place of the request's
+        ``reservation``; lost (logged in the metric) when Redis cannot be reached (a
+        reservation then leaves the window with its time)."""
+        if tokens <= 0 and reservation is None:
             return
         try:
-            await self._run("settle", principal, tokens)
+            await self._run(
+                "settle", principal, tokens, held=reservation.member if reservation else ""
+            )
         except StoreUnavailable:
             metrics.ratelimit_degraded("settle_lost")
 
-    async def _run(self, mode: str, principal: Principal, tokens: int) -> list[int]:
+    async def _run(
+        self,
+        mode: str,
+        principal: Principal,
+        tokens: int,
+        *,
+        member: str | None = None,
+        held: str = "",
+    ) -> list[int]:
         config = self.config
-        member = secrets.token_hex(8)
+        member = member or secrets.token_hex(8)
         own = (
             "" if principal.rpm is None else principal.rpm,
             "" if principal.tpm is None else principal.tpm,
@@ -396,6 +468,7 @@ class RateLimiter:
                 "",
                 "",
                 *config.defaults(principal.tenant),
+                held,
             ],
         )
         return [int(value) for value in reply]

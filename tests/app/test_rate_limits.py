@@ -5,6 +5,7 @@ sharing one budget and hearing of a revoked key within a second."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -80,29 +81,31 @@ async def test_tokens_of_real_answers_are_charged(
         async def remaining() -> int:
             return int((await models(harness, key)).headers["x-ratelimit-remaining-tokens"])
 
-        async def charged(before: int) -> int:
-            for _ in range(100):  # the charge is made in the background, after the answer
-                now = await remaining()
-                if now != before:
-                    return before - now
+        async def charged(before: int, expected: int) -> int:
+            """What was charged since ``before``, once it is ``expected`` (the charge is made
+            in the background, after the answer, in place of the request's reservation: the
+            request's estimate, held while it ran) or after 2 s."""
+            for _ in range(100):
+                if (now := await remaining()) == before - expected:
+                    break
                 await asyncio.sleep(0.02)
-            return 0
+            return before - now
 
         start = await remaining()
         question = unique_question()
         plain = await harness.chat(key, chat_request(question))
         assert plain.status_code == 200, plain.text
         usage = plain.json()["usage"]
-        assert await charged(start) == usage["prompt_tokens"] + usage["completion_tokens"]
+        spent = usage["prompt_tokens"] + usage["completion_tokens"]
+        assert await charged(start, spent) == spent
 
-        # A cache hit costs no tokens.
+        # A cache hit costs no tokens (its reservation is let go).
         before = await remaining()
         hit = await harness.chat(key, chat_request(question))
         assert hit.headers["x-cache"] == "hit"
-        await asyncio.sleep(0.2)
-        assert await remaining() == before
+        assert await charged(before, 0) == 0
 
-        # A stream is charged when it ends.
+        # A stream is charged when it ends: its usage, as the last chunk tells it.
         body = chat_request(unique_question(), stream=True, stream_options={"include_usage": True})
         async with harness.client.stream(
             "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
@@ -111,7 +114,9 @@ async def test_tokens_of_real_answers_are_charged(
             assert "x-ratelimit-remaining-tokens" in stream.headers
             text = "".join([chunk async for chunk in stream.aiter_text()])
         assert text.rstrip().endswith("data: [DONE]")
-        assert await charged(before) > 0
+        usage = json.loads(text.rstrip().split("data: ")[-2])["usage"]
+        spent = usage["prompt_tokens"] + usage["completion_tokens"]
+        assert await charged(before, spent) == spent
 
 
 def test_a_stream_its_client_cuts_short_is_charged_what_it_spent(
@@ -182,6 +187,35 @@ async def test_a_tenant_over_its_tokens_gets_429(
         # Another tenant is not touched.
         other = await harness.key(tenant="others")
         assert (await models(harness, other)).status_code == 200
+
+
+async def test_the_requests_in_flight_count_against_the_tokens_per_minute(
+    make_app: Callable[..., Any], redis_server: RedisServer, vllm: VLLMServer
+) -> None:
+    """Each request holds its estimate (its text at four characters a token, plus its
+    max_tokens: about 27 here) while it runs, so 12 sent at once against 60 tokens a minute
+    admit three, not all twelve (before: every one went through, since none had settled); once
+    they end, what they spent replaces what they held."""
+    settings = limited(redis_server.url, vllm.url, tenant_tpm=60)
+    async with make_app(settings) as harness:
+        key = await harness.key(tenant="inflight")
+        answers = await asyncio.gather(
+            *(harness.chat(key, chat_request(unique_question())) for _ in range(12))
+        )
+        done = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code == 429]
+        assert len(done) + len(refused) == 12, [a.text for a in answers]
+        assert 1 <= len(done) <= 3, f"{len(done)} of 12 admitted against 60 tokens a minute"
+        assert {a.json()["error"]["code"] for a in refused} == {"rate_limit_exceeded"}
+        assert all("retry-after" in a.headers for a in refused)
+        spent = sum(a.json()["usage"]["total_tokens"] for a in done)
+        sum_key = f"{settings.redis.key_prefix}ratelimit:tenant:inflight:tok:sum"
+        held: bytes | None = None
+        for _ in range(100):  # the charges are made in the background
+            if (held := await harness.services.kv.client.get(sum_key)) == str(spent).encode():
+                break
+            await asyncio.sleep(0.02)
+        assert held == str(spent).encode(), f"the window holds {held!r}, the answers spent {spent}"
 
 
 @pytest.mark.parametrize("fail_open", [True, False])

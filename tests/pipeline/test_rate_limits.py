@@ -138,6 +138,50 @@ async def test_tokens_are_settled_after_the_answer(kv: KeyValueStore, prefix: st
     assert fourth.admitted and fourth.headers()["x-ratelimit-remaining-tokens"] == "40"
 
 
+async def test_reservations_hold_tokens_until_settled(kv: KeyValueStore, prefix: str) -> None:
+    """100 tokens a window: reservations of 40 are admitted while the window holds less than
+    100 (the last takes it past), then refused; settling puts what was spent in place of what
+    was held, once (a cache hit: nothing), and the sum stays the log's."""
+    limits = limiter(kv, prefix, key_tpm=1500, window_seconds=4)
+    who = principal()
+    held = [await limits.reserve(who, 40) for _ in range(4)]
+    assert [decision.admitted for decision, _ in held] == [True, True, True, False]
+    refused = held[-1][0]
+    assert refused.refused is not None and refused.refused.kind == "tokens"
+    assert refused.headers()["x-ratelimit-remaining-tokens"] == "0"
+    assert 0 < refused.retry_after_ms <= 4000 and held[-1][1] is None
+    first, second, third = (reservation for _, reservation in held[:3])
+    assert first is not None and second is not None and third is not None
+    await limits.settle(who, 10, first)  # 120 - 40 + 10
+    assert (await limits.admit(who)).headers()["x-ratelimit-remaining-tokens"] == "10"
+    await limits.settle(who, 0, second)  # a cache hit: the reservation let go
+    await limits.settle(who, 0, second)  # again: nothing more let go
+    assert (await limits.admit(who)).headers()["x-ratelimit-remaining-tokens"] == "50"
+    log = f"{prefix}ratelimit:key:{who.key_id}:tok"
+    members = await kv.client.zrange(log, 0, -1)
+    assert sum(int(m.rsplit(b":", 1)[1]) for m in members) == 50  # 10 spent, 40 held
+    assert await kv.client.get(f"{log}:sum") == b"50"
+
+
+async def test_a_reservation_that_left_the_window_is_not_let_go_twice(
+    kv: KeyValueStore, prefix: str
+) -> None:
+    limits = limiter(kv, prefix, key_tpm=6000, window_seconds=1)  # 100 a window
+    who = principal()
+    _, reservation = await limits.reserve(who, 90)
+    await asyncio.sleep(1.1)  # it leaves the window with its time
+    await limits.settle(who, 30, reservation)
+    assert (await limits.admit(who)).headers()["x-ratelimit-remaining-tokens"] == "70"
+
+
+async def test_no_token_limit_no_reservation(kv: KeyValueStore, prefix: str) -> None:
+    limits = limiter(kv, prefix, key_rpm=60)
+    who = principal()
+    decision, reservation = await limits.reserve(who, 500)
+    assert decision.admitted and reservation is None
+    assert await kv.client.exists(f"{prefix}ratelimit:key:{who.key_id}:tok") == 0
+
+
 async def test_where_limits_come_from(kv: KeyValueStore, prefix: str) -> None:
     """Key record > tenant record > per-tenant settings > defaults; 0 is no limit."""
     config = LimitConfig(key_rpm=60, tenants={"acme": {"key_rpm": 120}}, window_seconds=60)
@@ -192,6 +236,12 @@ async def test_redis_down_fails_open_or_closed() -> None:
         assert error.status_code == 429 and error.code == "rate_limit_unavailable"
         assert int(error.headers["Retry-After"]) >= 1
         await limiter(nowhere, "x:", key_tpm=1).settle(principal(), 10)  # lost, not raised
+        opened, held = await limiter(nowhere, "x:", key_tpm=1).reserve(principal(), 10)
+        assert opened.admitted and opened.degraded and held is None
+        closed, held = await limiter(nowhere, "x:", key_tpm=1, fail_open=False).reserve(
+            principal(), 10
+        )
+        assert not closed.admitted and closed.degraded and held is None
     finally:
         await nowhere.aclose()
 

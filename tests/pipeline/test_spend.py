@@ -156,7 +156,9 @@ async def test_a_follower_cut_short_is_charged_the_events_it_was_relayed(monkeyp
     import app.routes.chat as chat_route
 
     charged: list[int] = []
-    monkeypatch.setattr(chat_route, "charge", lambda services, who, tokens: charged.append(tokens))
+    monkeypatch.setattr(
+        chat_route, "charge", lambda services, who, tokens, held: charged.append(tokens)
+    )
 
     async def relayed() -> AsyncGenerator[bytes, None]:
         for i in range(10):
@@ -166,7 +168,7 @@ async def test_a_follower_cut_short_is_charged_the_events_it_was_relayed(monkeyp
         completion = None
 
     who = Principal(tenant="acme", user="alice", scopes=frozenset({"chat"}), key_id="k")
-    stream = chat_route._charged(relayed(), Unfinished(), None, who, Spend())  # type: ignore[arg-type]
+    stream = chat_route._charged(relayed(), Unfinished(), None, who, Spend(), None)  # type: ignore[arg-type]
     read = [await anext(stream) for _ in range(7)]
     await stream.aclose()  # the client hangs up
     assert len(read) == 7 and charged == [7]
