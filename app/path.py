@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from pipeline.model.salt import PrefixCacheSalt
 from pipeline.routing.load import LoadPolicy
 from pipeline.runner import INPUTS, Concurrent, Runner, Stage, Step
 from pipeline.stages.adapt import AdaptToLoad
@@ -102,12 +103,21 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             counter=services.tokens,
             context_length=settings.llm.context_length,
             flights=single_flight(settings, services),
+            salt=prefix_cache_salt(settings),
         )
     )
     steps.extend(optional(guard_out_stage(services)))
     if settings.cache.enabled:
         steps.append(CacheStore(response_cache(settings, services)))
     return steps
+
+
+def prefix_cache_salt(settings: Settings) -> PrefixCacheSalt | None:
+    """The model server's prefix cache salted per tenant and key groups, unless it is off."""
+    if settings.llm.prefix_cache_salt == "off":
+        return None
+    secret = settings.llm.prefix_cache_secret
+    return PrefixCacheSalt(secret.get_secret_value().encode() if secret is not None else b"")
 
 
 def validate_stage(settings: Settings, services: Services) -> ValidateRequest:

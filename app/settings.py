@@ -129,6 +129,17 @@ class LLMSettings(BaseModel):
         description="Connections to the model server, shared by the client's connection pools; "
         "a call over the limit waits up to the connect timeout for one.",
     )
+    prefix_cache_salt: Literal["tenant", "off"] = Field(
+        "tenant",
+        description="Salt the model server's prefix cache per tenant and key groups (vLLM's "
+        "cache_salt), so no caller can time another tenant's prompts; off: one cache for all "
+        "(a single tenant, or a server that refuses the field).",
+    )
+    prefix_cache_secret: SecretStr | None = Field(
+        None,
+        description="Mixed into each salt, so a salt cannot be guessed from a tenant's name by "
+        "anyone who can reach the model server itself.",
+    )
     tokenizer_path: Path | None = Field(
         None,
         description="tokenizer.json of the served model, to count tokens as it does "
@@ -517,7 +528,7 @@ class FeatureSettings(Durations):
         True, description="Append each request to the request log `rag features compute` reads."
     )
     log_max_entries: int = Field(
-        100_000, gt=0, description="The request log keeps about this many newest records."
+        100_000, gt=0, description="Each tenant's request log keeps about this many newest records."
     )
 
 

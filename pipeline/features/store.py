@@ -10,8 +10,12 @@ Keys (``prefix`` is the service's Redis key prefix):
   hour's count plus last hour's, weighted by the part of last hour still inside the window
   (``current + previous * (1 - seconds into this hour / 3600)``). Two counters per user, exact
   when requests are spread evenly, never off by more than last hour's count.
-- ``{prefix}features-log``: a capped stream (``MAXLEN ~``) of request-log records, what
-  ``rag features compute`` derives batch features from. No prompt text is ever in it.
+- ``{prefix}features-log:{tenant}``: a capped stream (``MAXLEN ~``) of the tenant's request-log
+  records, what ``rag features compute`` derives batch features from. No prompt text is ever
+  in it. One per tenant, each with its own cap: in one stream for all (before), one tenant's
+  traffic pushed the others' records out before they were computed, and so decided their
+  users' features (a hostile review, 2026-12-05: 400 requests of one tenant left only its own
+  records at a cap of 100). ``read_log`` still reads the one stream of earlier versions.
 
 Tenant and user names cannot hold a colon (``pipeline.store.keys.validate_name``), so one user's key
 can never be another's.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -101,8 +106,12 @@ class FeatureStore:
     def rate_key(self, tenant: str, user: str, hour: int) -> str:
         return f"{self.prefix}features-rt:{tenant}:{user}:{hour}"
 
+    def log_stream(self, tenant: str) -> str:
+        return f"{self.prefix}features-log:{tenant}"
+
     @property
-    def log_stream(self) -> str:
+    def shared_log_stream(self) -> str:
+        """The one stream of every tenant's records that earlier versions appended to."""
         return f"{self.prefix}features-log"
 
     async def load(self, tenant: str, user: str, *, log: dict[str, Any] | None = None) -> Lookup:
@@ -120,7 +129,7 @@ class FeatureStore:
             if log is not None:
                 record = {"tenant": tenant, "user": user, "ts": round(now, 3), **log}
                 pipe.xadd(
-                    self.log_stream,
+                    self.log_stream(tenant),
                     {"record": orjson.dumps(record)},
                     maxlen=self.log_max_entries,
                     approximate=True,
@@ -195,11 +204,25 @@ class FeatureStore:
         return len(batch)
 
     async def read_log(self, *, batch: int = 1000) -> list[dict[str, Any]]:
-        """Every record in the request-log stream, oldest first."""
-        records: list[dict[str, Any]] = []
+        """Every record in the request-log streams (every tenant's, and the shared one of
+        earlier versions), oldest first."""
+        streams = [self.shared_log_stream]
+        pattern = _glob_escaped(self.log_stream("")) + "*"
+        streams += sorted(key.decode() for key in await self.kv.scan(pattern))
+        stamped: list[tuple[tuple[int, ...], dict[str, Any]]] = []
+        for stream in streams:
+            stamped.extend(await self._read_stream(stream, batch))
+        stamped.sort(key=lambda item: item[0])
+        return [record for _, record in stamped]
+
+    async def _read_stream(
+        self, stream: str, batch: int
+    ) -> list[tuple[tuple[int, ...], dict[str, Any]]]:
+        """A stream's readable records, each with its entry id as numbers (time, sequence)."""
+        records: list[tuple[tuple[int, ...], dict[str, Any]]] = []
         start = "-"
         while True:
-            entries = await self.kv.xrange(self.log_stream, start=start, count=batch)
+            entries = await self.kv.xrange(stream, start=start, count=batch)
             for entry_id, fields in entries:
                 raw = fields.get(b"record")
                 try:
@@ -207,12 +230,19 @@ class FeatureStore:
                 except orjson.JSONDecodeError:
                     record = None
                 if isinstance(record, dict):
-                    records.append(record)
+                    stamp = tuple(int(part) for part in entry_id.split(b"-"))
+                    records.append((stamp, record))
                 else:  # another version's, or damaged: as a file's bad line is, skipped
                     log.warning("request log entry %s cannot be read: skipped", _text(entry_id))
             if len(entries) < batch:
                 return records
             start = "(" + entries[-1][0].decode()
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally in a Redis SCAN pattern (a key prefix may hold ``*`` or
+    ``[``)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _text(value: Any) -> str | None:

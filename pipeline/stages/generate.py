@@ -28,6 +28,7 @@ from pipeline.model.budget import fit_sources
 from pipeline.model.chat import TracedChat
 from pipeline.model.prompt import build_messages, personalisation
 from pipeline.model.routes import Route, RouteTable
+from pipeline.model.salt import PrefixCacheSalt
 from pipeline.model.tokens import TokenCounter
 from pipeline.runner import StageSpec
 from pipeline.stages.cache import degraded, searched_the_keyed_version, storable, unshareable
@@ -72,6 +73,7 @@ class Generate:
         counter: TokenCounter | None = None,
         context_length: int | None = None,
         flights: SingleFlight | None = None,
+        salt: PrefixCacheSalt | None = None,
     ) -> None:
         self.routes = routes
         self.chat = chat
@@ -84,6 +86,7 @@ class Generate:
         self.counter = counter
         self.context_length = context_length
         self.flights = flights  # request coalescing, when on
+        self.salt = salt  # the model server's prefix cache kept per tenant, when on
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
@@ -107,6 +110,8 @@ class Generate:
             **params.sampling,
             **tools.options,
         }
+        if self.salt is not None:
+            payload["cache_salt"] = self.salt(ctx.caller)
         # The loop's runs are the planned ones and then its own: they go on the completion, and
         # the context keeps what the tools stage wrote (the loop runs on after this returns).
         runs = list(ctx.tool_runs)

@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, Final
 
 import redis.asyncio as redis
@@ -319,6 +320,17 @@ class KeyValueStore:
 
         replies: list[Any] = await self._call(name, run)
         return replies
+
+    async def scan(self, pattern: str, *, count: int = 1000) -> list[bytes]:
+        """Every key whose name matches the glob ``pattern`` (SCAN, ``count`` keys a step)."""
+        keys: list[bytes] = []
+        cursor = 0
+        while True:
+            step = partial(self.client.scan, cursor, match=pattern, count=count)
+            cursor, found = await self._call("SCAN", step)
+            keys.extend(found)
+            if not cursor:
+                return keys
 
     async def xrange(
         self, stream: str, *, start: str = "-", count: int = 1000

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -169,7 +170,7 @@ async def test_stored_values_that_cannot_be_read_default_and_are_named_never_rai
 async def test_a_request_log_entry_that_cannot_be_read_is_skipped(store) -> None:
     await store.load("acme", "alice", log={"lang": "en", "filters": [], "route": None})
     for damaged in (b"{not json", b"[1, 2]", b"\xff"):
-        await store.kv.client.xadd(store.log_stream, {"record": damaged})
+        await store.kv.client.xadd(store.log_stream("acme"), {"record": damaged})
     await store.load("acme", "bob", log={"lang": "en", "filters": [], "route": None})
     assert [record["user"] for record in await store.read_log()] == ["alice", "bob"]
 
@@ -204,7 +205,7 @@ async def test_the_request_log_holds_the_guess_and_filters_never_the_text(store)
     assert record["filters"] == ["department=sales"]
     assert record["route"] == "small"
     assert abs(record["ts"] - time.time()) < 60
-    raw = await store.kv.xrange(store.log_stream)
+    raw = await store.kv.xrange(store.log_stream("acme"))
     stored = b" ".join(k + b"=" + v for _, fields in raw for k, v in fields.items()).decode()
     assert not any(word in stored for word in ("senha", "cofre", "ninguém", "empresa"))
 
@@ -216,10 +217,41 @@ async def test_the_request_log_is_capped(redis_server) -> None:
         # MAXLEN ~ trims whole stream nodes (100 entries each by default), hence 300 writes.
         for _ in range(300):
             await capped.load("acme", "alice", log={"lang": None, "filters": [], "route": None})
-        length = await kv.xlen(capped.log_stream)
+        length = await kv.xlen(capped.log_stream("acme"))
     finally:
         await kv.aclose()
     assert 100 <= length < 300
+
+
+async def test_one_tenants_requests_never_push_anothers_out_of_the_request_log(
+    redis_server,
+) -> None:
+    """Each tenant's records have a stream and a cap of their own (a hostile review,
+    2026-12-05: in one shared stream capped at 100, 400 requests of one tenant left only its
+    own records, so its traffic decided the other tenant's computed features). Records of the
+    one stream earlier versions wrote are still read, and all come out oldest first."""
+    kv = KeyValueStore.from_url(redis_server.url, TracerProvider().get_tracer("t"))
+    mark = uuid.uuid4().hex[:6]
+    capped = FeatureStore(kv, prefix=f"f[{mark}]*:", log_max_entries=100)
+    entry = {"lang": "fr", "filters": [], "route": None}
+    try:
+        old = {"tenant": "beta", "user": "erin", "ts": 1.0, **entry}
+        await kv.client.xadd(capped.shared_log_stream, {"record": orjson.dumps(old)})
+        for _ in range(5):
+            await capped.load("beta", "carol", log=entry)
+        for _ in range(400):
+            await capped.load("acme", "alice", log={**entry, "lang": "en"})
+        # Another deployment's prefix, which the first one's read as a glob would match.
+        beside = FeatureStore(kv, prefix=f"f{mark[0]}{uuid.uuid4().hex[:8]}:")
+        await beside.load("gamma", "zed", log=entry)
+        records = await capped.read_log()
+    finally:
+        await kv.aclose()
+    users = [(r["tenant"], r["user"]) for r in records]
+    assert users[:6] == [("beta", "erin")] + [("beta", "carol")] * 5
+    assert 100 <= users.count(("acme", "alice")) < 400
+    assert ("gamma", "zed") not in users
+    assert [r["ts"] for r in records] == sorted(r["ts"] for r in records)
 
 
 async def test_a_lookup_is_one_pipelined_redis_call(store, tracing) -> None:
