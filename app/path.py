@@ -103,7 +103,7 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             counter=services.tokens,
             context_length=settings.llm.context_length,
             flights=single_flight(settings, services),
-            salt=prefix_cache_salt(settings),
+            salt=prefix_cache_salt(settings, services),
         )
     )
     steps.extend(optional(guard_out_stage(services)))
@@ -112,12 +112,16 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
     return steps
 
 
-def prefix_cache_salt(settings: Settings) -> PrefixCacheSalt | None:
-    """The model server's prefix cache salted per tenant and key groups, unless it is off."""
+def prefix_cache_salt(settings: Settings, services: Services) -> PrefixCacheSalt | None:
+    """The model server's prefix cache salted per tenant and access scope, unless it is off."""
     if settings.llm.prefix_cache_salt == "off":
         return None
     secret = settings.llm.prefix_cache_secret
-    return PrefixCacheSalt(secret.get_secret_value().encode() if secret is not None else b"")
+    search = services.retrieval
+    return PrefixCacheSalt(
+        secret.get_secret_value().encode() if secret is not None else b"",
+        search.access_scope if search is not None else None,
+    )
 
 
 def validate_stage(settings: Settings, services: Services) -> ValidateRequest:

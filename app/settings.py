@@ -131,9 +131,9 @@ class LLMSettings(BaseModel):
     )
     prefix_cache_salt: Literal["tenant", "off"] = Field(
         "tenant",
-        description="Salt the model server's prefix cache per tenant and key groups (vLLM's "
-        "cache_salt), so no caller can time another tenant's prompts; off: one cache for all "
-        "(a single tenant, or a server that refuses the field).",
+        description="Salt the model server's prefix cache per tenant and access scope (vLLM's "
+        "cache_salt), so no caller can time the prompts of a caller who may see what it may "
+        "not; off: one cache for all (a single tenant, or a server that refuses the field).",
     )
     prefix_cache_secret: SecretStr | None = Field(
         None,

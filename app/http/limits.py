@@ -49,7 +49,11 @@ class RateLimits:
 
         async def send_with_limits(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *headers]
+                # A refusal after admission (the chat route's reservation of tokens) has its
+                # own, newer headers: those stand (both were sent, with different values).
+                given = message.get("headers", [])
+                own = {name.lower() for name, _ in given}
+                message["headers"] = [*given, *(h for h in headers if h[0] not in own)]
             await send(message)
 
         await self.app(scope, receive, send_with_limits)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -84,7 +83,7 @@ async def create_chat_completion(
     if ctx.params.stream and ctx.answer is not None:
         events = sse_stream(ctx, ctx.answer)
         return EventStreamResponse(
-            events if hit else _charged(events, ctx.answer, services, principal, spend, held),
+            events if hit else Charged(events, ctx.answer, services, principal, spend, held),
             deadline=ctx.deadline,
             write_stall_s=settings.server.stream_write_stall_seconds,
             headers={**headers, "cache-control": "no-cache"},
@@ -96,28 +95,58 @@ async def create_chat_completion(
     return JSONResponse(chat_completion(ctx, ctx.completion), headers=headers)
 
 
-async def _charged(
-    body: AsyncGenerator[bytes],
-    answer: AnswerStream,
-    services: Services,
-    principal: Principal,
-    spend: Spend,
-    held: Reservation | None,
-) -> AsyncGenerator[bytes]:
+class Charged:
     """The stream, and its tokens charged to the caller's limits however it ends: its usage
     when it has ended, else what its model calls spent until it was cut (``spend``, complete
-    once ``body`` is closed: ``pipeline.model.spend``); ``body`` is closed at once however this
-    one ends.
+    once ``body`` is closed: ``pipeline.model.spend``). ``body`` is closed at once however this
+    one ends, and the charge is made once: at the end, or when it is closed, started or not (a
+    generator closed before its first step runs no ``finally``: the request's reservation was
+    held until the window ended, found by a review of the change).
 
     A follower of a shared generation spent nothing itself: cut short, it has no usage either,
     and would be charged nothing for what it read (a hostile review, 2026-12-05: 330 of 351
     chunks read for free). So at least one token is charged per event relayed (each a delta of
     one token or more)."""
-    relayed = 0
-    try:
-        async with aclosing(body):
-            async for chunk in body:
-                relayed += chunk.count(b"data: ")
-                yield chunk
-    finally:
-        charge(services, principal, max(spend.charge(answer.completion), relayed), held)
+
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes],
+        answer: AnswerStream,
+        services: Services,
+        principal: Principal,
+        spend: Spend,
+        held: Reservation | None,
+    ) -> None:
+        self._body = body
+        self._answer = answer
+        self._services = services
+        self._principal = principal
+        self._spend = spend
+        self._held = held
+        self._relayed = 0
+        self._charged = False
+
+    def __aiter__(self) -> Charged:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await anext(self._body)
+        except StopAsyncIteration:
+            self._charge()
+            raise
+        self._relayed += chunk.count(b"data: ")
+        return chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._body.aclose()
+        finally:
+            self._charge()
+
+    def _charge(self) -> None:
+        if self._charged:
+            return
+        self._charged = True
+        tokens = max(self._spend.charge(self._answer.completion), self._relayed)
+        charge(self._services, self._principal, tokens, self._held)

@@ -206,9 +206,12 @@ class FeatureStore:
     async def read_log(self, *, batch: int = 1000) -> list[dict[str, Any]]:
         """Every record in the request-log streams (every tenant's, and the shared one of
         earlier versions), oldest first."""
-        streams = [self.shared_log_stream]
-        pattern = _glob_escaped(self.log_stream("")) + "*"
-        streams += sorted(key.decode() for key in await self.kv.scan(pattern))
+        # Streams only: a key of another type under the name (another version's, an
+        # operator's) made every compute fail as if Redis were down.
+        pattern = _glob_escaped(self.shared_log_stream) + "*"
+        found = [key.decode(errors="replace") for key in await self.kv.scan(pattern, kind="stream")]
+        tenants = self.log_stream("")
+        streams = sorted(k for k in found if k == self.shared_log_stream or k.startswith(tenants))
         stamped: list[tuple[tuple[int, ...], dict[str, Any]]] = []
         for stream in streams:
             stamped.extend(await self._read_stream(stream, batch))

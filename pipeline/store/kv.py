@@ -321,12 +321,15 @@ class KeyValueStore:
         replies: list[Any] = await self._call(name, run)
         return replies
 
-    async def scan(self, pattern: str, *, count: int = 1000) -> list[bytes]:
-        """Every key whose name matches the glob ``pattern`` (SCAN, ``count`` keys a step)."""
+    async def scan(
+        self, pattern: str, *, kind: str | None = None, count: int = 1000
+    ) -> list[bytes]:
+        """Every key whose name matches the glob ``pattern`` (and of type ``kind``: "stream",
+        "hash"...), by SCAN, ``count`` keys a step."""
         keys: list[bytes] = []
         cursor = 0
         while True:
-            step = partial(self.client.scan, cursor, match=pattern, count=count)
+            step = partial(self.client.scan, cursor, match=pattern, count=count, _type=kind)
             cursor, found = await self._call("SCAN", step)
             keys.extend(found)
             if not cursor:

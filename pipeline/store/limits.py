@@ -82,6 +82,12 @@ local function prune(i)
     return redis.call('ZCARD', log)
   end
   local sum_key = log .. ':sum'
+  -- A log that expired took its tokens with it: a sum it outlived counts nothing (a release
+  -- sets the sum's expiry anew, later than the log's).
+  if redis.call('EXISTS', log) == 0 then
+    redis.call('DEL', sum_key)
+    return 0
+  end
   local gone = redis.call('ZRANGEBYSCORE', log, '-inf', now - window)
   -- The sum caches the log's tokens. One this script cannot read (not a number, another
   -- type of key: another version's, or damage) is counted again from the log and rewritten,

@@ -69,3 +69,34 @@ async def test_a_tenants_prompt_is_no_cached_prefix_for_another_tenant(
         assert across == 0, f"{across} prompt tokens of another tenant's prompt from the cache"
     else:  # one cache for all: the test can see a prefix cross tenants
         assert across >= 2 * BLOCK_TOKENS, f"{across} tokens from the cache with the salt off"
+
+
+async def test_a_user_named_by_an_access_list_has_a_prefix_cache_of_its_own(
+    make_app: Callable[..., Any], redis_server: RedisServer, vllm: VLLMServer
+) -> None:
+    """Within a tenant, callers whose access scopes differ (here a document listed for carol
+    alone) share no cached prompt: carol's prompts may hold text dave may not read (a review,
+    2026-12-05: salted by the key's groups only, dave timed carol's document). Callers of one
+    scope (dave and erin, named by no list) still share."""
+    settings = make_settings(redis_server.url, vllm.url)
+    async with make_app(settings) as harness:
+        carol = await harness.key(tenant="beta", user="carol", scopes="chat,ingest")
+        dave = await harness.key(tenant="beta", user="dave")
+        erin = await harness.key(tenant="beta", user="erin")
+        listed = {
+            "id": "merger",
+            "text": "The merger's price is 4.2 billion.",
+            "access": {"users": ["carol"]},
+        }
+        stored = await harness.client.post(
+            "/v1/documents",
+            json={"documents": [listed]},
+            headers={"Authorization": f"Bearer {carol}"},
+        )
+        assert stored.status_code == 200, stored.text
+        body = long_prompt()
+        await cached_tokens(harness, vllm, carol, body)
+        across = await cached_tokens(harness, vllm, dave, body)
+        within = await cached_tokens(harness, vllm, erin, body)
+    assert across == 0, f"{across} prompt tokens of another access scope's prompt from the cache"
+    assert within >= 2 * BLOCK_TOKENS, f"{within} prompt tokens from the cache within a scope"

@@ -208,6 +208,10 @@ async def test_the_requests_in_flight_count_against_the_tokens_per_minute(
         assert 1 <= len(done) <= 3, f"{len(done)} of 12 admitted against 60 tokens a minute"
         assert {a.json()["error"]["code"] for a in refused} == {"rate_limit_exceeded"}
         assert all("retry-after" in a.headers for a in refused)
+        # One set of limit headers, the refusal's (the admission's were sent beside them).
+        assert all(a.headers.get_list("x-ratelimit-remaining-tokens") == ["0"] for a in refused), [
+            a.headers.get_list("x-ratelimit-remaining-tokens") for a in refused
+        ]
         spent = sum(a.json()["usage"]["total_tokens"] for a in done)
         sum_key = f"{settings.redis.key_prefix}ratelimit:tenant:inflight:tok:sum"
         held: bytes | None = None

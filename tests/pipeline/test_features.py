@@ -244,6 +244,8 @@ async def test_one_tenants_requests_never_push_anothers_out_of_the_request_log(
         # Another deployment's prefix, which the first one's read as a glob would match.
         beside = FeatureStore(kv, prefix=f"f{mark[0]}{uuid.uuid4().hex[:8]}:")
         await beside.load("gamma", "zed", log=entry)
+        await kv.client.set(capped.log_stream("notes"), b"not a stream")  # skipped
+        await kv.client.xadd(capped.shared_log_stream + "-other", {"record": orjson.dumps(old)})
         records = await capped.read_log()
     finally:
         await kv.aclose()

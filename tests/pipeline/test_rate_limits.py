@@ -174,6 +174,21 @@ async def test_a_reservation_that_left_the_window_is_not_let_go_twice(
     assert (await limits.admit(who)).headers()["x-ratelimit-remaining-tokens"] == "70"
 
 
+async def test_a_sum_that_outlived_its_log_counts_nothing(kv: KeyValueStore, prefix: str) -> None:
+    """A reservation let go refreshes the sum's expiry, not the log's: once the log expired,
+    its sum was still read, and refused a key with an empty window (a review, 2026-12-05)."""
+    limits = limiter(kv, prefix, key_tpm=6000, window_seconds=60)  # 6,000 a window
+    who = principal()
+    _, reservation = await limits.reserve(who, 10)
+    await limits.settle(who, 5990)
+    log = f"{prefix}ratelimit:key:{who.key_id}:tok"
+    await kv.client.delete(log)  # as its expiry would
+    await limits.settle(who, 0, reservation)
+    decision = await limits.admit(who)
+    assert decision.admitted and decision.headers()["x-ratelimit-remaining-tokens"] == "6000"
+    assert await kv.client.exists(f"{log}:sum") == 0
+
+
 async def test_no_token_limit_no_reservation(kv: KeyValueStore, prefix: str) -> None:
     limits = limiter(kv, prefix, key_rpm=60)
     who = principal()

@@ -168,7 +168,37 @@ async def test_a_follower_cut_short_is_charged_the_events_it_was_relayed(monkeyp
         completion = None
 
     who = Principal(tenant="acme", user="alice", scopes=frozenset({"chat"}), key_id="k")
-    stream = chat_route._charged(relayed(), Unfinished(), None, who, Spend(), None)  # type: ignore[arg-type]
+    stream = chat_route.Charged(relayed(), Unfinished(), None, who, Spend(), None)  # type: ignore[arg-type]
     read = [await anext(stream) for _ in range(7)]
     await stream.aclose()  # the client hangs up
     assert len(read) == 7 and charged == [7]
+
+
+async def test_a_stream_closed_before_it_started_is_charged_once(monkeypatch) -> None:
+    # A generator closed before its first step runs no finally: the request's reservation
+    # was held until its window ended (a review, 2026-12-05).
+    import app.routes.chat as chat_route
+
+    charged: list[tuple[int, object]] = []
+    monkeypatch.setattr(
+        chat_route, "charge", lambda services, who, tokens, held: charged.append((tokens, held))
+    )
+
+    async def relayed() -> AsyncGenerator[bytes, None]:
+        yield b'data: {"choices": [{"delta": {"content": "w"}}]}\n\n'
+
+    class Unfinished:
+        completion = None
+
+    who = Principal(tenant="acme", user="alice", scopes=frozenset({"chat"}), key_id="k")
+    spend = Spend()
+    spend.add(12)  # what its model call spent before the client left
+    held = object()
+    stream = chat_route.Charged(relayed(), Unfinished(), None, who, spend, held)  # type: ignore[arg-type]
+    await stream.aclose()
+    await stream.aclose()
+    assert charged == [(12, held)]
+    whole = chat_route.Charged(relayed(), Unfinished(), None, who, Spend(), held)  # type: ignore[arg-type]
+    assert [chunk async for chunk in whole] and charged[-1] == (1, held)
+    await whole.aclose()
+    assert len(charged) == 2
