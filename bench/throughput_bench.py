@@ -85,16 +85,18 @@ async def wave(
     offset: int,
 ) -> tuple[list[Streamed], float]:
     """``clients`` connections, each sending ``requests`` of ``bodies`` in turn; the answers
-    and the wave's wall time."""
+    and the wave's wall time. A body is always sent with the same key (its index's): the
+    service keeps vLLM's prefix cache per tenant (``pipeline.model.salt``), so a prompt the
+    warm-up sent as one tenant is cached for that tenant only."""
     answers: list[Streamed] = []
 
     async def client(number: int) -> None:
-        headers = {"Authorization": f"Bearer {keys[number % len(keys)]}"} if keys else {}
-        connection = StreamConnection(base_url, {**headers, **NO_CACHE})
+        connection = StreamConnection(base_url, NO_CACHE)
         try:
             for sent in range(requests):
-                body = bodies[(offset + number * requests + sent) % len(bodies)]
-                answers.append(await connection.send(body))
+                index = (offset + number * requests + sent) % len(bodies)
+                key = {"Authorization": f"Bearer {keys[index % len(keys)]}"} if keys else {}
+                answers.append(await connection.send(bodies[index], key))
         finally:
             connection.close()
 
