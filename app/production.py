@@ -55,7 +55,18 @@ def unsafe_for_production(
     # Webhook signing secrets sealed at rest (the jobs' group says what it needs).
     problems += settings.jobs.production_problems()
     problems += sealing_key_problems(settings.jobs.webhook_secret_key)
+    problems += salt_secret_problems(settings.llm.prefix_cache_secret)
     return problems
+
+
+def salt_secret_problems(secret: SecretStr | None) -> list[str]:
+    """The prefix cache's salts are HMACs of tenant names: a weak secret lets whoever reaches
+    the model server compute another tenant's salt (unset is allowed: the model server is not
+    on a network anyone else reaches, and salts still keep the service's callers apart)."""
+    if secret is None:
+        return []
+    weak = weak_secret(secret.get_secret_value())
+    return [f"the prefix cache secret (RAG_LLM__PREFIX_CACHE_SECRET) {weak}"] if weak else []
 
 
 def weak_secret(value: str) -> str | None:

@@ -288,6 +288,20 @@ def test_production_refuses_webhook_secrets_in_plaintext_or_under_a_public_key(
     assert len(refusals(production, RAG_JOBS__WEBHOOK_SECRET_KEY=rotating)) == 1
 
 
+def test_production_refuses_a_weak_prefix_cache_secret_and_allows_none(
+    production: pytest.MonkeyPatch,
+) -> None:
+    assert refusals(production, RAG_LLM__PREFIX_CACHE_SECRET="short") == [
+        "the prefix cache secret (RAG_LLM__PREFIX_CACHE_SECRET) is shorter than 16 characters"
+    ]
+    assert refusals(production, RAG_LLM__PREFIX_CACHE_SECRET="change-me-prefix-cache") == [
+        "the prefix cache secret (RAG_LLM__PREFIX_CACHE_SECRET) is the placeholder of .env.example"
+    ]
+    assert refusals(production, RAG_LLM__PREFIX_CACHE_SECRET="x9Vq2LmT7rB4kWz8Yd3N") == []
+    production.delenv("RAG_LLM__PREFIX_CACHE_SECRET")
+    assert refusals(production) == []  # unset: salts from the names alone
+
+
 @pytest.mark.parametrize("trusted", ["*", "172.28.0.0/16, *", "0.0.0.0/0", "::/0"])
 def test_production_refuses_forwarded_headers_from_anyone(
     production: pytest.MonkeyPatch, trusted: str
