@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,12 @@ class Principal:
 
     def can(self, scope: str) -> bool:
         return scope in self.scopes
+
+
+# The version of a tenant's index and what of a principal decides which of its chunks the
+# principal sees (``PassageSearch.access_scope``, read from one snapshot; None without access
+# lists): what the response cache keys by and the model server's prefix cache is salted by.
+AccessScope = Callable[["Principal"], tuple[str, Mapping[str, Any] | None]]
 
 
 @dataclass(frozen=True)

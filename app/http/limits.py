@@ -52,7 +52,7 @@ class RateLimits:
                 # A refusal after admission (the chat route's reservation of tokens) has its
                 # own, newer headers: those stand (both were sent, with different values).
                 given = message.get("headers", [])
-                own = {name.lower() for name, _ in given}
+                own = {name for name, _ in given}
                 message["headers"] = [*given, *(h for h in headers if h[0] not in own)]
             await send(message)
 

@@ -27,14 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
-from typing import Any
 
 import orjson
 
-from pipeline.context import Principal
-
-AccessScope = Callable[[Principal], tuple[str, Mapping[str, Any] | None]]
+from pipeline.context import AccessScope, Principal
 
 
 class PrefixCacheSalt:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from pipeline.answer.completion import Completion, UnreadableCompletion
-from pipeline.context import ChatParams, Principal, RequestContext
+from pipeline.context import AccessScope, ChatParams, Principal, RequestContext
 from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.model.messages import content_text
 from pipeline.model.prompt import PROMPT_VERSION
@@ -30,9 +30,6 @@ from pipeline.telemetry import attributes as attr
 log = logging.getLogger(__name__)
 
 IndexVersion = Callable[[str], str]
-# The tenant index's version and the principal's access scope, read from one snapshot
-# (``PassageSearch.access_scope``).
-AccessScope = Callable[[Principal], tuple[str, Mapping[str, Any] | None]]
 
 
 def _normalise_content(content: Any) -> Any:

@@ -266,11 +266,10 @@ class Decision:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Tokens a request holds in its token windows until it is settled: the log's member
-    (``<id>:<tokens>``, as the script stores it) and the tokens."""
+    """Tokens a request holds in its token windows until it is settled: the log's member,
+    ``<id>:<tokens>`` as the script stores it (and reads the tokens back from)."""
 
     member: str
-    tokens: int
 
 
 class RateLimited(PipelineError):
@@ -361,7 +360,7 @@ class RateLimiter:
         defaults = self.config.defaults(principal.tenant)
         record = await self._tenant_record(principal.tenant)
         for kind in kinds:
-            name = KINDS[kind][0] + "pm"  # rpm, tpm
+            name = ("rpm", "tpm")[kind]
             key = own[kind]
             if key is None:
                 key = int(record.get(f"key_{name}", 0) or defaults[kind])
@@ -418,10 +417,10 @@ class RateLimiter:
         flight when a key reaches its limit no longer all go through: the window goes past a
         limit by the last admitted request's estimate, and by what answers spend beyond their
         estimates. No script runs where no token limit applies; never raises for Redis."""
-        member = secrets.token_hex(8)
         try:
             if tokens <= 0 or not await self._limited(principal, kinds=(1,)):
                 return Decision(admitted=True), None
+            member = secrets.token_hex(8)
             reply = await self._run("reserve", principal, tokens, member=member)
         except StoreUnavailable as exc:
             return self._unchecked(exc), None
@@ -429,7 +428,7 @@ class RateLimiter:
         if decision.refused is not None:
             metrics.ratelimit_refused(decision.refused.scope, decision.refused.kind)
             return decision, None
-        return decision, Reservation(f"{member}:{tokens}", tokens)
+        return decision, Reservation(f"{member}:{tokens}")
 
     async def settle(
         self, principal: Principal, tokens: int, reservation: Reservation | None = None
