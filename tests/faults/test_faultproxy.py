@@ -265,10 +265,14 @@ def test_connections_that_arrive_as_it_stops_listening_are_never_left_half_made(
         with FaultProxy(upstream.url) as proxy:
             connecting = threading.Thread(target=connect_until_stopped, args=(proxy.port,))
             connecting.start()
+            # At least 400 switches, and on until 20 connections have raced them: on a loaded
+            # machine the connecting thread gets few turns, and a fixed count raced too few.
+            switches, deadline = 0, time.monotonic() + 60
             try:
-                for _ in range(400):
+                while switches < 400 or (proxy.accepted < 20 and time.monotonic() < deadline):
                     proxy.refuse()
                     proxy.passing()
+                    switches += 1
             finally:
                 stop.set()
                 connecting.join(5)
