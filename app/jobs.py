@@ -25,11 +25,11 @@ from pipeline.jobs.secret_box import SecretBox
 from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
-from pipeline.jobs.worker import JobWorker
-from pipeline.model.spend import Spend, spent
+from pipeline.jobs.worker import Deferred, JobWorker
+from pipeline.model.spend import Spend, estimated_tokens, spent
 from pipeline.runner import Runner
 from pipeline.store.kv import KeyValueStore
-from pipeline.store.limits import RateLimiter
+from pipeline.store.limits import RateLimiter, Reservation
 
 log = logging.getLogger("rag.jobs")
 
@@ -52,21 +52,39 @@ async def run_job(
         deadline=asyncio.get_running_loop().time() + settings.jobs.timeout_seconds,
         cache_control=CacheControl(),
     )
+    held = await _hold(settings, limits, ctx)
     spend = Spend()  # what the job's model calls spent, charged if it fails after them
     token = spent.set(spend)
     try:
         await runner.run(ctx)
-    except Exception:
+    except BaseException:  # a worker stopping cancels it: its hold goes as well
         if limits is not None and ctx.principal is not None:
-            await limits.settle(ctx.principal, spend.tokens)
+            await limits.settle(ctx.principal, spend.tokens, held)
         raise
     finally:
         spent.reset(token)
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")
-    if limits is not None and ctx.cache_status != "hit" and ctx.principal is not None:
-        await limits.settle(ctx.principal, spend.charge(ctx.completion))
+    if limits is not None and ctx.principal is not None:
+        hit = ctx.cache_status == "hit"  # a cache hit costs no tokens: its hold let go
+        await limits.settle(ctx.principal, 0 if hit else spend.charge(ctx.completion), held)
     return chat_completion(ctx, ctx.completion)
+
+
+async def _hold(
+    settings: Settings, limits: RateLimiter | None, ctx: RequestContext
+) -> Reservation | None:
+    """Hold the job's estimated tokens in its key's and tenant's token windows, as a chat
+    request's are; ``Deferred`` while they are full, so that a key's queued jobs do not run
+    past its tokens-per-minute limit (the worker queues the job again, its attempt given
+    back, to run when the window has room)."""
+    if limits is None or ctx.principal is None:
+        return None
+    estimate = estimated_tokens(ctx.params, settings.llm.context_length)
+    decision, held = await limits.reserve(ctx.principal, estimate)
+    if not decision.admitted:
+        raise Deferred(decision.retry_after_ms / 1000)
+    return held
 
 
 def job_queue(

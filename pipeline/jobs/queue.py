@@ -165,6 +165,7 @@ class JobQueue:
                 "SETTLE_WEBHOOK",
                 "RECORD_DELIVERIES",
                 "REQUEUE",
+                "PARK",
                 "CANCEL",
                 "SETTLE_KEY",
                 "LIST",
@@ -442,6 +443,27 @@ class JobQueue:
                 self.base,
                 expires,
                 self.max_stream_length,
+            ],
+        )
+        return bool(done)
+
+    async def park(self, delivery: Delivery, lease: str, consumer: str, *, idle_ms: int) -> bool:
+        """Queue the job again as it was before ``start``, without running it (its key's token
+        window is full): its entry stays pending with ``consumer``, ``idle_ms`` idle, so that a
+        worker takes it over once it has been idle for the visibility timeout. False when the
+        lease was lost."""
+        done = await self._persist(
+            "PARK",
+            delivery,
+            [
+                GROUP,
+                delivery.entry,
+                lease,
+                consumer,
+                self.base,
+                max(0, idle_ms),
+                repr(time.time()),
+                self.queued_ttl,
             ],
         )
         return bool(done)

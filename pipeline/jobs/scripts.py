@@ -223,6 +223,25 @@ return 1
 """
 )
 
+# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 consumer, 5 base, 6 the idle time
+#                           (ms) to give the entry, 7 now (s), 8 queued ttl (s)
+# A job its worker took but may not run yet (its key's token window is full): queued again as
+# it was before ``start`` (its attempt given back, its expiry kept), its entry left pending with
+# this consumer and an idle time that makes workers take it over when it may run (XAUTOCLAIM
+# after the visibility timeout). Nothing new in the stream, nothing for the sweep to miss.
+# Returns 0 when the lease was lost, else 1.
+PARK: Final = """
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[3] then return 0 end
+redis.call('XCLAIM', KEYS[2], ARGV[1], ARGV[4], 0, ARGV[2], 'IDLE', ARGV[6], 'JUSTID')
+local h = redis.call('HMGET', KEYS[1], 'id', 'tenant', 'expires')
+local expires = tonumber(h[3]) or (tonumber(ARGV[7]) + tonumber(ARGV[8]))
+redis.call('HSET', KEYS[1], 'status', 'queued', 'lease', '', 'expires', tostring(expires))
+redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+redis.call('ZADD', ARGV[5] .. 'queued', expires, h[1])
+redis.call('ZADD', ARGV[5] .. 'queued:' .. h[2], expires, h[1])
+return 1
+"""
+
 # KEYS: job.  ARGV: tenant, now, ttl, user ('' for any user of the tenant), base.
 # Returns 'missing', 'cancelled' or the status it has. The entry stays: ``start`` acknowledges
 # it when a worker reads it.

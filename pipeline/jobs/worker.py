@@ -2,12 +2,15 @@
 
 Its loop reads new entries (a blocking ``XREADGROUP``) for as many jobs as it has free slots,
 and every few seconds takes over entries that another worker left silent for the visibility
-timeout (``XAUTOCLAIM``): that worker died. While a job runs, a heartbeat resets its entry's
-idle time, so a long job is not taken over from a live worker. A transient failure (a 5xx
-error) queues the job again after a backoff, up to ``max_attempts`` runs; then, or for any other
-error, the job fails with the reason. ``stop()`` stops reading and lets running jobs finish for
-``stop_grace`` seconds; jobs still running then are handed back to the queue. Every
-``sweep_seconds`` it also fails queued jobs past their expiry (``JobQueue.sweep``).
+timeout (``XAUTOCLAIM``): that worker died, or the job was deferred (``Deferred``: its key's
+token window was full) and its wait is over. A take-over that fills every free slot is
+followed, after one read of new entries, by another at once: more deferred jobs may be due.
+While a job runs, a heartbeat resets its entry's idle time, so a long job is not taken over
+from a live worker. A transient failure (a 5xx error) queues the job again after a backoff, up
+to ``max_attempts`` runs; then, or for any other error, the job fails with the reason.
+``stop()`` stops reading and lets running jobs finish for ``stop_grace`` seconds; jobs still
+running then are handed back to the queue. Every ``sweep_seconds`` it also fails queued jobs
+past their expiry (``JobQueue.sweep``).
 
 Webhooks are delivered outside the job slots: a finished job frees its slot at once and its
 delivery joins the worker's deliveries, at most ``webhook_concurrency`` at a time and at most
@@ -72,10 +75,20 @@ UNREADABLE_ERROR = {
     "code": "job_unreadable",
 }
 
-OUTCOMES = {0: "lease lost", 1: "finished", 2: "finished, webhook owed"}
+OUTCOMES = {-2: "deferred", 0: "lease lost", 1: "finished", 2: "finished, webhook owed"}
 # After an unexpected error in the loop: long enough that a fault met on every pass cannot spin
 # (nor flood the log), short enough that the worker is soon back.
 LOOP_ERROR_PAUSE = 1.0
+
+
+class Deferred(Exception):
+    """Raised by ``execute`` for a job that may not run yet (its key's token window is full):
+    the job is queued again, its attempt given back, and runs once ``retry_after`` seconds
+    have passed, on whichever worker takes it over then."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"deferred for {retry_after:.3f} s")
+        self.retry_after = max(0.0, retry_after)
 
 
 def default_consumer() -> str:
@@ -115,6 +128,7 @@ class JobWorker:
         self.sweep_seconds = sweep_seconds
         self.delivery_backlog = 16 * webhook_concurrency
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._parked: set[str] = set()  # entries of running tasks that deferred their job
         self._delivering: dict[str, asyncio.Task[None]] = {}
         self._delivery_slots = asyncio.Semaphore(webhook_concurrency)
         self._tenant_slots: dict[str, asyncio.Semaphore] = {}
@@ -140,6 +154,7 @@ class JobWorker:
         heartbeat = asyncio.create_task(self._heartbeat())
         loop = asyncio.get_running_loop()
         next_reclaim = next_sweep = 0.0
+        read_first = False
         try:
             while not self._stopping.is_set():
                 self._slot_freed.clear()
@@ -152,13 +167,19 @@ class JobWorker:
                         next_sweep = loop.time() + self.sweep_seconds
                         await self._sweep()
                     deliveries: list[Delivery] = []
-                    if loop.time() >= next_reclaim:
-                        next_reclaim = loop.time() + min(self.visibility_timeout / 2, 5.0)
+                    reclaiming = loop.time() >= next_reclaim and not read_first
+                    read_first = False
+                    if reclaiming:
                         deliveries = await self.queue.reclaim(
                             self.consumer,
                             min_idle_ms=int(self.visibility_timeout * 1000),
                             count=free,
                         )
+                        # Every free slot filled: more may be due (deferred jobs whose window
+                        # has room now), so look again at once, after one read of new entries.
+                        read_first = len(deliveries) >= free
+                        period = 0.0 if read_first else min(self.visibility_timeout / 2, 5.0)
+                        next_reclaim = loop.time() + period
                     if not deliveries:
                         deliveries = await self._read_unless_stopped(free)
                 except StoreUnavailable as exc:
@@ -223,6 +244,7 @@ class JobWorker:
 
         def done(_: asyncio.Task[None]) -> None:
             self._running.pop(delivery.entry, None)
+            self._parked.discard(delivery.entry)
             self._slot_freed.set()
             _log_fault(task, delivery)
 
@@ -232,7 +254,8 @@ class JobWorker:
         while True:
             await asyncio.sleep(self.visibility_timeout / 3)
             try:
-                await self.queue.touch(self.consumer, [*self._running, *self._delivering])
+                running = [entry for entry in self._running if entry not in self._parked]
+                await self.queue.touch(self.consumer, [*running, *self._delivering])
             except StoreUnavailable as exc:
                 log.warning("job heartbeat failed: %s", exc)
 
@@ -346,10 +369,20 @@ class JobWorker:
                 del self._tenant_deliveries[tenant], self._tenant_slots[tenant]
 
     async def _run(self, job: Job, delivery: Delivery, lease: str) -> int:
-        """Execute the job; the FINISH outcome (0, 1, 2), or -1 when it was queued again."""
+        """Execute the job; the FINISH outcome (0, 1, 2), -1 when it was queued again after a
+        failure, -2 when it was not run yet (``Deferred``)."""
         try:
             with Serving():  # the loop's lag clock ticks finely while a job runs
                 result = await self.execute(job)
+        except Deferred as deferred:
+            # Not run: queued again, taken over once it has waited ``retry_after`` (at the
+            # earliest; the visibility timeout at the latest, then it is asked again).
+            wait_ms = int(deferred.retry_after * 1000)
+            idle_ms = int(self.visibility_timeout * 1000) - wait_ms
+            trace.get_current_span().set_attribute(attr.JOB_DEFERRED_MS, wait_ms)
+            self._parked.add(delivery.entry)  # the heartbeat must not reset its idle time
+            await self.queue.park(delivery, lease, self.consumer, idle_ms=idle_ms)
+            return -2
         except asyncio.CancelledError:
             await asyncio.shield(self.queue.requeue(delivery, lease, None, refund=True))
             raise

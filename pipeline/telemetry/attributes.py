@@ -38,6 +38,7 @@ RETRIEVAL_FEATURE_FILTER: Final = "rag.retrieval.feature_filter"
 JOB_ID: Final = "rag.job.id"
 JOB_ATTEMPT: Final = "rag.job.attempt"
 JOB_OUTCOME: Final = "rag.job.outcome"
+JOB_DEFERRED_MS: Final = "rag.job.deferred_ms"  # a job not run yet: its token window is full
 WEBHOOK_ATTEMPT: Final = "rag.webhook.attempt"
 ROUTE_WAIT_MS: Final = "rag.route.wait_ms"
 GUARD_POLICY: Final = "rag.guard.policy"
