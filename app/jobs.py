@@ -18,7 +18,8 @@ from app.http.responses import chat_completion
 from app.http.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
-from pipeline.context import CacheControl, RequestContext
+from pipeline.context import CacheControl, Principal, RequestContext
+from pipeline.errors import AuthenticationFailed
 from pipeline.jobs.model import Job
 from pipeline.jobs.queue import JobQueue
 from pipeline.jobs.secret_box import SecretBox
@@ -28,6 +29,7 @@ from pipeline.jobs.webhooks import WebhookSender
 from pipeline.jobs.worker import Deferred, JobWorker
 from pipeline.model.spend import Spend, estimated_tokens, spent
 from pipeline.runner import Runner
+from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.limits import RateLimiter, Reservation
 
@@ -35,20 +37,26 @@ log = logging.getLogger("rag.jobs")
 
 
 async def run_job(
-    settings: Settings, runner: Runner, job: Job, limits: RateLimiter | None = None
+    settings: Settings,
+    runner: Runner,
+    job: Job,
+    limits: RateLimiter | None = None,
+    keys: ApiKeyStore | None = None,
 ) -> dict[str, Any]:
     """Run ``job`` through the request path; the chat completion it answers with.
 
-    The context arrives with the job's stored principal and no credential: the auth stage then
-    checks that the key is still active (a revoked key fails the job with a 401 error) and that
-    it still carries the ``chat`` scope. Errors are the path's own ``PipelineError``s. The
-    tokens of a generated answer count against the key's and the tenant's ``limits``.
+    The context arrives with the job's key as it is now (``keys``; the principal stored with
+    the job where no store is given) and no credential: the auth stage then checks that the key
+    is still active (a revoked key fails the job with a 401 error) and that it still carries
+    the ``chat`` scope. Errors are the path's own ``PipelineError``s. The job holds its
+    estimated tokens in its key's and tenant's ``limits`` before it runs (``Deferred`` while
+    they are full), and its answer's tokens replace the estimate.
     """
     body = ChatCompletionRequest.model_validate(job.request)
     ctx = RequestContext(
         params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
         credential=None,
-        principal=job.principal(),
+        principal=await _principal_now(job, keys),
         deadline=asyncio.get_running_loop().time() + settings.jobs.timeout_seconds,
         cache_control=CacheControl(),
     )
@@ -57,18 +65,32 @@ async def run_job(
     token = spent.set(spend)
     try:
         await runner.run(ctx)
+        if ctx.completion is None:
+            raise RuntimeError("the path ended without an answer")
     except BaseException:  # a worker stopping cancels it: its hold goes as well
         if limits is not None and ctx.principal is not None:
             await limits.settle(ctx.principal, spend.tokens, held)
         raise
     finally:
         spent.reset(token)
-    if ctx.completion is None:
-        raise RuntimeError("the path ended without an answer")
     if limits is not None and ctx.principal is not None:
         hit = ctx.cache_status == "hit"  # a cache hit costs no tokens: its hold let go
         await limits.settle(ctx.principal, 0 if hit else spend.charge(ctx.completion), held)
     return chat_completion(ctx, ctx.completion)
+
+
+async def _principal_now(job: Job, keys: ApiKeyStore | None) -> Principal:
+    """The job's key as it is now: the limits it is held and charged to, and the groups its
+    sources are read with, are the key's current ones (``rag keys limits``, ``rag keys
+    groups`` apply to jobs already queued). A key that is gone, or now names another tenant or
+    user, fails the job as revoked."""
+    stored = job.principal()
+    if keys is None:
+        return stored
+    current = await keys.current(stored.key_id)  # StoreUnavailable: a 503, retried
+    if current is None or (current.tenant, current.user) != (stored.tenant, stored.user):
+        raise AuthenticationFailed("The API key of this request has been revoked.")
+    return current
 
 
 async def _hold(
@@ -77,7 +99,7 @@ async def _hold(
     """Hold the job's estimated tokens in its key's and tenant's token windows, as a chat
     request's are; ``Deferred`` while they are full, so that a key's queued jobs do not run
     past its tokens-per-minute limit (the worker queues the job again, its attempt given
-    back, to run when the window has room)."""
+    back, in its key's waiting line)."""
     if limits is None or ctx.principal is None:
         return None
     estimate = estimated_tokens(ctx.params, settings.llm.context_length)
@@ -174,7 +196,7 @@ async def start_job_workers(
     sender = webhook_sender(settings, services.kv, services.tracer)
 
     async def execute(job: Job) -> dict[str, Any]:
-        return await run_job(settings, runner, job, services.limits)
+        return await run_job(settings, runner, job, services.limits, services.keys)
 
     workers = [
         JobWorker(

@@ -10,6 +10,9 @@ Keys (all under one hash tag, so they live in one slot of a Redis Cluster):
     {prefix}{jobs}:queued:{tenant}        the tenant's queued jobs, the same way (its limit)
     {prefix}{jobs}:rate:{tenant}          the tenant's submit token bucket
     {prefix}{jobs}:idem:{tenant}:{user}:{h}   idempotency key (hashed) -> job id, with a TTL
+    {prefix}{jobs}:waiting:{line}         jobs deferred for room in their key's token window,
+                                          scored by creation (``scripts``: waiting lines)
+    {prefix}{jobs}:waiting-lines          the lines, scored by when their head is tried again
 
 Submitting is one script (stream entry, record, indexes and idempotency key together, or
 nothing), which also enforces the stream's cap and the tenant's limit on queued jobs, so every
@@ -56,6 +59,10 @@ T = TypeVar("T")
 GROUP: Final = "workers"
 LIST_SCAN_BUDGET: Final = 1000
 SWEEP_BATCH: Final = 100
+# After a waiting line's head is put back in the stream, the seconds until the next head is:
+# long enough for the head to be read and to ask its token window (else it is parked again and
+# the line waits for the window), short enough that a line with room drains quickly.
+LINE_STEP: Final = 0.25
 # When the queue is full nothing says when room will free up; a client polling every 10 s costs
 # the service little and loses little time.
 FULL_RETRY_AFTER: Final = 10.0
@@ -166,6 +173,7 @@ class JobQueue:
                 "RECORD_DELIVERIES",
                 "REQUEUE",
                 "PARK",
+                "PROMOTE",
                 "CANCEL",
                 "SETTLE_KEY",
                 "LIST",
@@ -447,11 +455,11 @@ class JobQueue:
         )
         return bool(done)
 
-    async def park(self, delivery: Delivery, lease: str, consumer: str, *, idle_ms: int) -> bool:
+    async def park(self, delivery: Delivery, lease: str, wait: float) -> bool:
         """Queue the job again as it was before ``start``, without running it (its key's token
-        window is full): its entry stays pending with ``consumer``, ``idle_ms`` idle, so that a
-        worker takes it over once it has been idle for the visibility timeout. False when the
-        lease was lost."""
+        window is full): out of the stream, at its place in its key's waiting line, whose head
+        is tried again in ``wait`` seconds (``scripts.PARK``). False when the lease was lost."""
+        now = time.time()
         done = await self._persist(
             "PARK",
             delivery,
@@ -459,14 +467,23 @@ class JobQueue:
                 GROUP,
                 delivery.entry,
                 lease,
-                consumer,
                 self.base,
-                max(0, idle_ms),
-                repr(time.time()),
+                repr(now + max(0.0, wait)),
+                repr(now),
                 self.queued_ttl,
             ],
         )
         return bool(done)
+
+    async def promote(self, lines: int) -> int:
+        """Put the heads of up to ``lines`` waiting lines that are due back in the stream
+        (``scripts.PROMOTE``); how many."""
+        promoted: int = await self._run(
+            "PROMOTE",
+            [self.base + "waiting-lines"],
+            [self.base, repr(time.time()), max(1, lines), self.max_stream_length, LINE_STEP],
+        )
+        return promoted
 
     async def settle_webhook(
         self, delivery: Delivery, lease: str, state: str, deliveries: list[dict[str, Any]]

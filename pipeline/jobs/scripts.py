@@ -18,6 +18,16 @@ stop them for every tenant.
 A queued job sits in two sorted sets scored by the time it expires (``queued``, for the sweep,
 and ``queued:{tenant}``, for the tenant's limit and for revoking a key), from submit (or
 requeue) until a worker starts it or it is cancelled or settled.
+
+A job its key's token window had no room for waits outside the stream, in its key's *waiting
+line* (``waiting:{line}``, scored by when the job was created: first come, first served;
+``line`` is ``k:{key id}``, or ``t:{tenant}`` for a job stored without one), its record saying
+which (``parked``) and naming no entry. ``waiting-lines`` scores each line by when its head
+may be tried again. ``promote`` puts a due line's head back in the stream (``promoted``: it
+passes ``start`` although the line is not empty); a job of a key whose line is not empty
+joins the line at ``start`` instead of running ahead of it. So the pending entries are only
+jobs being worked on (a parked job is no entry at all), and the jobs of a key that waits are
+tried one at a time, not all at once whenever its window has room.
 """
 
 from __future__ import annotations
@@ -42,8 +52,18 @@ end
 
 local function unqueue(base, job, id)
   redis.call('ZREM', base .. 'queued', id)
-  local tenant = redis.call('HGET', job, 'tenant')
-  if tenant then redis.call('ZREM', base .. 'queued:' .. tenant, id) end
+  local h = redis.call('HMGET', job, 'tenant', 'parked')
+  if h[1] then redis.call('ZREM', base .. 'queued:' .. h[1], id) end
+  if h[2] then
+    redis.call('ZREM', base .. 'waiting:' .. h[2], id)
+    redis.call('HDEL', job, 'parked')
+  end
+end
+
+-- The waiting line of a job's key (its tenant's for a job stored without a key id).
+local function line_of(key_id, tenant)
+  if key_id and key_id ~= '' then return 'k:' .. key_id end
+  return 't:' .. (tenant or '')
 end
 
 -- A queued job that will never run: failed with `err`, its entry acknowledged and deleted.
@@ -128,16 +148,18 @@ end
 # KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 now, 5 base, 6 result ttl,
 #                           7 stream cap, 8 the error of an expired job (JSON)
 # Returns {kind, attempts}: run, exhausted, deliver (a finished job whose webhook is owed),
-# or gone / stale / cancelled / done / expired (acknowledged here: nothing to do).
+# or gone / stale / cancelled / done / expired / waiting (acknowledged here: nothing to do;
+# waiting: it joined its key's waiting line).
 START: Final = (
     _HELPERS
     + _ACK
     + """
 local h = fields_of(KEYS[1], 'status', 'attempts', 'max_attempts', 'webhook_state', 'entry',
-                   'lease', 'expires', 'id')
+                   'lease', 'expires', 'id', 'promoted', 'key_id', 'tenant', 'created')
 local status = h and h[1]
 if not status then ack() return {'gone', 0} end  -- a key of another type is no job either
 if h[5] and h[5] ~= ARGV[2] then ack() return {'stale', 0} end
+if not h[5] and status == 'queued' then ack() return {'stale', 0} end  -- in a waiting line
 if status == 'cancelled' then ack() return {'cancelled', 0} end
 local attempts = tonumber(h[2]) or 0
 if status == 'running' and h[6] == ARGV[3] then return {'run', attempts} end  -- a retried call
@@ -156,6 +178,19 @@ if status == 'queued' and (tonumber(h[7]) or math.huge) < tonumber(ARGV[4]) then
   end
   return {'expired', attempts}
 end
+if status == 'queued' and h[9] ~= '1' then
+  -- Its key has jobs waiting for room in its token window: it waits behind them.
+  local line = line_of(h[10], h[11])
+  local waiting = ARGV[5] .. 'waiting:' .. line
+  if redis.call('EXISTS', waiting) == 1 then
+    ack()
+    redis.call('HDEL', KEYS[1], 'entry')
+    redis.call('HSET', KEYS[1], 'parked', line)
+    redis.call('ZADD', waiting, tonumber(h[12]) or 0, h[8])
+    return {'waiting', attempts}
+  end
+end
+redis.call('HDEL', KEYS[1], 'promoted')
 redis.call('HSET', KEYS[1], 'lease', ARGV[3])
 unqueue(ARGV[5], KEYS[1], h[8])
 if attempts >= (tonumber(h[3]) or 1) then
@@ -223,24 +258,70 @@ return 1
 """
 )
 
-# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 consumer, 5 base, 6 the idle time
-#                           (ms) to give the entry, 7 now (s), 8 queued ttl (s)
+# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 base, 5 when it may be tried again
+#                           (s), 6 now (s), 7 queued ttl (s)
 # A job its worker took but may not run yet (its key's token window is full): queued again as
-# it was before ``start`` (its attempt given back, its expiry kept), its entry left pending with
-# this consumer and an idle time that makes workers take it over when it may run (XAUTOCLAIM
-# after the visibility timeout). Nothing new in the stream, nothing for the sweep to miss.
-# Returns 0 when the lease was lost, else 1.
-PARK: Final = """
+# it was before ``start`` (its attempt given back, its expiry kept), out of the stream, at its
+# place in its key's waiting line, which is tried again at ARGV[5]. Returns 0 when the lease
+# was lost, else 1.
+PARK: Final = (
+    _HELPERS
+    + _ACK
+    + """
 if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[3] then return 0 end
-redis.call('XCLAIM', KEYS[2], ARGV[1], ARGV[4], 0, ARGV[2], 'IDLE', ARGV[6], 'JUSTID')
-local h = redis.call('HMGET', KEYS[1], 'id', 'tenant', 'expires')
-local expires = tonumber(h[3]) or (tonumber(ARGV[7]) + tonumber(ARGV[8]))
-redis.call('HSET', KEYS[1], 'status', 'queued', 'lease', '', 'expires', tostring(expires))
-redis.call('HINCRBY', KEYS[1], 'attempts', -1)
-redis.call('ZADD', ARGV[5] .. 'queued', expires, h[1])
-redis.call('ZADD', ARGV[5] .. 'queued:' .. h[2], expires, h[1])
+ack()
+local h = redis.call('HMGET', KEYS[1], 'id', 'tenant', 'expires', 'key_id', 'created', 'attempts')
+local expires = tonumber(h[3]) or (tonumber(ARGV[6]) + tonumber(ARGV[7]))
+local attempts = math.max(0, (tonumber(h[6]) or 1) - 1)
+local line = line_of(h[4], h[2])
+redis.call('HDEL', KEYS[1], 'entry')
+redis.call('HSET', KEYS[1], 'status', 'queued', 'lease', '', 'expires', tostring(expires),
+           'attempts', attempts, 'parked', line)
+if attempts == 0 then redis.call('HDEL', KEYS[1], 'started') end
+redis.call('ZADD', ARGV[4] .. 'queued', expires, h[1])
+redis.call('ZADD', ARGV[4] .. 'queued:' .. h[2], expires, h[1])
+redis.call('ZADD', ARGV[4] .. 'waiting:' .. line, tonumber(h[5]) or 0, h[1])
+redis.call('ZADD', ARGV[4] .. 'waiting-lines', ARGV[5], line)
 return 1
 """
+)
+
+# KEYS: waiting-lines.  ARGV: 1 base, 2 now (s), 3 most lines, 4 stream cap, 5 seconds until a
+#                            line's next head may be tried
+# Puts the head of each line that is due back in the stream (``promoted``), first come first
+# served; a line still holding jobs is due again a moment later (its head may have found
+# room: the next is tried then; else the head is parked again and the line's time set anew).
+# Jobs no longer queued (cancelled, settled) are dropped on the way. Returns how many were put.
+PROMOTE: Final = (
+    _HELPERS
+    + """
+local base, now = ARGV[1], tonumber(ARGV[2])
+local promoted = 0
+local lines = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, line in ipairs(lines) do
+  local waiting = base .. 'waiting:' .. line
+  for _ = 1, 100 do
+    local head = redis.call('ZPOPMIN', waiting)
+    if #head == 0 then break end
+    local job = base .. 'job:' .. head[1]
+    local h = fields_of(job, 'status', 'parked')
+    if h and h[1] == 'queued' and h[2] == line then
+      local entry = redis.call('XADD', base .. 'stream', 'MAXLEN', '~', ARGV[4], '*', 'id', head[1])
+      redis.call('HSET', job, 'entry', entry, 'promoted', '1')
+      redis.call('HDEL', job, 'parked')
+      promoted = promoted + 1
+      break
+    end
+  end
+  if redis.call('EXISTS', waiting) == 0 then
+    redis.call('ZREM', KEYS[1], line)
+  else
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), line)
+  end
+end
+return promoted
+"""
+)
 
 # KEYS: job.  ARGV: tenant, now, ttl, user ('' for any user of the tenant), base.
 # Returns 'missing', 'cancelled' or the status it has. The entry stays: ``start`` acknowledges
@@ -288,12 +369,14 @@ end
 ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1)
 for _, id in ipairs(ids) do
   local job = base .. 'job:' .. id
-  local h = fields_of(job, 'status', 'entry')
+  local h = fields_of(job, 'status', 'entry', 'parked')
   if not h then
     redis.call('ZREM', KEYS[1], id)
     unreadable = unreadable + 1
   elseif h[1] ~= 'queued' then
     unqueue(base, job, id)
+  elseif h[3] then
+    -- in its key's waiting line: no entry, and none lost
   elseif not h[2] or #redis.call('XRANGE', stream, h[2], h[2]) == 0 then
     settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[8])
     dropped = dropped + 1

@@ -2,15 +2,15 @@
 
 Its loop reads new entries (a blocking ``XREADGROUP``) for as many jobs as it has free slots,
 and every few seconds takes over entries that another worker left silent for the visibility
-timeout (``XAUTOCLAIM``): that worker died, or the job was deferred (``Deferred``: its key's
-token window was full) and its wait is over. A take-over that fills every free slot is
-followed, after one read of new entries, by another at once: more deferred jobs may be due.
-While a job runs, a heartbeat resets its entry's idle time, so a long job is not taken over
-from a live worker. A transient failure (a 5xx error) queues the job again after a backoff, up
-to ``max_attempts`` runs; then, or for any other error, the job fails with the reason.
-``stop()`` stops reading and lets running jobs finish for ``stop_grace`` seconds; jobs still
-running then are handed back to the queue. Every ``sweep_seconds`` it also fails queued jobs
-past their expiry (``JobQueue.sweep``).
+timeout (``XAUTOCLAIM``): that worker died. Each pass it also puts back in the stream the jobs
+whose wait is over (``JobQueue.promote``): a job ``execute`` deferred (``Deferred``: its key's
+token window was full) waits outside the stream, in its key's waiting line. While a job runs,
+a heartbeat resets its entry's idle time, so a long job is not taken over from a live worker.
+A transient failure (a 5xx error) queues the job again after a backoff, up to ``max_attempts``
+runs; then, or for any other error, the job fails with the reason. ``stop()`` stops reading and
+lets running jobs finish for ``stop_grace`` seconds; jobs still running then are handed back to
+the queue. Every ``sweep_seconds`` it also fails queued jobs past their expiry
+(``JobQueue.sweep``).
 
 Webhooks are delivered outside the job slots: a finished job frees its slot at once and its
 delivery joins the worker's deliveries, at most ``webhook_concurrency`` at a time and at most
@@ -83,8 +83,8 @@ LOOP_ERROR_PAUSE = 1.0
 
 class Deferred(Exception):
     """Raised by ``execute`` for a job that may not run yet (its key's token window is full):
-    the job is queued again, its attempt given back, and runs once ``retry_after`` seconds
-    have passed, on whichever worker takes it over then."""
+    the job is queued again, its attempt given back, at its place in its key's waiting line,
+    and runs once ``retry_after`` seconds have passed (``JobQueue.park``)."""
 
     def __init__(self, retry_after: float) -> None:
         super().__init__(f"deferred for {retry_after:.3f} s")
@@ -128,7 +128,6 @@ class JobWorker:
         self.sweep_seconds = sweep_seconds
         self.delivery_backlog = 16 * webhook_concurrency
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._parked: set[str] = set()  # entries of running tasks that deferred their job
         self._delivering: dict[str, asyncio.Task[None]] = {}
         self._delivery_slots = asyncio.Semaphore(webhook_concurrency)
         self._tenant_slots: dict[str, asyncio.Semaphore] = {}
@@ -154,7 +153,6 @@ class JobWorker:
         heartbeat = asyncio.create_task(self._heartbeat())
         loop = asyncio.get_running_loop()
         next_reclaim = next_sweep = 0.0
-        read_first = False
         try:
             while not self._stopping.is_set():
                 self._slot_freed.clear()
@@ -166,20 +164,15 @@ class JobWorker:
                     if loop.time() >= next_sweep:
                         next_sweep = loop.time() + self.sweep_seconds
                         await self._sweep()
+                    await self.queue.promote(free)
                     deliveries: list[Delivery] = []
-                    reclaiming = loop.time() >= next_reclaim and not read_first
-                    read_first = False
-                    if reclaiming:
+                    if loop.time() >= next_reclaim:
+                        next_reclaim = loop.time() + min(self.visibility_timeout / 2, 5.0)
                         deliveries = await self.queue.reclaim(
                             self.consumer,
                             min_idle_ms=int(self.visibility_timeout * 1000),
                             count=free,
                         )
-                        # Every free slot filled: more may be due (deferred jobs whose window
-                        # has room now), so look again at once, after one read of new entries.
-                        read_first = len(deliveries) >= free
-                        period = 0.0 if read_first else min(self.visibility_timeout / 2, 5.0)
-                        next_reclaim = loop.time() + period
                     if not deliveries:
                         deliveries = await self._read_unless_stopped(free)
                 except StoreUnavailable as exc:
@@ -244,7 +237,6 @@ class JobWorker:
 
         def done(_: asyncio.Task[None]) -> None:
             self._running.pop(delivery.entry, None)
-            self._parked.discard(delivery.entry)
             self._slot_freed.set()
             _log_fault(task, delivery)
 
@@ -254,8 +246,7 @@ class JobWorker:
         while True:
             await asyncio.sleep(self.visibility_timeout / 3)
             try:
-                running = [entry for entry in self._running if entry not in self._parked]
-                await self.queue.touch(self.consumer, [*running, *self._delivering])
+                await self.queue.touch(self.consumer, [*self._running, *self._delivering])
             except StoreUnavailable as exc:
                 log.warning("job heartbeat failed: %s", exc)
 
@@ -375,13 +366,10 @@ class JobWorker:
             with Serving():  # the loop's lag clock ticks finely while a job runs
                 result = await self.execute(job)
         except Deferred as deferred:
-            # Not run: queued again, taken over once it has waited ``retry_after`` (at the
-            # earliest; the visibility timeout at the latest, then it is asked again).
-            wait_ms = int(deferred.retry_after * 1000)
-            idle_ms = int(self.visibility_timeout * 1000) - wait_ms
-            trace.get_current_span().set_attribute(attr.JOB_DEFERRED_MS, wait_ms)
-            self._parked.add(delivery.entry)  # the heartbeat must not reset its idle time
-            await self.queue.park(delivery, lease, self.consumer, idle_ms=idle_ms)
+            trace.get_current_span().set_attribute(
+                attr.JOB_DEFERRED_MS, round(deferred.retry_after * 1000)
+            )
+            await self.queue.park(delivery, lease, deferred.retry_after)
             return -2
         except asyncio.CancelledError:
             await asyncio.shield(self.queue.requeue(delivery, lease, None, refund=True))

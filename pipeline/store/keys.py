@@ -406,6 +406,24 @@ class ApiKeyStore:
         fields = await self.kv.hgetall(self.prefix + name)
         return hmac.compare_digest(fields.get(b"hash", b""), digest)
 
+    async def current(self, key_id: str) -> Principal | None:
+        """The key with this id as it is now (its limits and groups changed since, included),
+        or None when it is gone (revoked) or its records cannot be read. Asks Redis every time.
+
+        Raises ``StoreUnavailable`` when Redis is down.
+        """
+        if not key_id:
+            return None
+        digest = await self.kv.get(self._id_key(key_id))
+        if digest is None:
+            return None
+        try:
+            name = digest.decode("ascii")
+        except UnicodeDecodeError:
+            return None  # no key of ours: a digest is hex
+        principal = await self._lookup(name)
+        return principal if principal is not None and principal.key_id == key_id else None
+
     def _id_key(self, key_id: str) -> str:
         return f"{self.prefix}id:{key_id}"
 
