@@ -15,6 +15,7 @@ bench/results/client_cost.json.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,10 @@ CHILD = (
 def cpu_per_call(root: str, url: str, args: argparse.Namespace, tokens: int) -> float:
     """µs of the client's CPU per call, measured in a process running ``root``'s code."""
     command = [sys.executable, "-c", CHILD, url, "8", str(args.streams), str(args.calls)]
+    # Its own checkout's code: the working directory, not a PYTHONPATH inherited from here.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [*command, str(tokens)], cwd=root, capture_output=True, text=True, check=False
+        [*command, str(tokens)], cwd=root, env=env, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"the measure in {root} failed:\n{done.stderr[-2000:]}")
