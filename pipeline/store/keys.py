@@ -393,18 +393,11 @@ class ApiKeyStore:
 
         Raises ``StoreUnavailable`` when Redis is down.
         """
-        if not key_id:
+        name = await self._digest_of(key_id)
+        if name is None:
             return False
-        digest = await self.kv.get(self._id_key(key_id))
-        if digest is None:
-            return False
-        try:
-            name = digest.decode("ascii")
-        except UnicodeDecodeError:
-            log.warning("the id index of key %s cannot be read: not active", key_id[:64])
-            return False  # no key of ours: a digest is hex
         fields = await self.kv.hgetall(self.prefix + name)
-        return hmac.compare_digest(fields.get(b"hash", b""), digest)
+        return hmac.compare_digest(fields.get(b"hash", b""), name.encode())
 
     async def current(self, key_id: str) -> Principal | None:
         """The key with this id as it is now (its limits and groups changed since, included),
@@ -412,17 +405,22 @@ class ApiKeyStore:
 
         Raises ``StoreUnavailable`` when Redis is down.
         """
+        name = await self._digest_of(key_id)
+        # The index is ours: an id of the old scheme still names its key, migrated or not.
+        return None if name is None else await self._lookup(name)
+
+    async def _digest_of(self, key_id: str) -> str | None:
+        """The digest the id index names for ``key_id``; None when there is none we can read."""
         if not key_id:
             return None
         digest = await self.kv.get(self._id_key(key_id))
         if digest is None:
             return None
         try:
-            name = digest.decode("ascii")
+            return digest.decode("ascii")
         except UnicodeDecodeError:
+            log.warning("the id index of key %s cannot be read: not active", key_id[:64])
             return None  # no key of ours: a digest is hex
-        principal = await self._lookup(name)
-        return principal if principal is not None and principal.key_id == key_id else None
 
     def _id_key(self, key_id: str) -> str:
         return f"{self.prefix}id:{key_id}"

@@ -142,6 +142,7 @@ async def test_a_record_of_the_old_scheme_resolves_and_gets_a_random_id(
     assert KEY_ID_PATTERN.fullmatch(principal.key_id), "given a random id on first use"
     assert await keys.is_active(principal.key_id)
     assert await keys.is_active("rag-1a2b3c4d"), "the old id keeps working for its grace"
+    assert await keys.current("rag-1a2b3c4d") == principal, "a job queued under it runs"
     assert 0 < await kv.client.ttl(f"{keys.prefix}id:rag-1a2b3c4d") <= keys.legacy_id_grace
     keys._seen.clear()
     assert await keys.resolve(raw) == principal, "migrated once"
@@ -149,6 +150,7 @@ async def test_a_record_of_the_old_scheme_resolves_and_gets_a_random_id(
     assert revoked is not None and revoked.key_id == principal.key_id
     assert not await keys.is_active(principal.key_id)
     assert not await keys.is_active("rag-1a2b3c4d")
+    assert await keys.current("rag-1a2b3c4d") is None
 
 
 async def test_an_old_record_can_be_revoked_before_it_is_ever_resolved(
