@@ -26,7 +26,7 @@ from pipeline.jobs.secret_box import SecretBox
 from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
-from pipeline.jobs.worker import Deferred, JobWorker
+from pipeline.jobs.worker import Deferred, JobWorker, admitted
 from pipeline.model.spend import Spend, estimated_tokens, spent
 from pipeline.runner import Runner
 from pipeline.store.keys import ApiKeyStore
@@ -61,6 +61,7 @@ async def run_job(
         cache_control=CacheControl(),
     )
     held = await _hold(settings, limits, ctx)
+    await admitted()  # the next job of its key's waiting line may go
     spend = Spend()  # what the job's model calls spent, charged if it fails after them
     token = spent.set(spend)
     try:

@@ -12,7 +12,8 @@ Keys (all under one hash tag, so they live in one slot of a Redis Cluster):
     {prefix}{jobs}:idem:{tenant}:{user}:{h}   idempotency key (hashed) -> job id, with a TTL
     {prefix}{jobs}:waiting:{line}         jobs deferred for room in their key's token window,
                                           scored by creation (``scripts``: waiting lines)
-    {prefix}{jobs}:waiting-lines          the lines, scored by when their head is tried again
+    {prefix}{jobs}:waiting-lines          the lines, scored by when their head is let out
+    {prefix}{jobs}:parked                 the jobs in waiting lines, scored by when they expire
 
 Submitting is one script (stream entry, record, indexes and idempotency key together, or
 nothing), which also enforces the stream's cap and the tenant's limit on queued jobs, so every
@@ -59,10 +60,6 @@ T = TypeVar("T")
 GROUP: Final = "workers"
 LIST_SCAN_BUDGET: Final = 1000
 SWEEP_BATCH: Final = 100
-# After a waiting line's head is put back in the stream, the seconds until the next head is:
-# long enough for the head to be read and to ask its token window (else it is parked again and
-# the line waits for the window), short enough that a line with room drains quickly.
-LINE_STEP: Final = 0.25
 # When the queue is full nothing says when room will free up; a client polling every 10 s costs
 # the service little and loses little time.
 FULL_RETRY_AFTER: Final = 10.0
@@ -174,6 +171,7 @@ class JobQueue:
                 "REQUEUE",
                 "PARK",
                 "PROMOTE",
+                "NEXT",
                 "CANCEL",
                 "SETTLE_KEY",
                 "LIST",
@@ -403,10 +401,11 @@ class JobQueue:
         await self.ensure_group()
         return None
 
-    async def start(self, delivery: Delivery, lease: str) -> tuple[str, int]:
-        """Take the job of ``delivery`` under ``lease``: ('run', attempt) and the others that
-        ``scripts.START`` describes (an expired job is failed and acknowledged there)."""
-        kind, attempts = await self._persist(
+    async def start(self, delivery: Delivery, lease: str) -> tuple[str, int, str]:
+        """Take the job of ``delivery`` under ``lease``: ('run', attempt, line) and the others
+        that ``scripts.START`` describes (an expired job is failed and acknowledged there);
+        ``line`` names the waiting line a run was let out of ('' for none)."""
+        kind, attempts, *line = await self._persist(
             "START",
             delivery,
             [
@@ -420,7 +419,7 @@ class JobQueue:
                 orjson.dumps(self.expired_error()).decode(),
             ],
         )
-        return kind.decode(), int(attempts)
+        return kind.decode(), int(attempts), line[0].decode() if line else ""
 
     async def finish(
         self, delivery: Delivery, lease: str, status: str, payload: dict[str, Any]
@@ -475,15 +474,27 @@ class JobQueue:
         )
         return bool(done)
 
-    async def promote(self, lines: int) -> int:
-        """Put the heads of up to ``lines`` waiting lines that are due back in the stream
-        (``scripts.PROMOTE``); how many."""
-        promoted: int = await self._run(
+    async def promote(self, lines: int, fallback: float) -> int:
+        """Let the heads of up to ``lines`` waiting lines that are due out into the stream
+        (``scripts.PROMOTE``); a line whose head went out is due again in ``fallback`` seconds
+        should its worker never say how it went. How many went out."""
+        now = time.time()
+        out: int = await self._run(
             "PROMOTE",
             [self.base + "waiting-lines"],
-            [self.base, repr(time.time()), max(1, lines), self.max_stream_length, LINE_STEP],
+            [self.base, repr(now), max(1, lines), repr(now + fallback)],
         )
-        return promoted
+        return out
+
+    async def next_in_line(self, line: str, fallback: float) -> bool:
+        """The job let out of ``line`` holds its tokens, or has ended: let the next out now
+        (``scripts.NEXT``). Whether one went out."""
+        out = await self._run(
+            "NEXT",
+            [self.base + "waiting-lines"],
+            [self.base, line, repr(time.time() + fallback)],
+        )
+        return bool(out)
 
     async def settle_webhook(
         self, delivery: Delivery, lease: str, state: str, deliveries: list[dict[str, Any]]

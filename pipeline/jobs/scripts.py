@@ -22,12 +22,17 @@ requeue) until a worker starts it or it is cancelled or settled.
 A job its key's token window had no room for waits outside the stream, in its key's *waiting
 line* (``waiting:{line}``, scored by when the job was created: first come, first served;
 ``line`` is ``k:{key id}``, or ``t:{tenant}`` for a job stored without one), its record saying
-which (``parked``) and naming no entry. ``waiting-lines`` scores each line by when its head
-may be tried again. ``promote`` puts a due line's head back in the stream (``promoted``: it
-passes ``start`` although the line is not empty); a job of a key whose line is not empty
-joins the line at ``start`` instead of running ahead of it. So the pending entries are only
-jobs being worked on (a parked job is no entry at all), and the jobs of a key that waits are
-tried one at a time, not all at once whenever its window has room.
+which (``parked``) and naming no entry; while it waits it sits in ``parked`` (scored by its
+expiry, for the sweep) instead of ``queued``, so the sweep's look for entries gone is never
+blind behind it. ``waiting-lines`` scores each line by when its head may be let out: after a
+refusal, when the window has room (``Retry-After``); while a head is out, a fallback time
+should its worker never say how it went. Letting the head out puts it back in the stream
+(``promoted``, naming its line: it passes ``start`` although the line is not empty), without
+``MAXLEN``: a job already accepted never trims another's entry. Once that job holds its tokens,
+or ends, its worker lets the next out (``NEXT``), so a line with room drains as fast as its
+jobs are admitted, one try at a time, and a line without room costs one try per
+``Retry-After``. A job of a key whose line is not empty joins it at ``start`` instead of
+running ahead of it. So the pending entries are only jobs being worked on.
 """
 
 from __future__ import annotations
@@ -50,13 +55,20 @@ local function fields_of(job, ...)
   return h
 end
 
+-- Out of every queued set: it runs, or will never run. A job let out of its waiting line that
+-- never runs lets the next out at once (score 0: due).
 local function unqueue(base, job, id)
   redis.call('ZREM', base .. 'queued', id)
-  local h = redis.call('HMGET', job, 'tenant', 'parked')
+  redis.call('ZREM', base .. 'parked', id)
+  local h = redis.call('HMGET', job, 'tenant', 'parked', 'promoted')
   if h[1] then redis.call('ZREM', base .. 'queued:' .. h[1], id) end
   if h[2] then
-    redis.call('ZREM', base .. 'waiting:' .. h[2], id)
+    redis.pcall('ZREM', base .. 'waiting:' .. h[2], id)
     redis.call('HDEL', job, 'parked')
+  end
+  if h[3] then
+    redis.pcall('ZADD', base .. 'waiting-lines', 'XX', 0, h[3])
+    redis.call('HDEL', job, 'promoted')
   end
 end
 
@@ -64,6 +76,36 @@ end
 local function line_of(key_id, tenant)
   if key_id and key_id ~= '' then return 'k:' .. key_id end
   return 't:' .. (tenant or '')
+end
+
+-- Let the oldest job still waiting in `line` out into the stream; the line is then due again
+-- at `fallback` (its worker lets the next out sooner). Jobs no longer waiting (cancelled,
+-- settled) are dropped on the way; an empty line, or one whose key is not a sorted set, is
+-- forgotten. Returns 1 when a job went out, else 0.
+local function let_out(base, line, fallback)
+  local waiting = base .. 'waiting:' .. line
+  for _ = 1, 100 do
+    local head = redis.pcall('ZPOPMIN', waiting)
+    if head.err or #head == 0 then
+      if head.err or redis.call('EXISTS', waiting) == 0 then
+        redis.call('ZREM', base .. 'waiting-lines', line)
+      end
+      return 0
+    end
+    local job = base .. 'job:' .. head[1]
+    local h = fields_of(job, 'status', 'parked', 'expires')
+    if h and h[1] == 'queued' and h[2] == line then
+      local entry = redis.call('XADD', base .. 'stream', '*', 'id', head[1])
+      redis.call('HSET', job, 'entry', entry, 'promoted', line)
+      redis.call('HDEL', job, 'parked')
+      redis.call('ZREM', base .. 'parked', head[1])
+      redis.call('ZADD', base .. 'queued', tonumber(h[3]) or 0, head[1])
+      redis.call('ZADD', base .. 'waiting-lines', fallback, line)
+      return 1
+    end
+  end
+  redis.call('ZADD', base .. 'waiting-lines', fallback, line)  -- 100 gone: the rest later
+  return 0
 end
 
 -- A queued job that will never run: failed with `err`, its entry acknowledged and deleted.
@@ -149,7 +191,8 @@ end
 #                           7 stream cap, 8 the error of an expired job (JSON)
 # Returns {kind, attempts}: run, exhausted, deliver (a finished job whose webhook is owed),
 # or gone / stale / cancelled / done / expired / waiting (acknowledged here: nothing to do;
-# waiting: it joined its key's waiting line).
+# waiting: it joined its key's waiting line). A run let out of a waiting line also names it
+# (its worker lets the next out: ``NEXT``).
 START: Final = (
     _HELPERS
     + _ACK
@@ -178,27 +221,38 @@ if status == 'queued' and (tonumber(h[7]) or math.huge) < tonumber(ARGV[4]) then
   end
   return {'expired', attempts}
 end
-if status == 'queued' and h[9] ~= '1' then
-  -- Its key has jobs waiting for room in its token window: it waits behind them.
+local base = ARGV[5]
+if status == 'queued' and not h[9] then
+  -- Its key has jobs waiting for room in its token window: it waits behind them (a line whose
+  -- time was lost is made due, so that it is never stranded).
   local line = line_of(h[10], h[11])
-  local waiting = ARGV[5] .. 'waiting:' .. line
-  if redis.call('EXISTS', waiting) == 1 then
+  local waiting = base .. 'waiting:' .. line
+  local joined = redis.call('EXISTS', waiting) == 1
+  if joined then  -- a line whose key is not a sorted set is none: the job runs
+    local reply = redis.pcall('ZADD', waiting, tonumber(h[12]) or 0, h[8])
+    joined = not (type(reply) == 'table' and reply.err)
+  end
+  if joined then
     ack()
     redis.call('HDEL', KEYS[1], 'entry')
     redis.call('HSET', KEYS[1], 'parked', line)
-    redis.call('ZADD', waiting, tonumber(h[12]) or 0, h[8])
+    redis.call('ZREM', base .. 'queued', h[8])
+    redis.call('ZADD', base .. 'parked', tonumber(h[7]) or 0, h[8])
+    redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, line)
     return {'waiting', attempts}
   end
 end
-redis.call('HDEL', KEYS[1], 'promoted')
+local line = h[9] or ''
+redis.call('HDEL', KEYS[1], 'promoted')  -- its worker lets the next out, not unqueue
 redis.call('HSET', KEYS[1], 'lease', ARGV[3])
-unqueue(ARGV[5], KEYS[1], h[8])
+unqueue(base, KEYS[1], h[8])
 if attempts >= (tonumber(h[3]) or 1) then
+  if line ~= '' then redis.call('ZADD', base .. 'waiting-lines', 'XX', 0, line) end
   return {'exhausted', attempts}
 end
 attempts = attempts + 1
 redis.call('HSET', KEYS[1], 'status', 'running', 'attempts', attempts, 'started', ARGV[4])
-return {'run', attempts}
+return {'run', attempts, line}
 """
 )
 
@@ -258,8 +312,8 @@ return 1
 """
 )
 
-# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 base, 5 when it may be tried again
-#                           (s), 6 now (s), 7 queued ttl (s)
+# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 base, 5 when its line may be tried
+#                           again (s), 6 now (s), 7 queued ttl (s)
 # A job its worker took but may not run yet (its key's token window is full): queued again as
 # it was before ``start`` (its attempt given back, its expiry kept), out of the stream, at its
 # place in its key's waiting line, which is tried again at ARGV[5]. Returns 0 when the lease
@@ -269,57 +323,48 @@ PARK: Final = (
     + _ACK
     + """
 if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[3] then return 0 end
-ack()
+local base = ARGV[4]
 local h = redis.call('HMGET', KEYS[1], 'id', 'tenant', 'expires', 'key_id', 'created', 'attempts')
+local line = line_of(h[4], h[2])
+local waiting = base .. 'waiting:' .. line
+redis.call('ZADD', waiting, tonumber(h[5]) or 0, h[1])  -- what can fail (a damaged line) first
+ack()
 local expires = tonumber(h[3]) or (tonumber(ARGV[6]) + tonumber(ARGV[7]))
 local attempts = math.max(0, (tonumber(h[6]) or 1) - 1)
-local line = line_of(h[4], h[2])
 redis.call('HDEL', KEYS[1], 'entry')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'lease', '', 'expires', tostring(expires),
            'attempts', attempts, 'parked', line)
 if attempts == 0 then redis.call('HDEL', KEYS[1], 'started') end
-redis.call('ZADD', ARGV[4] .. 'queued', expires, h[1])
-redis.call('ZADD', ARGV[4] .. 'queued:' .. h[2], expires, h[1])
-redis.call('ZADD', ARGV[4] .. 'waiting:' .. line, tonumber(h[5]) or 0, h[1])
-redis.call('ZADD', ARGV[4] .. 'waiting-lines', ARGV[5], line)
+redis.call('ZADD', base .. 'parked', expires, h[1])
+redis.call('ZADD', base .. 'queued:' .. h[2], expires, h[1])
+redis.call('ZADD', base .. 'waiting-lines', ARGV[5], line)
 return 1
 """
 )
 
-# KEYS: waiting-lines.  ARGV: 1 base, 2 now (s), 3 most lines, 4 stream cap, 5 seconds until a
-#                            line's next head may be tried
-# Puts the head of each line that is due back in the stream (``promoted``), first come first
-# served; a line still holding jobs is due again a moment later (its head may have found
-# room: the next is tried then; else the head is parked again and the line's time set anew).
-# Jobs no longer queued (cancelled, settled) are dropped on the way. Returns how many were put.
+# KEYS: waiting-lines.  ARGV: 1 base, 2 now (s), 3 most lines, 4 when a line whose head went
+#                            out is due again should its worker never say how it went (s)
+# Lets the head of each line that is due out into the stream. Returns how many went out.
 PROMOTE: Final = (
     _HELPERS
     + """
-local base, now = ARGV[1], tonumber(ARGV[2])
-local promoted = 0
-local lines = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+local lines = redis.pcall('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+if lines.err then return 0 end  -- not a sorted set: nothing can wait (PARK fails first)
+local out = 0
 for _, line in ipairs(lines) do
-  local waiting = base .. 'waiting:' .. line
-  for _ = 1, 100 do
-    local head = redis.call('ZPOPMIN', waiting)
-    if #head == 0 then break end
-    local job = base .. 'job:' .. head[1]
-    local h = fields_of(job, 'status', 'parked')
-    if h and h[1] == 'queued' and h[2] == line then
-      local entry = redis.call('XADD', base .. 'stream', 'MAXLEN', '~', ARGV[4], '*', 'id', head[1])
-      redis.call('HSET', job, 'entry', entry, 'promoted', '1')
-      redis.call('HDEL', job, 'parked')
-      promoted = promoted + 1
-      break
-    end
-  end
-  if redis.call('EXISTS', waiting) == 0 then
-    redis.call('ZREM', KEYS[1], line)
-  else
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), line)
-  end
+  out = out + let_out(ARGV[1], line, ARGV[4])
 end
-return promoted
+return out
+"""
+)
+
+# KEYS: waiting-lines.  ARGV: 1 base, 2 line, 3 the fallback time as in PROMOTE (s)
+# The job let out of ``line`` holds its tokens, or has ended: the next is let out now.
+NEXT: Final = (
+    _HELPERS
+    + """
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 0 end  -- gone: nothing waits
+return let_out(ARGV[1], ARGV[2], ARGV[3])
 """
 )
 
@@ -342,10 +387,10 @@ return 'cancelled'
 
 # KEYS: queued.  ARGV: 1 base, 2 group, 3 stream cap, 4 now, 5 result ttl, 6 most jobs to look
 #                      at, 7 the error of an expired job, 8 the error of a job whose entry is gone
-# Settles queued jobs past their expiry, and queued jobs (among the oldest) whose stream entry
-# is gone (trimmed by the stream's cap). An id whose job key is not a hash is dropped from
-# ``queued`` (its tenant's set trims it by score at the next submit). Returns {expired, dropped,
-# unreadable}.
+# Settles queued jobs past their expiry (in the stream or in a waiting line: ``parked``), and
+# queued jobs (among the oldest in the stream) whose stream entry is gone (trimmed by the
+# cap). An id whose job key is not a hash is dropped from ``queued`` or ``parked`` (its
+# tenant's set trims it by score at the next submit). Returns {expired, dropped, unreadable}.
 SWEEP: Final = (
     _HELPERS
     + """
@@ -380,6 +425,20 @@ for _, id in ipairs(ids) do
   elseif not h[2] or #redis.call('XRANGE', stream, h[2], h[2]) == 0 then
     settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[8])
     dropped = dropped + 1
+  end
+end
+ids = redis.call('ZRANGEBYSCORE', base .. 'parked', '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(ids) do
+  local job = base .. 'job:' .. id
+  local h = fields_of(job, 'status')
+  if not h then
+    redis.call('ZREM', base .. 'parked', id)
+    unreadable = unreadable + 1
+  elseif h[1] == 'queued' then
+    settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
+    expired = expired + 1
+  else
+    unqueue(base, job, id)
   end
 end
 return {expired, dropped, unreadable}

@@ -39,6 +39,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -164,7 +165,7 @@ class JobWorker:
                     if loop.time() >= next_sweep:
                         next_sweep = loop.time() + self.sweep_seconds
                         await self._sweep()
-                    await self.queue.promote(free)
+                    await self._promote(free)
                     deliveries: list[Delivery] = []
                     if loop.time() >= next_reclaim:
                         next_reclaim = loop.time() + min(self.visibility_timeout / 2, 5.0)
@@ -267,7 +268,7 @@ class JobWorker:
     async def _handle(self, delivery: Delivery) -> None:
         lease = f"{self.consumer}:{secrets.token_hex(4)}"
         try:
-            kind, attempt = await self.queue.start(delivery, lease)
+            kind, attempt, line = await self.queue.start(delivery, lease)
             if kind not in ("run", "exhausted", "deliver"):
                 return  # cancelled, finished, expired or settled: acknowledged by start
             job = await self.queue.get(delivery.job_id)
@@ -297,7 +298,7 @@ class JobWorker:
             },
         ) as span:
             try:
-                await self._advance(kind, job, delivery, lease, span)
+                await self._advance(kind, job, delivery, lease, span, line)
             except StoreUnavailable as exc:
                 mark_failed(span, exc)
                 log.warning("job %s: could not record its state: %s", job.id, exc)
@@ -320,10 +321,10 @@ class JobWorker:
         await self.queue.settle_webhook(delivery, lease, FAILED, [unsendable])
 
     async def _advance(
-        self, kind: str, job: Job, delivery: Delivery, lease: str, span: trace.Span
+        self, kind: str, job: Job, delivery: Delivery, lease: str, span: trace.Span, line: str
     ) -> None:
         if kind == "run":
-            outcome = await self._run(job, delivery, lease)
+            outcome = await self._run(job, delivery, lease, _Admission(self, line))
         elif kind == "exhausted":
             outcome = await self.queue.finish(delivery, lease, FAILED, _abandoned(job))
         else:
@@ -359,9 +360,18 @@ class JobWorker:
             if not self._tenant_deliveries[tenant]:  # the tenant's last: forget its slots
                 del self._tenant_deliveries[tenant], self._tenant_slots[tenant]
 
-    async def _run(self, job: Job, delivery: Delivery, lease: str) -> int:
+    async def _promote(self, free: int) -> None:
+        """Let the heads of due waiting lines out; a failure here stops no other work."""
+        try:
+            await self.queue.promote(free, self.visibility_timeout)
+        except StoreUnavailable as exc:
+            log.warning("waiting lines not looked at: %s", exc)
+
+    async def _run(self, job: Job, delivery: Delivery, lease: str, admission: _Admission) -> int:
         """Execute the job; the FINISH outcome (0, 1, 2), -1 when it was queued again after a
-        failure, -2 when it was not run yet (``Deferred``)."""
+        failure, -2 when it was not run yet (``Deferred``). A job let out of a waiting line
+        lets the next out once it holds its tokens (``admitted``), or else when it ends."""
+        token = _admission.set(admission)
         try:
             with Serving():  # the loop's lag clock ticks finely while a job runs
                 result = await self.execute(job)
@@ -370,7 +380,7 @@ class JobWorker:
                 attr.JOB_DEFERRED_MS, round(deferred.retry_after * 1000)
             )
             await self.queue.park(delivery, lease, deferred.retry_after)
-            return -2
+            return -2  # the line waits for its window: no next let out
         except asyncio.CancelledError:
             await asyncio.shield(self.queue.requeue(delivery, lease, None, refund=True))
             raise
@@ -381,7 +391,11 @@ class JobWorker:
             log.exception("job %s failed", job.id)
             error, transient = dict(INTERNAL_ERROR), True
         else:
+            await admission.release()
             return await self.queue.finish(delivery, lease, SUCCEEDED, result)
+        finally:
+            _admission.reset(token)
+        await admission.release()
         mark_failed(trace.get_current_span(), kind=str(error.get("code")))
         if transient and job.attempts < job.max_attempts:
             await asyncio.sleep(self.retry_backoff * 2 ** (job.attempts - 1))
@@ -426,6 +440,38 @@ class JobWorker:
             log.warning("job %s: its delivery was taken over by another worker", job.id)
             return
         await self.queue.settle_webhook(delivery, lease, webhook_state(attempts), attempts)
+
+
+class _Admission:
+    """The waiting line a running job was let out of, and whether the next has been let out."""
+
+    def __init__(self, worker: JobWorker, line: str) -> None:
+        self.worker = worker
+        self.line = line
+        self.done = not line
+
+    async def release(self) -> None:
+        """Let the next job of the line out, once (a failure leaves it to the line's fallback
+        time)."""
+        if self.done:
+            return
+        self.done = True
+        try:
+            await self.worker.queue.next_in_line(self.line, self.worker.visibility_timeout)
+        except StoreUnavailable as exc:
+            log.warning("waiting line %s: the next job not let out: %s", self.line[:80], exc)
+
+
+_admission: ContextVar[_Admission | None] = ContextVar("rag_job_admission", default=None)
+
+
+async def admitted() -> None:
+    """Said by ``execute`` once its job holds its tokens (``app.jobs.run_job``): a job let out
+    of its key's waiting line lets the next out now, not when it ends, so a line whose window
+    has room drains as fast as its jobs are admitted. Nothing for any other job."""
+    admission = _admission.get()
+    if admission is not None:
+        await admission.release()
 
 
 class _TakenOver(Exception):

@@ -137,7 +137,7 @@ async def test_cancel_a_queued_job_and_409_for_one_that_has_finished(queued) -> 
     queue = job_queue(queued.services.settings, queued.services.kv)
     await queue.ensure_group()
     for delivery in await queue.read("test", count=10, block_ms=100):
-        kind, _ = await queue.start(delivery, "lease")
+        kind, *_ = await queue.start(delivery, "lease")
         if kind == "run":
             await queue.finish(delivery, "lease", "succeeded", {"object": "chat.completion"})
     refused = await queued.client.delete(f"/v1/jobs/{second}", headers=auth(key))

@@ -64,7 +64,7 @@ async def test_a_worker_that_reads_an_expired_job_settles_it_instead_of_running_
     await queue.ensure_group()
     [delivery] = await queue.read("w", count=1, block_ms=100)
     await asyncio.sleep(0.5)
-    assert await queue.start(delivery, "lease") == ("expired", 0)
+    assert await queue.start(delivery, "lease") == ("expired", 0, "")
     expired = await queue.get(stale.id)
     assert expired is not None and expired.status == FAILED
     assert expired.error is not None and expired.error["code"] == "job_expired"
@@ -128,7 +128,7 @@ async def test_the_stream_cap_trims_and_the_sweep_settles_what_it_trimmed() -> N
         [taken] = await queue.read("w", count=1, block_ms=100)
         assert taken.job_id == ids[0]
         for attempt in range(3):  # each requeue adds an entry past the cap
-            kind, _ = await queue.start(taken, f"lease{attempt}")
+            kind, *_ = await queue.start(taken, f"lease{attempt}")
             assert kind == "run"
             assert await queue.requeue(taken, f"lease{attempt}", None, refund=True)
             [taken] = [
@@ -158,7 +158,7 @@ async def test_the_tenants_queued_limit_counts_queued_jobs_only(
     assert await queue.cancel("acme", second.id) == CANCELLED
     await queue.ensure_group()
     [delivery, *_] = await queue.read("w", count=1, block_ms=100)
-    assert await queue.start(delivery, "lease") == ("run", 1)  # running: no longer queued
+    assert await queue.start(delivery, "lease") == ("run", 1, "")  # running: no longer queued
     assert (await queue.submit(make_job("4")))[1]
     assert (await queue.submit(make_job("5")))[1]
     with pytest.raises(TooManyJobs):

@@ -98,7 +98,7 @@ async def test_a_cancelled_job_is_acknowledged_and_skipped_by_start(queue: JobQu
     await queue.cancel("acme", job.id)
     await queue.ensure_group()
     [delivery] = await queue.read("c1", count=10, block_ms=100)
-    assert await queue.start(delivery, "lease") == ("cancelled", 0)
+    assert await queue.start(delivery, "lease") == ("cancelled", 0, "")
     assert await queue.backlog() == 0
 
 
@@ -108,7 +108,7 @@ async def test_finishing_expires_the_record_and_removes_the_entry(
     job, _ = await queue.submit(make_job())
     await queue.ensure_group()
     [delivery] = await queue.read("c1", count=1, block_ms=100)
-    assert await queue.start(delivery, "lease-1") == ("run", 1)
+    assert await queue.start(delivery, "lease-1") == ("run", 1, "")
     assert await queue.finish(delivery, "lease-1", SUCCEEDED, {"answer": 42}) == 1
     stored = await queue.get(job.id)
     assert stored is not None and stored.status == SUCCEEDED and stored.result == {"answer": 42}
@@ -120,10 +120,10 @@ async def test_a_worker_that_lost_its_lease_cannot_write_a_result(queue: JobQueu
     job, _ = await queue.submit(make_job())
     await queue.ensure_group()
     [delivery] = await queue.read("slow", count=1, block_ms=100)
-    assert await queue.start(delivery, "slow-lease") == ("run", 1)
+    assert await queue.start(delivery, "slow-lease") == ("run", 1, "")
     [taken] = await queue.reclaim("fast", min_idle_ms=0, count=10)
     assert taken == delivery
-    assert await queue.start(taken, "fast-lease") == ("run", 2)
+    assert await queue.start(taken, "fast-lease") == ("run", 2, "")
     assert await queue.finish(taken, "fast-lease", SUCCEEDED, {"by": "fast"}) == 1
     assert await queue.finish(delivery, "slow-lease", SUCCEEDED, {"by": "slow"}) == 0
     stored = await queue.get(job.id)
@@ -134,11 +134,11 @@ async def test_a_job_abandoned_max_attempts_times_is_reported_exhausted(queue: J
     job, _ = await queue.submit(make_job(max_attempts=2))
     await queue.ensure_group()
     [delivery] = await queue.read("w1", count=1, block_ms=100)
-    assert await queue.start(delivery, "a") == ("run", 1)
+    assert await queue.start(delivery, "a") == ("run", 1, "")
     [delivery] = await queue.reclaim("w2", min_idle_ms=0, count=1)
-    assert await queue.start(delivery, "b") == ("run", 2)
+    assert await queue.start(delivery, "b") == ("run", 2, "")
     [delivery] = await queue.reclaim("w3", min_idle_ms=0, count=1)
-    assert await queue.start(delivery, "c") == ("exhausted", 2)
+    assert await queue.start(delivery, "c") == ("exhausted", 2, "")
     await queue.finish(delivery, "c", FAILED, {"message": "abandoned", "type": "api_error"})
     stored = await queue.get(job.id)
     assert stored is not None and stored.status == FAILED and stored.attempts == 2
@@ -156,4 +156,4 @@ async def test_requeue_puts_the_job_back_with_a_new_entry(queue: JobQueue) -> No
     assert stored.last_error == {"message": "upstream down"}
     [again] = await queue.read("w2", count=1, block_ms=100)
     assert again.job_id == job.id and again.entry != delivery.entry
-    assert await queue.start(again, "b") == ("run", 2)
+    assert await queue.start(again, "b") == ("run", 2, "")

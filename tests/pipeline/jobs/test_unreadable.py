@@ -205,7 +205,7 @@ async def test_start_takes_a_job_whose_attempts_or_expiry_do_not_parse(
     await kv.client.hset(queue.job_prefix + expiring.id, "expires", "abc")
     await queue.ensure_group()
     deliveries = await queue.read("w", count=10, block_ms=100)
-    assert [await queue.start(d, "lease") for d in deliveries] == [("run", 1), ("run", 1)]
+    assert [await queue.start(d, "lease") for d in deliveries] == [("run", 1, ""), ("run", 1, "")]
     started = await queue.get(counted.id)
     assert started is not None and started.attempts == 1, "the count is written anew"
 
@@ -233,7 +233,7 @@ async def test_an_entry_whose_job_key_is_not_a_hash_is_acknowledged(
     await kv.client.set(queue.job_prefix + job.id, "not a hash")
     await queue.ensure_group()
     [delivery] = await queue.read("w", count=10, block_ms=100)
-    assert await queue.start(delivery, "lease") == ("gone", 0)
+    assert await queue.start(delivery, "lease") == ("gone", 0, "")
     assert await pending(kv, queue) == 0
 
 
