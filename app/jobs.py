@@ -61,10 +61,10 @@ async def run_job(
         cache_control=CacheControl(),
     )
     held = await _hold(settings, limits, ctx)
-    await admitted()  # the next job of its key's waiting line may go
     spend = Spend()  # what the job's model calls spent, charged if it fails after them
     token = spent.set(spend)
     try:
+        await admitted()  # the next jobs of its key's waiting line may go
         await runner.run(ctx)
         if ctx.completion is None:
             raise RuntimeError("the path ended without an answer")

@@ -23,10 +23,12 @@ fails open.
 
 Lifetime: a queued job that no worker starts within ``queued_ttl`` seconds fails (``job_expired``)
 and is never run, whether a worker finds it late (``start``) or the sweep does. The stream is
-capped (``XADD ... MAXLEN ~``): submit refuses new work at the cap, so trimming only drops entries
-when requeues push past it; a queued job whose entry was trimmed fails (``job_dropped``) at the
-next sweep. Redis losing the consumer group (a restart without persistence, a flush) is repaired
-on the spot: a read that meets ``NOGROUP`` creates the group again.
+capped: submit refuses new work at the cap, and no other XADD trims (a requeue, a webhook's
+fresh entry, a job let out of a waiting line: each replaces its own job's entry), so nothing
+accepted is dropped; a queued job whose entry is gone anyway (an older version's trim, a hand
+deletion) fails (``job_dropped``) at the next sweep. Redis losing the consumer group (a
+restart without persistence, a flush) is repaired on the spot: a read that meets ``NOGROUP``
+creates the group again.
 
 What another version (or damage) left in Redis that this code cannot read is logged and treated
 as absent, never allowed to stop a worker or fail a whole listing: a stream entry without a
@@ -170,7 +172,6 @@ class JobQueue:
                 "RECORD_DELIVERIES",
                 "REQUEUE",
                 "PARK",
-                "PROMOTE",
                 "NEXT",
                 "CANCEL",
                 "SETTLE_KEY",
@@ -179,6 +180,7 @@ class JobQueue:
             )
         }
         self._sweep_script = self.poll_kv.script(scripts.SWEEP)
+        self._promote_script = self.poll_kv.script(scripts.PROMOTE)
 
     # --- the API side ---
 
@@ -321,7 +323,7 @@ class JobQueue:
         return settled
 
     async def sweep(self) -> tuple[int, int]:
-        """Fail queued jobs past their expiry, and queued jobs whose stream entry was trimmed;
+        """Fail queued jobs past their expiry, and queued jobs whose stream entry is gone;
         (expired, dropped). Any worker may run it at any time: each job is settled once."""
         expired, dropped, *rest = await self.poll_kv.run_script(  # untraced: every 10 s
             "sweep",
@@ -458,7 +460,6 @@ class JobQueue:
         """Queue the job again as it was before ``start``, without running it (its key's token
         window is full): out of the stream, at its place in its key's waiting line, whose head
         is tried again in ``wait`` seconds (``scripts.PARK``). False when the lease was lost."""
-        now = time.time()
         done = await self._persist(
             "PARK",
             delivery,
@@ -467,8 +468,8 @@ class JobQueue:
                 delivery.entry,
                 lease,
                 self.base,
-                repr(now + max(0.0, wait)),
-                repr(now),
+                repr(max(0.0, wait)),
+                repr(time.time()),
                 self.queued_ttl,
             ],
         )
@@ -478,23 +479,21 @@ class JobQueue:
         """Let the heads of up to ``lines`` waiting lines that are due out into the stream
         (``scripts.PROMOTE``); a line whose head went out is due again in ``fallback`` seconds
         should its worker never say how it went. How many went out."""
-        now = time.time()
-        out: int = await self._run(
-            "PROMOTE",
+        out: int = await self.poll_kv.run_script(  # untraced: every pass of every worker
+            "promote",
+            self._promote_script,
             [self.base + "waiting-lines"],
-            [self.base, repr(now), max(1, lines), repr(now + fallback)],
+            [self.base, max(1, lines), repr(fallback)],
         )
         return out
 
-    async def next_in_line(self, line: str, fallback: float) -> bool:
-        """The job let out of ``line`` holds its tokens, or has ended: let the next out now
-        (``scripts.NEXT``). Whether one went out."""
-        out = await self._run(
-            "NEXT",
-            [self.base + "waiting-lines"],
-            [self.base, line, repr(time.time() + fallback)],
+    async def next_in_line(self, line: str, fallback: float) -> int:
+        """The job let out of ``line`` holds its tokens, or has ended: let the next two out now
+        (``scripts.NEXT``). How many went out."""
+        out: int = await self._run(
+            "NEXT", [self.base + "waiting-lines"], [self.base, line, repr(fallback)]
         )
-        return bool(out)
+        return out
 
     async def settle_webhook(
         self, delivery: Delivery, lease: str, state: str, deliveries: list[dict[str, Any]]

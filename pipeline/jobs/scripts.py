@@ -2,9 +2,10 @@
 
 A Redis script is not rolled back when one of its commands fails, so each script does first
 the command that can fail (XLEN, XADD on a key of the wrong type) and writes the job record
-after it. Every state change after ``start`` checks the caller's lease: a worker whose job was
-taken over after the visibility timeout can no longer write a result, so each job has at most
-one result.
+after it; a sorted set of the waiting lines found holding another type is damage, deleted
+(logged by Redis) before it is written (``own_zset``), never a failure halfway. Every state
+change after ``start`` checks the caller's lease: a worker whose job was taken over after the
+visibility timeout can no longer write a result, so each job has at most one result.
 
 Keys a script reaches beyond its ``KEYS`` are built from ``base`` (``{prefix}{jobs}:``), so they
 share the ``{jobs}`` hash tag and live in the same Redis Cluster slot.
@@ -13,7 +14,7 @@ A value read back from Redis may have been written by another version, or damage
 that does not parse takes a default (``tonumber(x) or d``; a nil in a comparison would fail the
 script, and with it every call for that job), and the scripts that look at many jobs at once
 (the sweep, listings) read each with ``redis.pcall``, so one key of the wrong type does not
-stop them for every tenant.
+stop them for every tenant (``SETTLE_KEY`` too).
 
 A queued job sits in two sorted sets scored by the time it expires (``queued``, for the sweep,
 and ``queued:{tenant}``, for the tenant's limit and for revoking a key), from submit (or
@@ -24,15 +25,17 @@ line* (``waiting:{line}``, scored by when the job was created: first come, first
 ``line`` is ``k:{key id}``, or ``t:{tenant}`` for a job stored without one), its record saying
 which (``parked``) and naming no entry; while it waits it sits in ``parked`` (scored by its
 expiry, for the sweep) instead of ``queued``, so the sweep's look for entries gone is never
-blind behind it. ``waiting-lines`` scores each line by when its head may be let out: after a
-refusal, when the window has room (``Retry-After``); while a head is out, a fallback time
-should its worker never say how it went. Letting the head out puts it back in the stream
-(``promoted``, naming its line: it passes ``start`` although the line is not empty), without
-``MAXLEN``: a job already accepted never trims another's entry. Once that job holds its tokens,
-or ends, its worker lets the next out (``NEXT``), so a line with room drains as fast as its
-jobs are admitted, one try at a time, and a line without room costs one try per
-``Retry-After``. A job of a key whose line is not empty joins it at ``start`` instead of
-running ahead of it. So the pending entries are only jobs being worked on.
+blind behind it. ``waiting-lines`` scores each line by when its head may be let out (Redis's
+clock: ``TIME``): after a refusal, when the window has room (``Retry-After``); while jobs are
+out, a fallback time should their workers never say how they went. Letting a job out puts it
+back in the stream (``promoted``, naming its line: it passes ``start`` although the line is not
+empty). Once a job let out holds its tokens, or ends, its worker lets the next two out
+(``NEXT``): a line whose window has room drains in doubling steps, even behind a backlog of
+other work in the stream, and a line without room costs a try or two per ``Retry-After``. A job
+of a key whose line is not empty joins it at ``start`` instead of running ahead of it. The
+sweep puts every waiting job it looks at back in its line and the line on the schedule, should
+either have been lost. No XADD trims (``MAXLEN``) except submit's, which refuses at the cap
+before it could: a job already accepted never drops another's entry.
 """
 
 from __future__ import annotations
@@ -72,6 +75,23 @@ local function unqueue(base, job, id)
   end
 end
 
+-- A key of the waiting lines holding something else than a sorted set is damage: deleted, so
+-- that writing it cannot fail a script halfway (whatever waited in it is found again by the
+-- sweep, from the jobs' own records).
+local function own_zset(key)
+  local t = redis.call('TYPE', key).ok
+  if t ~= 'zset' and t ~= 'none' then
+    redis.log(redis.LOG_WARNING, 'rag jobs: ' .. key .. ' held a ' .. t .. ', deleted')
+    redis.call('DEL', key)
+  end
+end
+
+-- Seconds on Redis's clock: the lines' times never depend on the workers' clocks.
+local function now_s()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
 -- The waiting line of a job's key (its tenant's for a job stored without a key id).
 local function line_of(key_id, tenant)
   if key_id and key_id ~= '' then return 'k:' .. key_id end
@@ -79,17 +99,18 @@ local function line_of(key_id, tenant)
 end
 
 -- Let the oldest job still waiting in `line` out into the stream; the line is then due again
--- at `fallback` (its worker lets the next out sooner). Jobs no longer waiting (cancelled,
--- settled) are dropped on the way; an empty line, or one whose key is not a sorted set, is
--- forgotten. Returns 1 when a job went out, else 0.
+-- `fallback` seconds later (its worker lets the next out sooner). Jobs no longer waiting
+-- (cancelled, settled) are dropped on the way; an empty line is forgotten. Returns 1 when a
+-- job went out, else 0.
 local function let_out(base, line, fallback)
   local waiting = base .. 'waiting:' .. line
+  local lines = base .. 'waiting-lines'
+  own_zset(waiting)
+  own_zset(lines)
   for _ = 1, 100 do
-    local head = redis.pcall('ZPOPMIN', waiting)
-    if head.err or #head == 0 then
-      if head.err or redis.call('EXISTS', waiting) == 0 then
-        redis.call('ZREM', base .. 'waiting-lines', line)
-      end
+    local head = redis.call('ZPOPMIN', waiting)
+    if #head == 0 then
+      redis.call('ZREM', lines, line)
       return 0
     end
     local job = base .. 'job:' .. head[1]
@@ -100,23 +121,23 @@ local function let_out(base, line, fallback)
       redis.call('HDEL', job, 'parked')
       redis.call('ZREM', base .. 'parked', head[1])
       redis.call('ZADD', base .. 'queued', tonumber(h[3]) or 0, head[1])
-      redis.call('ZADD', base .. 'waiting-lines', fallback, line)
+      redis.call('ZADD', lines, now_s() + tonumber(fallback), line)
       return 1
     end
   end
-  redis.call('ZADD', base .. 'waiting-lines', fallback, line)  -- 100 gone: the rest later
+  redis.call('ZADD', lines, now_s() + tonumber(fallback), line)  -- 100 gone: the rest later
   return 0
 end
 
 -- A queued job that will never run: failed with `err`, its entry acknowledged and deleted.
 -- A job with a webhook gets a fresh entry (XADD first: it is what can fail), through which a
 -- worker delivers it; returns true then.
-local function settle(base, group, maxlen, job, id, now, ttl, err)
+local function settle(base, group, _maxlen, job, id, now, ttl, err)
   local stream = base .. 'stream'
   local owed = redis.call('HEXISTS', job, 'webhook_url') == 1
   local fresh = false
   if owed then
-    fresh = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'id', id)
+    fresh = redis.call('XADD', stream, '*', 'id', id)  -- replaces its entry: trims no one
   end
   drop_entry(stream, group, redis.call('HGET', job, 'entry'))
   redis.call('HSET', job, 'status', 'failed', 'finished', now, 'error', err, 'lease', '')
@@ -198,14 +219,17 @@ START: Final = (
     + _ACK
     + """
 local h = fields_of(KEYS[1], 'status', 'attempts', 'max_attempts', 'webhook_state', 'entry',
-                   'lease', 'expires', 'id', 'promoted', 'key_id', 'tenant', 'created')
+                   'lease', 'expires', 'id', 'promoted', 'key_id', 'tenant', 'created',
+                   'from_line')
 local status = h and h[1]
 if not status then ack() return {'gone', 0} end  -- a key of another type is no job either
 if h[5] and h[5] ~= ARGV[2] then ack() return {'stale', 0} end
 if not h[5] and status == 'queued' then ack() return {'stale', 0} end  -- in a waiting line
 if status == 'cancelled' then ack() return {'cancelled', 0} end
 local attempts = tonumber(h[2]) or 0
-if status == 'running' and h[6] == ARGV[3] then return {'run', attempts} end  -- a retried call
+if status == 'running' and h[6] == ARGV[3] then  -- a retried call
+  return {'run', attempts, h[13] or ''}
+end
 if status == 'succeeded' or status == 'failed' then
   if h[4] == 'pending' then
     redis.call('HSET', KEYS[1], 'lease', ARGV[3])
@@ -227,23 +251,22 @@ if status == 'queued' and not h[9] then
   -- time was lost is made due, so that it is never stranded).
   local line = line_of(h[10], h[11])
   local waiting = base .. 'waiting:' .. line
-  local joined = redis.call('EXISTS', waiting) == 1
-  if joined then  -- a line whose key is not a sorted set is none: the job runs
-    local reply = redis.pcall('ZADD', waiting, tonumber(h[12]) or 0, h[8])
-    joined = not (type(reply) == 'table' and reply.err)
-  end
-  if joined then
+  own_zset(waiting)
+  if redis.call('EXISTS', waiting) == 1 then
+    own_zset(base .. 'waiting-lines')
+    redis.call('ZADD', waiting, tonumber(h[12]) or 0, h[8])
+    redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, line)
     ack()
     redis.call('HDEL', KEYS[1], 'entry')
     redis.call('HSET', KEYS[1], 'parked', line)
     redis.call('ZREM', base .. 'queued', h[8])
     redis.call('ZADD', base .. 'parked', tonumber(h[7]) or 0, h[8])
-    redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, line)
     return {'waiting', attempts}
   end
 end
 local line = h[9] or ''
 redis.call('HDEL', KEYS[1], 'promoted')  -- its worker lets the next out, not unqueue
+redis.call('HSET', KEYS[1], 'from_line', line)  -- for a retried call
 redis.call('HSET', KEYS[1], 'lease', ARGV[3])
 unqueue(base, KEYS[1], h[8])
 if attempts >= (tonumber(h[3]) or 1) then
@@ -301,7 +324,7 @@ REQUEUE: Final = (
     + """
 if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[3] then return 0 end
 local h = redis.call('HMGET', KEYS[1], 'id', 'tenant')
-local entry = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'id', h[1])
+local entry = redis.call('XADD', KEYS[2], '*', 'id', h[1])  -- replaces its entry: trims no one
 ack()
 redis.call('HSET', KEYS[1], 'status', 'queued', 'entry', entry, 'lease', '', 'expires', ARGV[7])
 redis.call('ZADD', ARGV[6] .. 'queued', ARGV[7], h[1])
@@ -312,12 +335,12 @@ return 1
 """
 )
 
-# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 base, 5 when its line may be tried
-#                           again (s), 6 now (s), 7 queued ttl (s)
+# KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 base, 5 seconds until its line may
+#                           be tried again, 6 now (s), 7 queued ttl (s)
 # A job its worker took but may not run yet (its key's token window is full): queued again as
 # it was before ``start`` (its attempt given back, its expiry kept), out of the stream, at its
-# place in its key's waiting line, which is tried again at ARGV[5]. Returns 0 when the lease
-# was lost, else 1.
+# place in its key's waiting line, which is tried again ARGV[5] seconds from now. Returns 0
+# when the lease was lost, else 1.
 PARK: Final = (
     _HELPERS
     + _ACK
@@ -327,44 +350,51 @@ local base = ARGV[4]
 local h = redis.call('HMGET', KEYS[1], 'id', 'tenant', 'expires', 'key_id', 'created', 'attempts')
 local line = line_of(h[4], h[2])
 local waiting = base .. 'waiting:' .. line
-redis.call('ZADD', waiting, tonumber(h[5]) or 0, h[1])  -- what can fail (a damaged line) first
+own_zset(waiting)
+own_zset(base .. 'waiting-lines')
 ack()
 local expires = tonumber(h[3]) or (tonumber(ARGV[6]) + tonumber(ARGV[7]))
 local attempts = math.max(0, (tonumber(h[6]) or 1) - 1)
-redis.call('HDEL', KEYS[1], 'entry')
+redis.call('HDEL', KEYS[1], 'entry', 'from_line')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'lease', '', 'expires', tostring(expires),
            'attempts', attempts, 'parked', line)
 if attempts == 0 then redis.call('HDEL', KEYS[1], 'started') end
+redis.call('ZADD', waiting, tonumber(h[5]) or 0, h[1])
 redis.call('ZADD', base .. 'parked', expires, h[1])
 redis.call('ZADD', base .. 'queued:' .. h[2], expires, h[1])
-redis.call('ZADD', base .. 'waiting-lines', ARGV[5], line)
+redis.call('ZADD', base .. 'waiting-lines', now_s() + tonumber(ARGV[5]), line)
 return 1
 """
 )
 
-# KEYS: waiting-lines.  ARGV: 1 base, 2 now (s), 3 most lines, 4 when a line whose head went
-#                            out is due again should its worker never say how it went (s)
+# KEYS: waiting-lines.  ARGV: 1 base, 2 most lines, 3 seconds after which a line whose head went
+#                            out is due again should its worker never say how it went
 # Lets the head of each line that is due out into the stream. Returns how many went out.
 PROMOTE: Final = (
     _HELPERS
     + """
-local lines = redis.pcall('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-if lines.err then return 0 end  -- not a sorted set: nothing can wait (PARK fails first)
+own_zset(KEYS[1])
+local lines = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_s(), 'LIMIT', 0, tonumber(ARGV[2]))
 local out = 0
 for _, line in ipairs(lines) do
-  out = out + let_out(ARGV[1], line, ARGV[4])
+  out = out + let_out(ARGV[1], line, ARGV[3])
 end
 return out
 """
 )
 
-# KEYS: waiting-lines.  ARGV: 1 base, 2 line, 3 the fallback time as in PROMOTE (s)
-# The job let out of ``line`` holds its tokens, or has ended: the next is let out now.
+# KEYS: waiting-lines.  ARGV: 1 base, 2 line, 3 the fallback as in PROMOTE (s)
+# A job let out of ``line`` holds its tokens, or has ended: the next two are let out now (a
+# line with room drains in doubling steps, even behind a backlog in the stream). Returns how
+# many went out.
 NEXT: Final = (
     _HELPERS
     + """
+own_zset(KEYS[1])
 if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 0 end  -- gone: nothing waits
-return let_out(ARGV[1], ARGV[2], ARGV[3])
+local out = let_out(ARGV[1], ARGV[2], ARGV[3])
+if out == 1 then out = out + let_out(ARGV[1], ARGV[2], ARGV[3]) end
+return out
 """
 )
 
@@ -427,6 +457,18 @@ for _, id in ipairs(ids) do
     dropped = dropped + 1
   end
 end
+-- Waiting jobs (the soonest to expire) back in their lines, and their lines on the schedule,
+-- should either have been lost (a failover, a damaged key deleted): nothing waits unseen.
+own_zset(base .. 'waiting-lines')
+for _, id in ipairs(redis.call('ZRANGE', base .. 'parked', 0, limit - 1)) do
+  local h = fields_of(base .. 'job:' .. id, 'status', 'parked', 'created')
+  if h and h[1] == 'queued' and h[2] then
+    local waiting = base .. 'waiting:' .. h[2]
+    own_zset(waiting)
+    redis.call('ZADD', waiting, 'NX', tonumber(h[3]) or 0, id)
+    redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, h[2])
+  end
+end
 ids = redis.call('ZRANGEBYSCORE', base .. 'parked', '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(ids) do
   local job = base .. 'job:' .. id
@@ -455,8 +497,8 @@ local base = ARGV[1]
 local settled = 0
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local job = base .. 'job:' .. id
-  local h = redis.call('HMGET', job, 'status', 'key_id')
-  if h[1] == 'queued' and h[2] == ARGV[6] then
+  local h = fields_of(job, 'status', 'key_id')
+  if h and h[1] == 'queued' and h[2] == ARGV[6] then
     settle(base, ARGV[2], ARGV[3], job, id, ARGV[4], ARGV[5], ARGV[7])
     settled = settled + 1
   end

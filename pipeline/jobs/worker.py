@@ -267,12 +267,14 @@ class JobWorker:
 
     async def _handle(self, delivery: Delivery) -> None:
         lease = f"{self.consumer}:{secrets.token_hex(4)}"
+        line = ""
         try:
             kind, attempt, line = await self.queue.start(delivery, lease)
             if kind not in ("run", "exhausted", "deliver"):
                 return  # cancelled, finished, expired or settled: acknowledged by start
             job = await self.queue.get(delivery.job_id)
         except JobUnreadable:
+            await _Admission(self, line).release()
             await self._fail_unreadable(delivery, lease, kind)
             return
         except StoreUnavailable as exc:
@@ -280,6 +282,7 @@ class JobWorker:
             log.warning("job %s not started: %s", delivery.job_id, exc)
             return
         if job is None:
+            await _Admission(self, line).release()
             return
         with self.tracer.start_as_current_span(
             "process jobs",
@@ -383,6 +386,7 @@ class JobWorker:
             return -2  # the line waits for its window: no next let out
         except asyncio.CancelledError:
             await asyncio.shield(self.queue.requeue(delivery, lease, None, refund=True))
+            await asyncio.shield(admission.release())
             raise
         except PipelineError as exc:
             error = exc.to_dict()["error"]
@@ -443,7 +447,7 @@ class JobWorker:
 
 
 class _Admission:
-    """The waiting line a running job was let out of, and whether the next has been let out."""
+    """The waiting line a running job was let out of, and whether the next have been let out."""
 
     def __init__(self, worker: JobWorker, line: str) -> None:
         self.worker = worker
@@ -451,8 +455,8 @@ class _Admission:
         self.done = not line
 
     async def release(self) -> None:
-        """Let the next job of the line out, once (a failure leaves it to the line's fallback
-        time)."""
+        """Let the next jobs of the line out, once (a failure leaves them to the line's
+        fallback time)."""
         if self.done:
             return
         self.done = True
@@ -467,8 +471,8 @@ _admission: ContextVar[_Admission | None] = ContextVar("rag_job_admission", defa
 
 async def admitted() -> None:
     """Said by ``execute`` once its job holds its tokens (``app.jobs.run_job``): a job let out
-    of its key's waiting line lets the next out now, not when it ends, so a line whose window
-    has room drains as fast as its jobs are admitted. Nothing for any other job."""
+    of its key's waiting line lets the next two out now, not when it ends, so a line whose
+    window has room drains in doubling steps. Nothing for any other job."""
     admission = _admission.get()
     if admission is not None:
         await admission.release()

@@ -63,17 +63,40 @@ async def test_a_line_lets_out_one_job_at_a_time_however_often_it_is_looked_at(
         await asyncio.sleep(0.01)
     assert await line_of(queue) == ids[1:], "one out, the others still waiting"
     assert await queue.kv.xlen(queue.stream) == 1
-    # That head holds its tokens: its worker lets the next out, and only the next.
+    # That head holds its tokens: its worker lets the next two out (a start retried after a
+    # lost reply still names the line).
     (head,) = await taken(queue, 1)
     kind, _, line = await queue.start(head, "lease-h")
     assert (kind, line) == ("run", LINE) and head.job_id == ids[0]
-    assert await queue.next_in_line(LINE, 30.0)
-    assert await line_of(queue) == ids[2:]
-    # A head that is cancelled before it runs lets the next out at once.
-    (second,) = await taken(queue, 1)
+    assert await queue.start(head, "lease-h") == ("run", 1, LINE)
+    assert await queue.next_in_line(LINE, 30.0) == 2
+    assert await line_of(queue) == ids[3:]
+    # A job let out that is cancelled before it runs lets the next out at once.
+    second, _third = await taken(queue, 2)
     assert await queue.cancel("acme", second.job_id) == "cancelled"
     assert await queue.promote(10, fallback=30.0) == 1
-    assert await line_of(queue) == ids[3:]
+    assert await line_of(queue) == ids[4:]
+
+
+async def test_a_line_with_room_drains_in_doubling_steps_behind_a_backlog(
+    queue: JobQueue,
+) -> None:
+    # Each job let out joins the end of the stream: behind other tenants' backlog, a line that
+    # let one job out per admission ran one job per backlog's wait (9 of 51 jobs in 40 s in a
+    # review's run, the line growing). Each admission now lets two out: 1, 2, 4.
+    ids = await park_new(queue, 7, wait=0.0)
+    assert await queue.promote(10, fallback=30.0) == 1
+    rounds = 0
+    while await line_of(queue):
+        rounds += 1
+        out = await taken(queue, await queue.kv.xlen(queue.stream))
+        for n, delivery in enumerate(out):
+            kind, _, line = await queue.start(delivery, f"r{rounds}-{n}")
+            assert (kind, line) == ("run", LINE)
+            await queue.next_in_line(LINE, 30.0)
+            await queue.finish(delivery, f"r{rounds}-{n}", SUCCEEDED, {"ok": True})
+    assert rounds == 2, f"{rounds} rounds of admissions for 7 jobs (one at a time: 6)"
+    assert len(ids) == 7
 
 
 async def test_a_keys_later_jobs_join_its_line_and_a_lost_schedule_is_made_again(
@@ -83,6 +106,7 @@ async def test_a_keys_later_jobs_join_its_line_and_a_lost_schedule_is_made_again
     # and every later job of the key, until they expired.
     first = await park_new(queue, 1, wait=60.0)
     await queue.kv.client.delete(f"{queue.base}waiting-lines")
+    assert await queue.promote(10, fallback=30.0) == 0
     later, _ = await queue.submit(make_job("later", LIMITED))
     (delivery,) = await taken(queue, 1)
     assert (await queue.start(delivery, "lease-l"))[0] == "waiting"
@@ -90,6 +114,18 @@ async def test_a_keys_later_jobs_join_its_line_and_a_lost_schedule_is_made_again
     job = await queue.get(later.id)
     assert job is not None and (job.status, job.attempts) == (QUEUED, 0)
     assert await queue.promote(10, fallback=30.0) == 1, "the line was made due again"
+
+
+async def test_the_sweep_puts_waiting_jobs_back_in_lines_and_on_the_schedule(
+    queue: JobQueue,
+) -> None:
+    # With no later job of the key, a lost schedule (or a lost line) stranded the waiting jobs
+    # until they expired.
+    ids = await park_new(queue, 2, wait=60.0)
+    await queue.kv.client.delete(f"{queue.base}waiting-lines", f"{queue.base}waiting:{LINE}")
+    assert await queue.sweep() == (0, 0)
+    assert await line_of(queue) == ids
+    assert await queue.promote(10, fallback=30.0) == 1
 
 
 async def test_a_damaged_line_stops_no_worker_and_no_other_tenant(queue: JobQueue) -> None:
@@ -108,6 +144,16 @@ async def test_a_damaged_line_stops_no_worker_and_no_other_tenant(queue: JobQueu
     async with running(worker):
         await wait_until(all_finished(queue, ids), within=30, what="both jobs")
     assert await client.zscore(f"{queue.base}waiting-lines", "k:rag-broken") is None
+    # A deferral whose line, or the schedule of lines, holds another type: the damage goes,
+    # the job waits as any other (before: PARK failed halfway, or retried for 15 s and the job
+    # ended job_abandoned).
+    await client.set(f"{queue.base}waiting:{LINE}", "damaged")
+    parked = await park_new(queue, 1, wait=60.0)
+    await client.delete(f"{queue.base}waiting-lines")
+    await client.set(f"{queue.base}waiting-lines", "damaged")
+    parked += await park_new(queue, 1, wait=60.0)
+    assert await line_of(queue) == parked
+    assert await client.zscore(f"{queue.base}waiting-lines", LINE) is not None
 
 
 async def test_letting_a_job_out_never_trims_another_tenants_entry() -> None:
@@ -122,6 +168,11 @@ async def test_letting_a_job_out_never_trims_another_tenants_entry() -> None:
         await park_new(queue, 1, wait=0.0)
         others = [(await queue.submit(make_job(f"o{i}", OTHER)))[0].id for i in range(3)]
         assert await queue.promote(10, fallback=30.0) == 1
+        assert await kv.xlen(queue.stream) == 4
+        # Nor does a retry queued again (REQUEUE trimmed the stream back to its cap at once).
+        out = [d for d in await taken(queue, 4) if d.job_id not in others]
+        assert (await queue.start(out[0], "l"))[0] == "run"
+        assert await queue.requeue(out[0], "l", None, refund=True)
         assert await queue.sweep() == (0, 0), "no entry was trimmed"
         jobs = [await queue.get(i) for i in others]
         assert all(j is not None and j.status == QUEUED for j in jobs)
