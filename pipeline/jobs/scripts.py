@@ -427,21 +427,24 @@ SWEEP: Final = (
 local base, now, limit = ARGV[1], ARGV[4], tonumber(ARGV[6])
 local stream = base .. 'stream'
 local expired, dropped, unreadable = 0, 0, 0
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(ids) do
-  local job = base .. 'job:' .. id
-  local h = fields_of(job, 'status')
-  if not h then
-    redis.call('ZREM', KEYS[1], id)
-    unreadable = unreadable + 1
-  elseif h[1] == 'queued' then
-    settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
-    expired = expired + 1
-  else
-    unqueue(base, job, id)
+-- The jobs of `set` (queued or parked) past their expiry.
+local function expire(set)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', set, '-inf', now, 'LIMIT', 0, limit)) do
+    local job = base .. 'job:' .. id
+    local h = fields_of(job, 'status')
+    if not h then
+      redis.call('ZREM', set, id)
+      unreadable = unreadable + 1
+    elseif h[1] == 'queued' then
+      settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
+      expired = expired + 1
+    else
+      unqueue(base, job, id)
+    end
   end
 end
-ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1)
+expire(KEYS[1])
+local ids = redis.call('ZRANGE', KEYS[1], 0, limit - 1)
 for _, id in ipairs(ids) do
   local job = base .. 'job:' .. id
   local h = fields_of(job, 'status', 'entry', 'parked')
@@ -469,20 +472,7 @@ for _, id in ipairs(redis.call('ZRANGE', base .. 'parked', 0, limit - 1)) do
     redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, h[2])
   end
 end
-ids = redis.call('ZRANGEBYSCORE', base .. 'parked', '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(ids) do
-  local job = base .. 'job:' .. id
-  local h = fields_of(job, 'status')
-  if not h then
-    redis.call('ZREM', base .. 'parked', id)
-    unreadable = unreadable + 1
-  elseif h[1] == 'queued' then
-    settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
-    expired = expired + 1
-  else
-    unqueue(base, job, id)
-  end
-end
+expire(base .. 'parked')
 return {expired, dropped, unreadable}
 """
 )
