@@ -86,6 +86,14 @@ local function own_zset(key)
   end
 end
 
+-- A number read back from a record, `d` where it does not parse or is NaN (Lua's tonumber
+-- reads 'nan', and ZADD refuses it as a score).
+local function num(x, d)
+  local n = tonumber(x)
+  if n == nil or n ~= n then return d end
+  return n
+end
+
 -- Seconds on Redis's clock: the lines' times never depend on the workers' clocks.
 local function now_s()
   local t = redis.call('TIME')
@@ -117,10 +125,11 @@ local function let_out(base, line, fallback)
     local h = fields_of(job, 'status', 'parked', 'expires')
     if h and h[1] == 'queued' and h[2] == line then
       local entry = redis.call('XADD', base .. 'stream', '*', 'id', head[1])
+      local expires = num(redis.call('ZSCORE', base .. 'parked', head[1]), num(h[3], 0))
       redis.call('HSET', job, 'entry', entry, 'promoted', line)
       redis.call('HDEL', job, 'parked')
       redis.call('ZREM', base .. 'parked', head[1])
-      redis.call('ZADD', base .. 'queued', tonumber(h[3]) or 0, head[1])
+      redis.call('ZADD', base .. 'queued', expires, head[1])
       redis.call('ZADD', lines, now_s() + tonumber(fallback), line)
       return 1
     end
@@ -226,7 +235,7 @@ if not status then ack() return {'gone', 0} end  -- a key of another type is no 
 if h[5] and h[5] ~= ARGV[2] then ack() return {'stale', 0} end
 if not h[5] and status == 'queued' then ack() return {'stale', 0} end  -- in a waiting line
 if status == 'cancelled' then ack() return {'cancelled', 0} end
-local attempts = tonumber(h[2]) or 0
+local attempts = num(h[2], 0)
 if status == 'running' and h[6] == ARGV[3] then  -- a retried call
   return {'run', attempts, h[13] or ''}
 end
@@ -254,13 +263,15 @@ if status == 'queued' and not h[9] then
   own_zset(waiting)
   if redis.call('EXISTS', waiting) == 1 then
     own_zset(base .. 'waiting-lines')
-    redis.call('ZADD', waiting, tonumber(h[12]) or 0, h[8])
+    redis.call('ZADD', waiting, num(h[12], 0), h[8])
     redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, line)
     ack()
     redis.call('HDEL', KEYS[1], 'entry')
     redis.call('HSET', KEYS[1], 'parked', line)
+    -- its expiry as the sweep knows it (the record's may not parse)
+    local expires = num(redis.call('ZSCORE', base .. 'queued', h[8]), num(h[7], 0))
     redis.call('ZREM', base .. 'queued', h[8])
-    redis.call('ZADD', base .. 'parked', tonumber(h[7]) or 0, h[8])
+    redis.call('ZADD', base .. 'parked', expires, h[8])
     return {'waiting', attempts}
   end
 end
@@ -269,7 +280,7 @@ redis.call('HDEL', KEYS[1], 'promoted')  -- its worker lets the next out, not un
 redis.call('HSET', KEYS[1], 'from_line', line)  -- for a retried call
 redis.call('HSET', KEYS[1], 'lease', ARGV[3])
 unqueue(base, KEYS[1], h[8])
-if attempts >= (tonumber(h[3]) or 1) then
+if attempts >= num(h[3], 1) then
   if line ~= '' then redis.call('ZADD', base .. 'waiting-lines', 'XX', 0, line) end
   return {'exhausted', attempts}
 end
@@ -352,17 +363,18 @@ local line = line_of(h[4], h[2])
 local waiting = base .. 'waiting:' .. line
 own_zset(waiting)
 own_zset(base .. 'waiting-lines')
+local expires = num(h[3], tonumber(ARGV[6]) + tonumber(ARGV[7]))
+local attempts = math.max(0, num(h[6], 1) - 1)
+-- The sorted sets first: should one fail, the job is still running under this lease.
+redis.call('ZADD', waiting, num(h[5], 0), h[1])
+redis.call('ZADD', base .. 'parked', expires, h[1])
+redis.call('ZADD', base .. 'queued:' .. h[2], expires, h[1])
+redis.call('ZADD', base .. 'waiting-lines', now_s() + tonumber(ARGV[5]), line)
 ack()
-local expires = tonumber(h[3]) or (tonumber(ARGV[6]) + tonumber(ARGV[7]))
-local attempts = math.max(0, (tonumber(h[6]) or 1) - 1)
 redis.call('HDEL', KEYS[1], 'entry', 'from_line')
 redis.call('HSET', KEYS[1], 'status', 'queued', 'lease', '', 'expires', tostring(expires),
            'attempts', attempts, 'parked', line)
 if attempts == 0 then redis.call('HDEL', KEYS[1], 'started') end
-redis.call('ZADD', waiting, tonumber(h[5]) or 0, h[1])
-redis.call('ZADD', base .. 'parked', expires, h[1])
-redis.call('ZADD', base .. 'queued:' .. h[2], expires, h[1])
-redis.call('ZADD', base .. 'waiting-lines', now_s() + tonumber(ARGV[5]), line)
 return 1
 """
 )
@@ -468,7 +480,7 @@ for _, id in ipairs(redis.call('ZRANGE', base .. 'parked', 0, limit - 1)) do
   if h and h[1] == 'queued' and h[2] then
     local waiting = base .. 'waiting:' .. h[2]
     own_zset(waiting)
-    redis.call('ZADD', waiting, 'NX', tonumber(h[3]) or 0, id)
+    redis.call('ZADD', waiting, 'NX', num(h[3], 0), id)
     redis.call('ZADD', base .. 'waiting-lines', 'NX', 0, h[2])
   end
 end

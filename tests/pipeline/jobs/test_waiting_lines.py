@@ -226,3 +226,28 @@ async def test_a_line_with_room_drains_as_fast_as_its_jobs_are_admitted(queue: J
 
 async def _line_exists(queue: JobQueue) -> bool:
     return bool(await queue.kv.client.exists(f"{queue.base}waiting:{LINE}"))
+
+
+async def test_a_record_whose_times_read_as_nan_neither_strands_its_job_nor_stops_the_sweep(
+    queue: JobQueue,
+) -> None:
+    # Lua's tonumber reads "nan", which `tonumber(x) or default` let through and ZADD refused:
+    # PARK failed after it had acknowledged the entry (the job in no set, found by nothing),
+    # and the sweep's repair pass failed for every tenant on that one record.
+    client = queue.kv.client
+    first = await park_new(queue, 1, wait=0.0)
+    await client.hset(f"{queue.job_prefix}{first[0]}", mapping={"created": "nan"})
+    job, _ = await queue.submit(make_job("nan", LIMITED))
+    await client.hset(f"{queue.job_prefix}{job.id}", mapping={"created": "nan", "expires": "nan"})
+    (delivery,) = await taken(queue, 1)
+    assert (await queue.start(delivery, "l"))[0] == "waiting"
+    assert set(await line_of(queue)) == {first[0], job.id}
+    await client.delete(f"{queue.base}waiting:{LINE}")
+    assert await queue.sweep() == (0, 0)
+    assert set(await line_of(queue)) == {first[0], job.id}, "the sweep put both back"
+    assert await queue.promote(10, fallback=30.0) == 1
+    (out,) = await taken(queue, 1)
+    kind, _, line = await queue.start(out, "l2")
+    assert (kind, line) == ("run", LINE)
+    assert await queue.park(out, "l2", 60.0), "parked whole, not halfway"
+    assert await client.zscore(f"{queue.base}parked", out.job_id) is not None
