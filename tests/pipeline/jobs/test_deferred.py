@@ -207,7 +207,10 @@ async def test_a_keys_waiting_jobs_hold_no_entry_run_in_order_and_hold_up_no_oth
         assert await _waiting_ids(kv, line) == [*early[3:], late], "the later job queues behind"
         assert not {*early[3:], late} & set(order), "none of them ran meanwhile"
         await wait_until(all_finished(queue, [*early, late]), within=60, what="the key's jobs")
-    assert [i for i in order if i not in others][3:] == [*early[3:], late], "in order of arrival"
+    # Let out in the line's order: the oldest alone, then the next two together once it holds
+    # its tokens (those two may finish in either order).
+    ran = [i for i in order if i not in others]
+    assert set(ran[:3]) == set(early[:3]) and set(ran[3:]) == {*early[3:], late}
 
 
 async def _count(kv: KeyValueStore, key: str, n: int) -> bool:
