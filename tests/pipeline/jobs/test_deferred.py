@@ -196,21 +196,24 @@ async def test_a_keys_waiting_jobs_hold_no_entry_run_in_order_and_hold_up_no_oth
     ]
     line = f"{queue.base}waiting:k:{limited_key.key_id}"
     async with running(*workers):
-        # Three fit the window; the other two wait in the key's line.
+        # Three fit the window (whichever asked first); the other two wait in the key's line,
+        # in the order they came.
         await wait_until(lambda: _count(kv, line, 2), within=30, what="two jobs waiting")
+        waiting = await _waiting_ids(kv, line)
+        assert waiting == [i for i in early if i in waiting]
         late = (await queue.submit(job_of(limited_key, 5)))[0].id
         others = [(await queue.submit(job_of(other_key, n)))[0].id for n in range(3)]
         await wait_until(lambda: _count(kv, line, 3), within=30, what="the later job waiting")
         await wait_until(all_finished(queue, others), within=30, what="the other key's jobs")
         pending = await kv.client.xpending(queue.stream, "workers")
         assert pending["pending"] == 0, "no waiting job holds a pending entry"
-        assert await _waiting_ids(kv, line) == [*early[3:], late], "the later job queues behind"
-        assert not {*early[3:], late} & set(order), "none of them ran meanwhile"
+        assert await _waiting_ids(kv, line) == [*waiting, late], "the later job queues behind"
+        assert not {*waiting, late} & set(order), "none of them ran meanwhile"
         await wait_until(all_finished(queue, [*early, late]), within=60, what="the key's jobs")
     # Let out in the line's order: the oldest alone, then the next two together once it holds
     # its tokens (those two may finish in either order).
     ran = [i for i in order if i not in others]
-    assert set(ran[:3]) == set(early[:3]) and set(ran[3:]) == {*early[3:], late}
+    assert set(ran[3:]) == {*waiting, late} and set(ran[:3]) == set(early) - set(waiting)
 
 
 async def _count(kv: KeyValueStore, key: str, n: int) -> bool:
