@@ -53,14 +53,15 @@ async def run_job(
     they are full), and its answer's tokens replace the estimate.
     """
     body = ChatCompletionRequest.model_validate(job.request)
+    principal = await _principal_now(job, keys)
     ctx = RequestContext(
         params=body.to_params(settings.retrieval.top_k, settings.llm.default_max_tokens),
         credential=None,
-        principal=await _principal_now(job, keys),
+        principal=principal,
         deadline=asyncio.get_running_loop().time() + settings.jobs.timeout_seconds,
         cache_control=CacheControl(),
     )
-    held = await _hold(settings, limits, ctx)
+    held = None if limits is None else await _hold(settings, limits, principal, ctx)
     spend = Spend()  # what the job's model calls spent, charged if it fails after them
     token = spent.set(spend)
     try:
@@ -69,14 +70,14 @@ async def run_job(
         if ctx.completion is None:
             raise RuntimeError("the path ended without an answer")
     except BaseException:  # a worker stopping cancels it: its hold goes as well
-        if limits is not None and ctx.principal is not None:
-            await limits.settle(ctx.principal, spend.tokens, held)
+        if limits is not None:
+            await limits.settle(principal, spend.tokens, held)
         raise
     finally:
         spent.reset(token)
-    if limits is not None and ctx.principal is not None:
+    if limits is not None:
         hit = ctx.cache_status == "hit"  # a cache hit costs no tokens: its hold let go
-        await limits.settle(ctx.principal, 0 if hit else spend.charge(ctx.completion), held)
+        await limits.settle(principal, 0 if hit else spend.charge(ctx.completion), held)
     return chat_completion(ctx, ctx.completion)
 
 
@@ -95,16 +96,14 @@ async def _principal_now(job: Job, keys: ApiKeyStore | None) -> Principal:
 
 
 async def _hold(
-    settings: Settings, limits: RateLimiter | None, ctx: RequestContext
+    settings: Settings, limits: RateLimiter, principal: Principal, ctx: RequestContext
 ) -> Reservation | None:
     """Hold the job's estimated tokens in its key's and tenant's token windows, as a chat
     request's are; ``Deferred`` while they are full, so that a key's queued jobs do not run
     past its tokens-per-minute limit (the worker queues the job again, its attempt given
     back, in its key's waiting line)."""
-    if limits is None or ctx.principal is None:
-        return None
     estimate = estimated_tokens(ctx.params, settings.llm.context_length)
-    decision, held = await limits.reserve(ctx.principal, estimate)
+    decision, held = await limits.reserve(principal, estimate)
     if not decision.admitted:
         raise Deferred(decision.retry_after_ms / 1000)
     return held
