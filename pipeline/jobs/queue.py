@@ -349,7 +349,7 @@ class JobQueue:
         )
 
     def _settling(self) -> list[ScriptArg]:
-        return [self.base, GROUP, self.max_stream_length, repr(time.time()), self.result_ttl]
+        return [self.base, GROUP, repr(time.time()), self.result_ttl]
 
     # --- the worker side ---
 
@@ -417,7 +417,6 @@ class JobQueue:
                 repr(time.time()),
                 self.base,
                 self.result_ttl,
-                self.max_stream_length,
                 orjson.dumps(self.expired_error()).decode(),
             ],
         )
@@ -451,7 +450,6 @@ class JobQueue:
                 "1" if refund else "0",
                 self.base,
                 expires,
-                self.max_stream_length,
             ],
         )
         return bool(done)

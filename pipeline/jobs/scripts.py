@@ -141,7 +141,7 @@ end
 -- A queued job that will never run: failed with `err`, its entry acknowledged and deleted.
 -- A job with a webhook gets a fresh entry (XADD first: it is what can fail), through which a
 -- worker delivers it; returns true then.
-local function settle(base, group, _maxlen, job, id, now, ttl, err)
+local function settle(base, group, job, id, now, ttl, err)
   local stream = base .. 'stream'
   local owed = redis.call('HEXISTS', job, 'webhook_url') == 1
   local fresh = false
@@ -218,7 +218,7 @@ end
 """
 
 # KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 now, 5 base, 6 result ttl,
-#                           7 stream cap, 8 the error of an expired job (JSON)
+#                           7 the error of an expired job (JSON)
 # Returns {kind, attempts}: run, exhausted, deliver (a finished job whose webhook is owed),
 # or gone / stale / cancelled / done / expired / waiting (acknowledged here: nothing to do;
 # waiting: it joined its key's waiting line). A run let out of a waiting line also names it
@@ -249,7 +249,7 @@ if status == 'succeeded' or status == 'failed' then
 end
 -- An expiry that does not parse is none: the sweep still expires the job by its queued score.
 if status == 'queued' and (tonumber(h[7]) or math.huge) < tonumber(ARGV[4]) then
-  if settle(ARGV[5], ARGV[1], ARGV[7], KEYS[1], h[8], ARGV[4], ARGV[6], ARGV[8]) then
+  if settle(ARGV[5], ARGV[1], KEYS[1], h[8], ARGV[4], ARGV[6], ARGV[7]) then
     return {'settled', attempts}  -- a fresh entry delivers its webhook
   end
   return {'expired', attempts}
@@ -329,7 +329,7 @@ return 1
 """
 
 # KEYS: job, stream.  ARGV: 1 group, 2 entry, 3 lease, 4 last error (JSON or ''),
-#                           5 "1" to refund the attempt, 6 base, 7 expires (s), 8 stream cap
+#                           5 "1" to refund the attempt, 6 base, 7 expires (s)
 REQUEUE: Final = (
     _ACK
     + """
@@ -427,8 +427,8 @@ return 'cancelled'
 """
 )
 
-# KEYS: queued.  ARGV: 1 base, 2 group, 3 stream cap, 4 now, 5 result ttl, 6 most jobs to look
-#                      at, 7 the error of an expired job, 8 the error of a job whose entry is gone
+# KEYS: queued.  ARGV: 1 base, 2 group, 3 now, 4 result ttl, 5 most jobs to look at,
+#                      6 the error of an expired job, 7 the error of a job whose entry is gone
 # Settles queued jobs past their expiry (in the stream or in a waiting line: ``parked``), and
 # queued jobs (among the oldest in the stream) whose stream entry is gone (trimmed by the
 # cap). An id whose job key is not a hash is dropped from ``queued`` or ``parked`` (its
@@ -436,7 +436,7 @@ return 'cancelled'
 SWEEP: Final = (
     _HELPERS
     + """
-local base, now, limit = ARGV[1], ARGV[4], tonumber(ARGV[6])
+local base, now, limit = ARGV[1], ARGV[3], tonumber(ARGV[5])
 local stream = base .. 'stream'
 local expired, dropped, unreadable = 0, 0, 0
 -- The jobs of `set` (queued or parked) past their expiry.
@@ -448,7 +448,7 @@ local function expire(set)
       redis.call('ZREM', set, id)
       unreadable = unreadable + 1
     elseif h[1] == 'queued' then
-      settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[7])
+      settle(base, ARGV[2], job, id, now, ARGV[4], ARGV[6])
       expired = expired + 1
     else
       unqueue(base, job, id)
@@ -468,7 +468,7 @@ for _, id in ipairs(ids) do
   elseif h[3] then
     -- in its key's waiting line: no entry, and none lost
   elseif not h[2] or #redis.call('XRANGE', stream, h[2], h[2]) == 0 then
-    settle(base, ARGV[2], ARGV[3], job, id, now, ARGV[5], ARGV[8])
+    settle(base, ARGV[2], job, id, now, ARGV[4], ARGV[7])
     dropped = dropped + 1
   end
 end
@@ -489,8 +489,8 @@ return {expired, dropped, unreadable}
 """
 )
 
-# KEYS: the tenant's queued.  ARGV: 1 base, 2 group, 3 stream cap, 4 now, 5 result ttl,
-#                                   6 key id, 7 the error of a job whose key was revoked
+# KEYS: the tenant's queued.  ARGV: 1 base, 2 group, 3 now, 4 result ttl, 5 key id,
+#                                   6 the error of a job whose key was revoked
 # Settles the queued jobs that the revoked key submitted. Returns how many.
 SETTLE_KEY: Final = (
     _HELPERS
@@ -500,8 +500,8 @@ local settled = 0
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local job = base .. 'job:' .. id
   local h = fields_of(job, 'status', 'key_id')
-  if h and h[1] == 'queued' and h[2] == ARGV[6] then
-    settle(base, ARGV[2], ARGV[3], job, id, ARGV[4], ARGV[5], ARGV[7])
+  if h and h[1] == 'queued' and h[2] == ARGV[5] then
+    settle(base, ARGV[2], job, id, ARGV[3], ARGV[4], ARGV[6])
     settled = settled + 1
   end
 end
