@@ -48,8 +48,12 @@ MAX_TOKENS = 4
 REACHED_FLOOR = 0.75
 SCENARIOS = 10
 STEPS = 6
-# Following links: measured 0.98 (the odd 400 is `after` naming a job since cancelled).
-LINKED_FLOOR = 0.85
+# Following links: measured 0.98 with the fixed seeds (the odd 400 is `after` naming a job since
+# cancelled); 0.845 once with random ones and five times the examples (`make fuzz`: a document
+# deleted twice is a 404 the second time, an `after` naming no listed job a 400), all refusals as
+# declared. Ids not taken from links would all be 404s: about half the calls are by id, so the
+# share would fall to about 0.4, under this floor (and `reached` would be 0).
+LINKED_FLOOR = 0.75
 
 
 @dataclass
