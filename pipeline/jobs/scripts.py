@@ -11,10 +11,10 @@ Keys a script reaches beyond its ``KEYS`` are built from ``base`` (``{prefix}{jo
 share the ``{jobs}`` hash tag and live in the same Redis Cluster slot.
 
 A value read back from Redis may have been written by another version, or damaged: a number
-that does not parse takes a default (``tonumber(x) or d``; a nil in a comparison would fail the
-script, and with it every call for that job), and the scripts that look at many jobs at once
-(the sweep, listings) read each with ``redis.pcall``, so one key of the wrong type does not
-stop them for every tenant (``SETTLE_KEY`` too).
+that does not parse, or reads as NaN, takes a default (``num(x, d)``; a nil in a comparison
+would fail the script, and with it every call for that job, and ZADD refuses a NaN), and the
+scripts that look at many jobs at once (the sweep, listings) read each with ``redis.pcall``, so
+one key of the wrong type does not stop them for every tenant (``SETTLE_KEY`` too).
 
 A queued job sits in two sorted sets scored by the time it expires (``queued``, for the sweep,
 and ``queued:{tenant}``, for the tenant's limit and for revoking a key), from submit (or
@@ -109,12 +109,12 @@ end
 -- Let the oldest job still waiting in `line` out into the stream; the line is then due again
 -- `fallback` seconds later (its worker lets the next out sooner). Jobs no longer waiting
 -- (cancelled, settled) are dropped on the way; an empty line is forgotten. Returns 1 when a
--- job went out, else 0.
+-- job went out, else 0. Its callers have made sure `waiting-lines` is a sorted set.
 local function let_out(base, line, fallback)
   local waiting = base .. 'waiting:' .. line
   local lines = base .. 'waiting-lines'
   own_zset(waiting)
-  own_zset(lines)
+  local out = 0
   for _ = 1, 100 do
     local head = redis.call('ZPOPMIN', waiting)
     if #head == 0 then
@@ -130,12 +130,12 @@ local function let_out(base, line, fallback)
       redis.call('HDEL', job, 'parked')
       redis.call('ZREM', base .. 'parked', head[1])
       redis.call('ZADD', base .. 'queued', expires, head[1])
-      redis.call('ZADD', lines, now_s() + tonumber(fallback), line)
-      return 1
+      out = 1
+      break
     end
   end
-  redis.call('ZADD', lines, now_s() + tonumber(fallback), line)  -- 100 gone: the rest later
-  return 0
+  redis.call('ZADD', lines, now_s() + tonumber(fallback), line)  -- (100 gone: the rest later)
+  return out
 end
 
 -- A queued job that will never run: failed with `err`, its entry acknowledged and deleted.
@@ -248,7 +248,7 @@ if status == 'succeeded' or status == 'failed' then
   return {'done', attempts}
 end
 -- An expiry that does not parse is none: the sweep still expires the job by its queued score.
-if status == 'queued' and (tonumber(h[7]) or math.huge) < tonumber(ARGV[4]) then
+if status == 'queued' and num(h[7], math.huge) < tonumber(ARGV[4]) then
   if settle(ARGV[5], ARGV[1], KEYS[1], h[8], ARGV[4], ARGV[6], ARGV[7]) then
     return {'settled', attempts}  -- a fresh entry delivers its webhook
   end
