@@ -32,7 +32,7 @@ from tests.app.test_access import PUBLIC, SECRET, ingest
 from tests.app.test_access import key as key_with_groups
 from tests.conftest import AppHarness, chat_request, make_settings, unique_question
 from tests.pipeline.test_singleflight import settled
-from tests.support.faultproxy import FaultProxy
+from tests.support.faultproxy import FaultProxy, hold_after_content
 from tests.support.servers import UNENDING, LiveService
 
 WORDS = [
@@ -140,6 +140,9 @@ def test_streamed_followers_get_every_chunk_from_the_first(
             embedder=shared_embedder,
         )
         body = ask(unique_question(), stream=True, logit_bias=UNENDING) | {"max_tokens": 48}
+        # The model's answer is held after its 16th word until the followers have joined:
+        # however slow the machine, or fast the model, they join an answer still being made.
+        llm.rewrite(hold_after_content(llm, 16))
 
         async def joined(count: int, within: float) -> None:
             """Until ``count`` requests have passed the generate stage's join (its span ends
@@ -167,9 +170,7 @@ def test_streamed_followers_get_every_chunk_from_the_first(
                     got: list[str] = []
                     while len(sse_content(got)) < 2:  # the leader has sent two chunks
                         got.append(await anext(lines))
-                    # Its model call is held until the followers have joined: however slow
-                    # the machine, they join an answer still being made.
-                    assert llm.hold_open(b"/v1/chat/completions") == 1
+                    assert llm.holding_requests(b"/v1/chat/completions", 1, timeout=60)
                     followers = [asyncio.create_task(follow()) for _ in range(3)]
                     try:
                         await joined(4, within=120)

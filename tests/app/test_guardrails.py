@@ -179,7 +179,7 @@ def test_the_first_chunk_comes_long_before_the_answer_ends(redis_server, vllm) -
                 done.set()  # set before the service can read it: the answer's end
             seen += bool((choices[0].get("delta") or {}).get("content"))
             if seen == HELD_AFTER:
-                llm.pause_here()  # this event goes through; the rest of the answer waits
+                llm.hold_here()  # this event goes through; the rest of the answer waits
                 held.set()
         return [event]
 
@@ -191,7 +191,7 @@ def test_the_first_chunk_comes_long_before_the_answer_ends(redis_server, vllm) -
         app = create_app(settings)
         # A safety net, before the model client's 60 s read timeout: a guard that waits for
         # the end would otherwise wait for ever (the first words pass in milliseconds).
-        release = threading.Timer(30, llm.resume)
+        release = threading.Timer(30, llm.release)
         with LiveService(app) as live:
             key = live.run(app.state.services.keys.create("stream", "sam"))
             request = body("Write a long story about a lighthouse keeper.", max_tokens=96)
@@ -215,10 +215,10 @@ def test_the_first_chunk_comes_long_before_the_answer_ends(redis_server, vllm) -
                             if len(arrivals) == 1:
                                 # The model has more to send: let it once it is held.
                                 assert held.wait(30), "the model wrote too few words to hold"
-                                llm.resume()
+                                llm.release()
             finally:
                 release.cancel()
-                llm.resume()
+                llm.release()
     assert arrivals, "no content reached the client"
     assert not arrivals[0], "the first words reached the client only after the answer ended"
     assert len(arrivals) > 10

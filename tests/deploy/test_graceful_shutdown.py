@@ -135,13 +135,12 @@ class Drained:
     """A stream SIGTERM came into: its SSE lines, with "SIGTERM" where the signal was sent."""
 
     lines: list[str]
-    first_chunk_s: float  # from the request to its first chunk (when the signal went)
+    signal_s: float  # from the request to the signal
     took: float  # from the signal to the stream's end
 
     def timing(self) -> str:
         return (
-            f"first chunk {self.first_chunk_s:.2f} s after the request, "
-            f"end {self.took:.2f} s after SIGTERM"
+            f"SIGTERM {self.signal_s:.2f} s after the request, end {self.took:.2f} s after SIGTERM"
         )
 
 
@@ -152,37 +151,72 @@ def stream_and_terminate(
     while_draining: Any = None,
     hold: FaultProxy | None = None,
 ) -> Drained:
-    """Stream an answer; at its first chunk, SIGTERM the server (what `docker stop` sends PID 1)
-    and call ``while_draining()``. With ``hold`` (the proxy in front of the model server), the
-    answer's model call is held from just before the signal until ``while_draining()`` has
-    returned: the stream is still in flight then, however fast or slow the engine is."""
+    """Stream an answer, SIGTERM the server (what `docker stop` sends PID 1) while it is in
+    flight, and call ``while_draining()``. Without ``hold`` the signal goes at the answer's
+    first chunk. With ``hold`` (the proxy in front of the model server), the answer's model call
+    is held at the proxy before it reaches the model, the signal goes while it is held, and it
+    is let through once ``while_draining()`` has returned: the stream is in flight all that
+    time, however fast the engine or slow the test. (A signal at the first chunk, with the hold
+    set then, once came after the answer's end: the engine, on both cores, wrote 64 tokens
+    before the test could hold them.)"""
     lines: list[str] = []
     began = time.monotonic()
     signalled = 0.0
-    with httpx.stream(
-        "POST",
-        f"{served.url}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {served.key}", "Cache-Control": "no-store"},
-        timeout=120,
-    ) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: {") and "SIGTERM" not in lines:
-                if hold is not None:
-                    held = hold.hold_open(b"/v1/chat/completions")
-                    assert held == 1, f"{held} model calls held, not the stream's one"
-                served.process.send_signal(signal.SIGTERM)
-                signalled = time.monotonic()
-                lines.append("SIGTERM")
-                try:
-                    if while_draining is not None:
-                        while_draining()
-                finally:
-                    if hold is not None:
-                        hold.release()
-            if line:
-                lines.append(line)
+
+    def terminate() -> None:
+        nonlocal signalled
+        served.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        lines.append("SIGTERM")
+        try:
+            if while_draining is not None:
+                while_draining()
+        finally:
+            if hold is not None:
+                hold.release()
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            f"{served.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {served.key}", "Cache-Control": "no-store"},
+            timeout=120,
+        ) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if hold is None and line.startswith("data: {") and "SIGTERM" not in lines:
+                    terminate()
+                if line:
+                    lines.append(line)
+
+    if hold is None:
+        stream()
+        return Drained(lines, signalled - began, time.monotonic() - signalled)
+    failed: list[BaseException] = []
+
+    def streaming() -> None:
+        try:
+            stream()
+        except BaseException as exc:  # re-raised in the test's thread below
+            failed.append(exc)
+
+    streamer = threading.Thread(target=streaming, daemon=True)
+    hold.pause()  # every call waits at the proxy, until the stream's one is held by itself
+    try:
+        streamer.start()
+        assert hold.holding_requests(b"/v1/chat/completions", 1, timeout=60), (
+            f"the stream's model call did not reach the proxy in 60 s; {served.told()}"
+        )
+        held = hold.hold_open(b"/v1/chat/completions")
+        assert held == 1, f"{held} model calls held, not the stream's one"
+    finally:
+        hold.resume()  # the others (the readiness checks' health calls) pass again
+    terminate()
+    streamer.join(timeout=150)
+    assert not streamer.is_alive(), f"the stream did not end 150 s after SIGTERM; {served.told()}"
+    if failed:
+        raise failed[0]
     return Drained(lines, signalled - began, time.monotonic() - signalled)
 
 

@@ -17,6 +17,7 @@ import pytest
 from tests.support.faultproxy import (
     CloseAfterBytes,
     FaultProxy,
+    SSEEdit,
     close_after_events,
     http_response,
     malformed_line,
@@ -34,7 +35,8 @@ EVENTS = [
 
 class Upstream:
     """A loopback server on its own thread: echoes lines, or streams ``EVENTS`` as chunked SSE
-    (split at awkward places) to an HTTP request, keeping the connection alive."""
+    (split at awkward places; for ``GET /whole``, in one write) to an HTTP request, keeping the
+    connection alive."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -83,6 +85,10 @@ class Upstream:
                 pieces = [body[i : i + 37] for i in range(0, len(body), 37)]
                 wire = b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in pieces)
                 wire += b"0\r\n\r\n"
+                if line.startswith(b"GET /whole "):
+                    writer.write(wire)
+                    await writer.drain()
+                    continue
                 for start in range(0, len(wire), 50):
                     writer.write(wire[start : start + 50])
                     await writer.drain()
@@ -215,6 +221,47 @@ def test_pause_here_from_a_rewriter_lets_the_chunk_through_and_holds_the_next(up
             assert sock.recv(64) == b"echo three\n"
             sock.sendall(b"four\n")
             assert sock.recv(64) == b"echo four\n"
+
+
+def test_hold_here_stops_an_answer_at_its_event_and_only_that_connection(upstream) -> None:
+    """The whole answer comes in one write, so in one read of the proxy: the events after the one
+    that held wait all the same, and come in order, with the answer's end, once released."""
+    holds = 0
+
+    def edit(number: int, event: bytes) -> list[bytes]:
+        nonlocal holds
+        if number == 1 and not holds:
+            holds += 1
+            proxy.hold_here()
+        return [event]
+
+    def dechunked(wire: bytes) -> list[bytes]:
+        body, rest = b"", wire.partition(b"\r\n\r\n")[2]
+        while rest:
+            size, _, rest = rest.partition(b"\r\n")
+            body, rest = body + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
+        return [e for e in body.split(b"\n\n") if e]
+
+    with FaultProxy(upstream.url) as proxy:
+        proxy.rewrite(lambda: SSEEdit(edit))
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+            sock.sendall(b"GET /whole HTTP/1.1\r\nhost: x\r\n\r\n")
+            wire = b""
+            while b'"lo"' not in wire:
+                wire += sock.recv(4096)
+            assert proxy.holding_requests(b"/whole", 1)
+            # held: another connection's answer flows, this one's third event does not come
+            assert events_through(proxy) == EVENTS
+            sock.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                wire += sock.recv(4096)
+            assert dechunked(wire) == EVENTS[:2]
+            proxy.release()
+            sock.settimeout(5)
+            while not wire.endswith(b"0\r\n\r\n"):
+                wire += sock.recv(4096)
+        assert dechunked(wire) == EVENTS
+        assert holds == 1
 
 
 def test_slow_delays_each_request_and_cut_closes_every_connection(upstream) -> None:

@@ -10,6 +10,9 @@ once the proxy has applied it. Modes, for the bytes of every connection through 
 - ``hold_open(request)`` / ``release()``: the open connections whose last request line has
   ``request`` in it hold their bytes (both ways) until released, while the others and new ones
   pass (a streamed answer in flight stops, a health check goes on);
+- ``hold_here()``, from an ``SSEEdit`` edit: that connection sends the events up to this one and
+  holds the rest until ``release()`` (a streamed answer stops at an exact event, however many
+  of its events one read brought);
 - ``slow(seconds)``: each chunk waits that long first (requests only by default: for Redis that
   is a delay per command, a pipeline counting as one);
 - ``refuse()``: the port stops listening (a stopped server: connection refused);
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import socket
 import struct
@@ -92,6 +96,7 @@ class FaultProxy:
         self._starting: set[socket.socket] = set()  # accepted, their handler not yet begun
         self._handlers: set[asyncio.Task[None]] = set()
         self._links: set[_Link] = set()
+        self._feeding: _Link | None = None  # the connection whose rewriter is being fed now
         self._flowing = asyncio.Event()
         self._delay = 0.0
         self._delay_responses = False
@@ -219,6 +224,16 @@ class FaultProxy:
             return sum(1 for k in self._links if k.waiting and request in k.request) >= count
 
         return self._call(_until(enough, timeout), timeout + 5)
+
+    def hold_here(self) -> None:
+        """From an ``SSEEdit`` edit (the proxy's own thread): the connection being fed sends the
+        events up to and with this one, and holds the rest, and its bytes both ways, until
+        ``release()``; the other connections flow on. Unlike ``pause_here()``, the events that
+        came in the same read as this one wait too."""
+        link = self._feeding
+        assert link is not None and isinstance(link.rewriter, SSEEdit), "not in an SSEEdit edit"
+        link.flowing.clear()
+        link.rewriter.held = True
 
     def pause_here(self) -> None:
         """``pause()`` from the proxy's own thread (a rewriter's ``feed``, an ``SSEEdit`` edit):
@@ -352,7 +367,16 @@ class FaultProxy:
                     link.request = data.split(b"\r\n", 1)[0]
                 await self._gate(upstream_bound, link)
                 if not upstream_bound and link.rewriter is not None:
+                    self._feeding = link
                     data = link.rewriter.feed(data)
+                    while isinstance(link.rewriter, SSEEdit) and link.rewriter.held:
+                        # hold_here() in an edit: what came before it goes now, the rest
+                        # (still in the rewriter) once the connection flows again
+                        writer.write(data)
+                        await writer.drain()
+                        await self._gate(upstream_bound, link)
+                        link.rewriter.held = False
+                        data = link.rewriter.feed(b"")
                 writer.write(data)
                 await writer.drain()
                 if not upstream_bound and link.rewriter is not None and link.rewriter.closed:
@@ -445,11 +469,16 @@ class SSEEdit:
         self._chunk_left = -1  # -1: at a chunk-size line
         self._events = b""
         self._number = 0
+        self.held = False  # hold_here() came in an edit: the rest waits for feed(b"")
+        self._resume: bool | None = None  # held mid-flush: flush on, with this ``final``
 
     def feed(self, data: bytes) -> bytes:
         self._buffer += data
         out: list[bytes] = []
-        while not self.closed:
+        if self._resume is not None:  # the events that waited behind hold_here() go first
+            final, self._resume = self._resume, None
+            out.append(self._flush_events(final=final))
+        while not self.closed and not self.held:
             if self._head:
                 head, sep, rest = self._buffer.partition(b"\r\n\r\n")
                 if not sep:
@@ -491,13 +520,18 @@ class SSEEdit:
     def _flush_events(self, *, final: bool) -> bytes:
         out: list[bytes] = []
         *complete, self._events = self._events.split(b"\n\n")
-        for event in complete:
+        for index, event in enumerate(complete):
             replaced = self.edit(self._number, event)
             self._number += 1
             if replaced is None:
                 self.closed = True
                 return b"".join(out)
             out.extend(_chunk(item + b"\n\n") for item in replaced)
+            if self.held:  # the events after this one wait, in front of what is still to come
+                rest = b"".join(e + b"\n\n" for e in complete[index + 1 :])
+                self._events = rest + self._events
+                self._resume = final
+                return b"".join(out)
         if final:
             out.append(_chunk(self._events) if self._events else b"")
             self._events = b""
@@ -541,6 +575,24 @@ def without_finish_reason() -> RewriterFactory:
 
     def edit(number: int, event: bytes) -> list[bytes]:
         return [FINISH_REASON.sub(b'"finish_reason":null', event)]
+
+    return lambda: SSEEdit(edit)
+
+
+def hold_after_content(proxy: FaultProxy, count: int) -> RewriterFactory:
+    """The answers as they are until the ``count``-th event with text (counted across the
+    proxy's connections): it goes through, and the rest of its answer waits, however it came
+    (``hold_here()``), until ``proxy.release()``. Once only."""
+    seen = 0
+
+    def edit(number: int, event: bytes) -> list[bytes]:
+        nonlocal seen
+        if event.startswith(b"data: {"):
+            choices = json.loads(event[len(b"data: ") :]).get("choices") or [{}]
+            seen += bool((choices[0].get("delta") or {}).get("content"))
+            if seen == count:
+                proxy.hold_here()
+        return [event]
 
     return lambda: SSEEdit(edit)
 
