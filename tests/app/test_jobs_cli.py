@@ -17,6 +17,7 @@ from app.cli.batch import _records
 from app.main import create_app
 from tests.app.test_jobs import auth, chat_body, finished, submit
 from tests.conftest import make_settings, unique_question
+from tests.support.faultproxy import FaultProxy, hold_after_content
 from tests.support.servers import ROOT, LiveService, wait_for
 
 
@@ -66,10 +67,6 @@ def results(path: Path) -> list[dict[str, Any]]:
 def test_jobs_submit_writes_results_and_resumes_after_an_interruption(
     redis_server, vllm, tmp_path: Path
 ) -> None:
-    settings = make_settings(
-        redis_server.url, vllm.url, jobs={"workers": 1, "concurrency": 1, "poll_seconds": 0.2}
-    )
-    app = create_app(settings)
     questions = tmp_path / "questions.jsonl"
     lines = [
         json.dumps({"question": unique_question()}),
@@ -82,21 +79,31 @@ def test_jobs_submit_writes_results_and_resumes_after_an_interruption(
     questions.write_text("\n".join(lines) + "\n\n")
     out = tmp_path / "answers.jsonl"
     state = tmp_path / "answers.jsonl.state"
-    with LiveService(app) as live:
-        key = live.run(app.state.services.keys.create("batch", "bob"))
-        args = ("jobs", "submit", str(questions), "--out", str(out), "--url", live.url)
-        args += ("--max-tokens", "8", "--poll", "0.2", "--quiet")
-        env = {"RAG_API_KEY": key}
-        first = rag_process(*args, env=env, stderr=subprocess.DEVNULL)
-        # Interrupted once every line is submitted, before all the answers are in.
-        wait_for(lambda: len(results(state)) >= 5, 120, "the first run to submit")
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
-        answered_before = len(results(out))
-        assert answered_before < 6, "the first run was cut off before it finished"
-        second = rag_process(*args, env=env, stderr=subprocess.PIPE)
-        _, stderr = second.communicate(timeout=600)
-        listed = live.run(_listed(live, key))
+    with FaultProxy(vllm.url) as llm:
+        # The first answer is held after its first word until the first run is interrupted, so
+        # that run ends before all the answers are in, however fast the model.
+        llm.rewrite(hold_after_content(llm, 1))
+        settings = make_settings(
+            redis_server.url, llm.url, jobs={"workers": 1, "concurrency": 1, "poll_seconds": 0.2}
+        )
+        app = create_app(settings)
+        with LiveService(app) as live:
+            key = live.run(app.state.services.keys.create("batch", "bob"))
+            args = ("jobs", "submit", str(questions), "--out", str(out), "--url", live.url)
+            args += ("--max-tokens", "8", "--poll", "0.2", "--quiet")
+            env = {"RAG_API_KEY": key}
+            first = rag_process(*args, env=env, stderr=subprocess.DEVNULL)
+            # Interrupted once every line is submitted, before all the answers are in.
+            wait_for(lambda: len(results(state)) >= 5, 120, "the first run to submit")
+            assert llm.holding_requests(b"/v1/chat/completions", 1, timeout=120)
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+            answered_before = len(results(out))
+            assert answered_before < 6, "the first run was cut off before it finished"
+            llm.release()
+            second = rag_process(*args, env=env, stderr=subprocess.PIPE)
+            _, stderr = second.communicate(timeout=600)
+            listed = live.run(_listed(live, key))
     assert second.returncode == 1, stderr  # one line was refused
     records = results(out)
     assert sorted(r["line"] for r in records) == [1, 2, 3, 4, 5, 6], "each line answered once"

@@ -185,10 +185,10 @@ def stream_and_terminate(
         ) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
-                if hold is None and line.startswith("data: {") and "SIGTERM" not in lines:
-                    terminate()
                 if line:
                     lines.append(line)
+                if hold is None and line.startswith("data: {") and "SIGTERM" not in lines:
+                    terminate()  # after the first chunk: what follows it came after the signal
 
     if hold is None:
         stream()
@@ -223,8 +223,11 @@ def stream_and_terminate(
 def test_sigterm_lets_an_in_flight_stream_finish(
     redis_server: RedisServer, vllm: VLLMServer, tmp_path: Path
 ) -> None:
-    with image_server(redis_server, vllm, tmp_path) as served:
-        lines = stream_and_terminate(served, counting(24)).lines
+    with (
+        FaultProxy(vllm.url) as llm,
+        image_server(redis_server, vllm, tmp_path, llm_url=llm.url) as served,
+    ):
+        lines = stream_and_terminate(served, counting(24), hold=llm).lines
         after = lines[lines.index("SIGTERM") + 1 :]
         assert len([line for line in after if line.startswith("data: {")]) >= 2, lines[-3:]
         assert lines[-1] == "data: [DONE]"

@@ -27,6 +27,7 @@ from retrieval.versions import POINTER, read_pointer
 from tests.app.test_jobs import auth, chat_body, finished, submit
 from tests.conftest import AppHarness, make_settings
 from tests.pipeline.jobs.receiver import Receiver
+from tests.support.faultproxy import FaultProxy, hold_after_content
 from tests.support.servers import ROOT, UNENDING, free_port
 
 TENANT = "acme"
@@ -195,7 +196,6 @@ async def test_a_job_of_a_killed_rag_worker_is_finished_once_by_the_next(
     async with make_app(settings) as h:
         key = await h.key()
         with Receiver() as receiver:
-            # About 4 s of generation: long enough to be running when the worker is killed.
             long = chat_body(
                 "Count from 1 to 200, separated by commas.",
                 max_tokens=96,
@@ -207,9 +207,19 @@ async def test_a_job_of_a_killed_rag_worker_is_finished_once_by_the_next(
                 short = chat_body(f"Say hello ({n}).", max_tokens=8, webhook_url=receiver.url)
                 ids.append((await submit(h, key, short)).json()["id"])
 
-            doomed = rag_process("worker", "--concurrency", "1", env=env)
-            await _running(h, key, ids[0], doomed)
-            doomed.send_signal(signal.SIGKILL)
+            # The doomed worker's model answer is held after its first word, so the kill comes
+            # mid-run however fast the model (it once wrote 64 tokens before a test could act).
+            with FaultProxy(vllm.url) as llm:
+                llm.rewrite(hold_after_content(llm, 1))
+                doomed = rag_process(
+                    "worker", "--concurrency", "1", env=worker_env(settings, llm.url)
+                )
+                await _running(h, key, ids[0], doomed)
+                held = await asyncio.to_thread(
+                    llm.holding_requests, b"/v1/chat/completions", 1, 180
+                )
+                assert held, "the doomed worker's model call did not start within 180 s"
+                doomed.send_signal(signal.SIGKILL)
             await asyncio.to_thread(doomed.communicate, timeout=30)
             assert doomed.returncode == -signal.SIGKILL
             orphan = await job_status(h, key, ids[0])
