@@ -121,6 +121,13 @@ _STORED_FIELDS = (
 # output columns of no rows): seen for a tenant with no chunk, a value no row holds, a JSON path
 # no row has. It means "no rows".
 _EMPTY_RESULT = "Unsupported data type: 0"
+# Milvus (its segcore, in Lite 2.5.1 too) can refuse a BM25 search with this while rows are
+# being deleted: its corpus statistics race the delete, a term's IDF comes out negative, and
+# the query's sparse row is refused. Seen once in CI (a search during an upsert's delete), not
+# in 9,000 searches beside 4,000 upserts here: rare, and gone a moment later. Such a search is
+# asked again (`_BM25_TRIES` in all, a few milliseconds apart); only then is it a failure.
+_NEGATIVE_IDF = "Invalid sparse row: negative value"
+_BM25_TRIES = 3
 
 
 class MilvusUnavailable(RuntimeError):
@@ -503,21 +510,25 @@ class MilvusBackend:
     def _bm25(self, tenant: str, query: str, expr: str, limit: int) -> list[dict[str, Any]]:
         if not query.strip():
             return []
-        try:
-            result = self.client.search(
-                self.collection_of(tenant).name,
-                data=[query],
-                anns_field="sparse",
-                limit=limit,
-                filter=expr,
-                output_fields=_OUTPUT,
-                search_params={"metric_type": "BM25"},
-                timeout=self.timeout_s,
-            )
-        except Exception as exc:
-            if _EMPTY_RESULT in str(exc):
-                return []
-            raise
+        for attempt in range(1, _BM25_TRIES + 1):
+            try:
+                result = self.client.search(
+                    self.collection_of(tenant).name,
+                    data=[query],
+                    anns_field="sparse",
+                    limit=limit,
+                    filter=expr,
+                    output_fields=_OUTPUT,
+                    search_params={"metric_type": "BM25"},
+                    timeout=self.timeout_s,
+                )
+                break
+            except Exception as exc:
+                if _EMPTY_RESULT in str(exc):
+                    return []
+                if _NEGATIVE_IDF not in str(exc) or attempt == _BM25_TRIES:
+                    raise
+                time.sleep(0.005 * attempt)  # a delete's statistics, settling
         # A hit with no query term scores 0 (the BM25 function's sparse dot product).
         return [hit for hit in result[0] if float(hit["distance"]) > 0.0]
 

@@ -17,7 +17,7 @@ from app.cli.batch import _records
 from app.main import create_app
 from tests.app.test_jobs import auth, chat_body, finished, submit
 from tests.conftest import make_settings, unique_question
-from tests.support.faultproxy import FaultProxy, hold_after_content
+from tests.support.faultproxy import FaultProxy, SSEEdit
 from tests.support.servers import ROOT, LiveService, wait_for
 
 
@@ -79,10 +79,24 @@ def test_jobs_submit_writes_results_and_resumes_after_an_interruption(
     questions.write_text("\n".join(lines) + "\n\n")
     out = tmp_path / "answers.jsonl"
     state = tmp_path / "answers.jsonl.state"
+    answers = 0
+
+    def succeeded() -> int:
+        """The answers written (whole lines: the run may be writing the last one)."""
+        whole = out.read_text().split("\n")[:-1] if out.exists() else []
+        return sum(json.loads(line)["status"] == "succeeded" for line in whole)
+
+    def third_held(number: int, event: bytes) -> list[bytes]:
+        nonlocal answers
+        answers += number == 0  # the answers come one at a time (one worker, one at once)
+        if number == 0 and answers == 3:
+            llm.hold_here()
+        return [event]
+
     with FaultProxy(vllm.url) as llm:
-        # The first answer is held after its first word until the first run is interrupted, so
-        # that run ends before all the answers are in, however fast the model.
-        llm.rewrite(hold_after_content(llm, 1))
+        # The third answer is held until the first run is interrupted: two lines are answered
+        # before it, and not all, however fast or slow the model.
+        llm.rewrite(lambda: SSEEdit(third_held))
         settings = make_settings(
             redis_server.url, llm.url, jobs={"workers": 1, "concurrency": 1, "poll_seconds": 0.2}
         )
@@ -93,13 +107,16 @@ def test_jobs_submit_writes_results_and_resumes_after_an_interruption(
             args += ("--max-tokens", "8", "--poll", "0.2", "--quiet")
             env = {"RAG_API_KEY": key}
             first = rag_process(*args, env=env, stderr=subprocess.DEVNULL)
-            # Interrupted once every line is submitted, before all the answers are in.
-            wait_for(lambda: len(results(state)) >= 5, 120, "the first run to submit")
-            assert llm.holding_requests(b"/v1/chat/completions", 1, timeout=120)
-            first.send_signal(signal.SIGKILL)
-            first.wait(30)
-            answered_before = len(results(out))
-            assert answered_before < 6, "the first run was cut off before it finished"
+            try:
+                wait_for(lambda: len(results(state)) >= 5, 120, "the first run to submit")
+                assert llm.holding_requests(b"/v1/chat/completions", 1, timeout=120)
+                wait_for(lambda: succeeded() >= 2, 60, "the first run to write two answers")
+            finally:
+                first.send_signal(signal.SIGKILL)
+                first.wait(30)
+            answered_before = succeeded()
+            # two, or more if a line was answered without the model (from the cache)
+            assert 2 <= answered_before < 5, "the first run was cut off with answers written"
             llm.release()
             second = rag_process(*args, env=env, stderr=subprocess.PIPE)
             _, stderr = second.communicate(timeout=600)

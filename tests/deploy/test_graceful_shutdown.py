@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from tests.app.test_errors import assert_openai_error
-from tests.support.faultproxy import FaultProxy
+from tests.support.faultproxy import FaultProxy, hold_after_content
 from tests.support.servers import UNENDING, RedisServer, VLLMServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,15 +150,17 @@ def stream_and_terminate(
     *,
     while_draining: Any = None,
     hold: FaultProxy | None = None,
+    before_answer: bool = False,
 ) -> Drained:
     """Stream an answer, SIGTERM the server (what `docker stop` sends PID 1) while it is in
-    flight, and call ``while_draining()``. Without ``hold`` the signal goes at the answer's
-    first chunk. With ``hold`` (the proxy in front of the model server), the answer's model call
-    is held at the proxy before it reaches the model, the signal goes while it is held, and it
-    is let through once ``while_draining()`` has returned: the stream is in flight all that
-    time, however fast the engine or slow the test. (A signal at the first chunk, with the hold
-    set then, once came after the answer's end: the engine, on both cores, wrote 64 tokens
-    before the test could hold them.)"""
+    flight, and call ``while_draining()``. The signal goes at the answer's first chunk; with
+    ``hold`` (the proxy in front of the model server, its rewriter ``hold_after_content``),
+    once the proxy holds the rest of the answer, which it lets through once
+    ``while_draining()`` has returned. With ``before_answer`` too, the signal goes before the
+    answer has begun: the model call is held at the proxy before it reaches the model. Either
+    way the stream is in flight all that time, however fast the engine or slow the test. (A
+    signal at the first chunk, with the model call held only then, once came after the
+    answer's end: the engine, on both cores, wrote 64 tokens before the test could hold them.)"""
     lines: list[str] = []
     began = time.monotonic()
     signalled = 0.0
@@ -187,12 +189,18 @@ def stream_and_terminate(
             for line in response.iter_lines():
                 if line:
                     lines.append(line)
-                if hold is None and line.startswith("data: {") and "SIGTERM" not in lines:
-                    terminate()  # after the first chunk: what follows it came after the signal
+                if before_answer or not line.startswith("data: {") or "SIGTERM" in lines:
+                    continue
+                if hold is not None:
+                    assert hold.holding_requests(b"/v1/chat/completions", 1, timeout=60), (
+                        f"the answer was not held within 60 s of its first chunk; {served.told()}"
+                    )
+                terminate()  # after the first chunk: what follows it came after the signal
 
-    if hold is None:
+    if not before_answer:
         stream()
         return Drained(lines, signalled - began, time.monotonic() - signalled)
+    assert hold is not None, "before_answer holds the model call at the proxy"
     failed: list[BaseException] = []
 
     def streaming() -> None:
@@ -205,15 +213,21 @@ def stream_and_terminate(
     hold.pause()  # every call waits at the proxy, until the stream's one is held by itself
     try:
         streamer.start()
-        assert hold.holding_requests(b"/v1/chat/completions", 1, timeout=60), (
-            f"the stream's model call did not reach the proxy in 60 s; {served.told()}"
-        )
+        deadline = time.monotonic() + 60
+        while not hold.holding_requests(b"/v1/chat/completions", 1, timeout=0.5):
+            if failed:
+                raise failed[0]
+            assert time.monotonic() < deadline, (
+                f"the stream's model call did not reach the proxy in 60 s; {served.told()}"
+            )
         held = hold.hold_open(b"/v1/chat/completions")
         assert held == 1, f"{held} model calls held, not the stream's one"
     finally:
         hold.resume()  # the others (the readiness checks' health calls) pass again
-    terminate()
-    streamer.join(timeout=150)
+    try:
+        terminate()
+    finally:
+        streamer.join(timeout=150)
     assert not streamer.is_alive(), f"the stream did not end 150 s after SIGTERM; {served.told()}"
     if failed:
         raise failed[0]
@@ -223,11 +237,17 @@ def stream_and_terminate(
 def test_sigterm_lets_an_in_flight_stream_finish(
     redis_server: RedisServer, vllm: VLLMServer, tmp_path: Path
 ) -> None:
+    """The answer is held by the proxy after its 12th word (prose: the output guard holds back
+    only a word or so, so the first chunk has come by then), the signal goes, and the rest of
+    the answer, more than 30 words, comes after it."""
+    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
     with (
         FaultProxy(vllm.url) as llm,
         image_server(redis_server, vllm, tmp_path, llm_url=llm.url) as served,
     ):
-        lines = stream_and_terminate(served, counting(24), hold=llm).lines
+        llm.rewrite(hold_after_content(llm, 12))
+        body = counting(48) | {"messages": story}
+        lines = stream_and_terminate(served, body, hold=llm).lines
         after = lines[lines.index("SIGTERM") + 1 :]
         assert len([line for line in after if line.startswith("data: {")]) >= 2, lines[-3:]
         assert lines[-1] == "data: [DONE]"
@@ -295,7 +315,9 @@ def test_new_requests_get_503_while_a_stream_drains(
         FaultProxy(vllm.url) as llm,
         image_server(redis_server, vllm, tmp_path, grace=60, llm_url=llm.url) as served,
     ):
-        drained = stream_and_terminate(served, counting(64), while_draining=new_requests, hold=llm)
+        drained = stream_and_terminate(
+            served, counting(64), while_draining=new_requests, hold=llm, before_answer=True
+        )
         assert drained.lines[-1] == "data: [DONE]", "the stream in flight finished"
         assert served.process.wait(timeout=30) in (0, -signal.SIGTERM)
     assert len(refused) == 2, f"readyz turned 503 within 10 s of SIGTERM; {served.told(drained)}"

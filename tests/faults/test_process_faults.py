@@ -214,12 +214,14 @@ async def test_a_job_of_a_killed_rag_worker_is_finished_once_by_the_next(
                 doomed = rag_process(
                     "worker", "--concurrency", "1", env=worker_env(settings, llm.url)
                 )
-                await _running(h, key, ids[0], doomed)
-                held = await asyncio.to_thread(
-                    llm.holding_requests, b"/v1/chat/completions", 1, 180
-                )
-                assert held, "the doomed worker's model call did not start within 180 s"
-                doomed.send_signal(signal.SIGKILL)
+                try:
+                    await _running(h, key, ids[0], doomed)
+                    held = await asyncio.to_thread(
+                        llm.holding_requests, b"/v1/chat/completions", 1, 180
+                    )
+                    assert held, "the doomed worker's model call did not start within 180 s"
+                finally:
+                    doomed.send_signal(signal.SIGKILL)
             await asyncio.to_thread(doomed.communicate, timeout=30)
             assert doomed.returncode == -signal.SIGKILL
             orphan = await job_status(h, key, ids[0])

@@ -366,20 +366,24 @@ class FaultProxy:
                 if upstream_bound and REQUEST_LINE.match(data):
                     link.request = data.split(b"\r\n", 1)[0]
                 await self._gate(upstream_bound, link)
-                if not upstream_bound and link.rewriter is not None:
+                # this chunk's rewriter, kept while it is held (a switch meanwhile must not lose
+                # the events it holds)
+                rewriter = None if upstream_bound else link.rewriter
+                if rewriter is not None:
                     self._feeding = link
-                    data = link.rewriter.feed(data)
-                    while isinstance(link.rewriter, SSEEdit) and link.rewriter.held:
+                    data = rewriter.feed(data)
+                    while isinstance(rewriter, SSEEdit) and rewriter.held:
                         # hold_here() in an edit: what came before it goes now, the rest
                         # (still in the rewriter) once the connection flows again
                         writer.write(data)
                         await writer.drain()
                         await self._gate(upstream_bound, link)
-                        link.rewriter.held = False
-                        data = link.rewriter.feed(b"")
+                        rewriter.held = False
+                        self._feeding = link  # others were fed while this one waited
+                        data = rewriter.feed(b"")
                 writer.write(data)
                 await writer.drain()
-                if not upstream_bound and link.rewriter is not None and link.rewriter.closed:
+                if rewriter is not None and rewriter.closed:
                     return
 
     async def _gate(self, upstream_bound: bool, link: _Link) -> None:
