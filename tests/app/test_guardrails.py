@@ -17,7 +17,7 @@ from app.main import create_app
 from tests.app.test_chat import sse_events
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import chat_request, make_settings, unique_question
-from tests.support.faultproxy import FaultProxy, SSEEdit
+from tests.support.faultproxy import FINISH_REASON, FaultProxy, SSEEdit, has_content
 from tests.support.fuzzing import examples
 from tests.support.servers import LiveService
 
@@ -171,13 +171,10 @@ def test_the_first_chunk_comes_long_before_the_answer_ends(redis_server, vllm) -
 
     def edit(number: int, event: bytes) -> list[bytes]:
         nonlocal seen
-        if event.strip() == b"data: [DONE]":
-            done.set()
-        elif event.startswith(b"data: {"):
-            choices = json.loads(event[len(b"data: ") :]).get("choices") or [{}]
-            if choices[0].get("finish_reason"):
-                done.set()  # set before the service can read it: the answer's end
-            seen += bool((choices[0].get("delta") or {}).get("content"))
+        if event.strip() == b"data: [DONE]" or FINISH_REASON.search(event):
+            done.set()  # set before the service can read it: the answer's end
+        if has_content(event):
+            seen += 1
             if seen == HELD_AFTER:
                 llm.hold_here()  # this event goes through; the rest of the answer waits
                 held.set()

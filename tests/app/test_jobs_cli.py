@@ -61,7 +61,9 @@ async def test_rag_worker_runs_queued_jobs_and_stops_on_sigterm(
 
 
 def results(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The records written (whole lines: a run may be writing the last one)."""
+    whole = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in whole]
 
 
 def test_jobs_submit_writes_results_and_resumes_after_an_interruption(
@@ -82,9 +84,7 @@ def test_jobs_submit_writes_results_and_resumes_after_an_interruption(
     answers = 0
 
     def succeeded() -> int:
-        """The answers written (whole lines: the run may be writing the last one)."""
-        whole = out.read_text().split("\n")[:-1] if out.exists() else []
-        return sum(json.loads(line)["status"] == "succeeded" for line in whole)
+        return sum(r["status"] == "succeeded" for r in results(out))
 
     def third_held(number: int, event: bytes) -> list[bytes]:
         nonlocal answers

@@ -591,14 +591,21 @@ def hold_after_content(proxy: FaultProxy, count: int) -> RewriterFactory:
 
     def edit(number: int, event: bytes) -> list[bytes]:
         nonlocal seen
-        if event.startswith(b"data: {"):
-            choices = json.loads(event[len(b"data: ") :]).get("choices") or [{}]
-            seen += bool((choices[0].get("delta") or {}).get("content"))
+        if has_content(event):
+            seen += 1
             if seen == count:
                 proxy.hold_here()
         return [event]
 
     return lambda: SSEEdit(edit)
+
+
+def has_content(event: bytes) -> bool:
+    """Whether an event of a streamed chat answer carries text (its first choice's delta)."""
+    if not event.startswith(b"data: {"):
+        return False
+    choices = json.loads(event[len(b"data: ") :]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
 
 
 def close_after_events(count: int) -> RewriterFactory:
