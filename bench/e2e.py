@@ -27,6 +27,7 @@ import orjson
 
 from bench.loadclient import CHAT_PATH, NETWORK_ERRORS, ProtocolError, read_answer
 from bench.rawclient import encode_request
+from pipeline.guards.output import StreamingRedactor
 from tests.support.process import ServiceProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -46,12 +47,35 @@ class Streamed:
     cache: str = ""  # the service's x-cache
     body: bytes = b""
     second_s: float | None = None  # the second piece of answer text
+    # Each chunk of the body with when it came (seconds after the request was sent).
+    pieces: list[tuple[float, bytes]] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
         """A 200 with a whole answer: a stream ending in ``[DONE]``, or a JSON completion."""
         whole = self.body.endswith(b"data: [DONE]\n\n") or self.body.startswith(b"{")
         return self.status == 200 and whole and b'data: {"error"' not in self.body
+
+
+def first_released(
+    pieces: Sequence[tuple[float, bytes]], redactor: StreamingRedactor
+) -> float | None:
+    """When a streamed answer's text first gets through ``redactor`` (``feed`` returns what it
+    lets out), fed the answer's pieces of text as they came: for bare vLLM's stream under the
+    service's output redaction, the earliest the service could show its first text. None when
+    nothing gets through before the end (an answer shorter than what the redactor holds)."""
+    pending = b""
+    for at, chunk in pieces:
+        pending += chunk
+        *events, pending = pending.split(b"\n\n")
+        for event in events:
+            if not event.startswith(b"data: {"):
+                continue
+            for choice in orjson.loads(event[6:]).get("choices") or ():
+                text = (choice.get("delta") or {}).get("content")
+                if text and redactor.feed(text):
+                    return at
+    return None
 
 
 class StreamConnection:
@@ -74,7 +98,7 @@ class StreamConnection:
             started = time.perf_counter()
             try:
                 writer.write(message)
-                answer = await read_answer(reader, started)
+                answer = await read_answer(reader, started, timed=True)
             except (*NETWORK_ERRORS, ProtocolError):
                 self.close()
                 if attempt:
@@ -93,6 +117,7 @@ class StreamConnection:
                 cache=answer.headers.get(b"x-cache", b"").decode(),
                 body=answer.body,
                 second_s=answer.second,
+                pieces=answer.pieces,
             )
         raise AssertionError("unreachable")
 

@@ -186,12 +186,17 @@ class Answer:
     # When the second piece of answer text came: what a client sees first through a filter
     # that needs the next token to decide the first (the service's exact output redaction).
     second: float | None = None
+    # With ``timed``: each chunk of the body with when it came (seconds after ``started``).
+    pieces: list[tuple[float, bytes]] = field(default_factory=list)
 
 
-async def read_answer(reader: asyncio.StreamReader, started: float) -> Answer:
+async def read_answer(
+    reader: asyncio.StreamReader, started: float, *, timed: bool = False
+) -> Answer:
     """One HTTP/1.1 response, its body read by Content-Length or by chunks; ``ttft`` is when
     the first chunk with answer text arrived (seconds after ``started``), ``second`` when the
-    second piece of answer text did (a chunk may hold several SSE events)."""
+    second piece of answer text did (a chunk may hold several SSE events); ``timed`` keeps
+    every chunk with its time (``Answer.pieces``), to be read after the measurement."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head[:-4].split(b"\r\n")
     if not lines[0].startswith(b"HTTP/1.1 ") or len(lines[0]) < 12:
@@ -207,6 +212,7 @@ async def read_answer(reader: asyncio.StreamReader, started: float) -> Answer:
     if headers.get(b"transfer-encoding", b"").lower() != b"chunked":
         raise ProtocolError("neither Content-Length nor chunked")
     parts, ttft, second, texts = [], None, None, 0
+    pieces: list[tuple[float, bytes]] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         if size == 0:
@@ -222,7 +228,9 @@ async def read_answer(reader: asyncio.StreamReader, started: float) -> Answer:
             texts += found
             second = now if texts >= 2 else None
         parts.append(chunk[:-2])
-    return Answer(status, headers, b"".join(parts), ttft, second)
+        if timed:
+            pieces.append((time.perf_counter() - started, chunk[:-2]))
+    return Answer(status, headers, b"".join(parts), ttft, second, pieces)
 
 
 def judge(stream: bool, answer: Answer) -> str:

@@ -16,6 +16,7 @@ from bench.e2e import (
     StreamConnection,
     breakdown,
     chat_request,
+    first_released,
     percentile,
     read_result,
     span_views,
@@ -24,6 +25,7 @@ from bench.e2e import (
 from bench.loadclient import read_answer
 from bench.stack_bench import TOGGLES, has_setting, overrides
 from bench.throughput_bench import prompts
+from pipeline.guards.output import StreamingRedactor
 from pipeline.model.prompt import INSTRUCTIONS
 from retrieval.documents import Document
 from tests.conftest import make_settings
@@ -96,6 +98,37 @@ async def test_the_second_piece_of_text_is_timed_across_chunks_and_within_one() 
     alone.feed_eof()
     answer = await read_answer(alone, 0.0)
     assert answer.ttft is not None and answer.second is None  # a one-token answer has none
+
+
+async def test_text_gets_through_the_redaction_at_the_piece_that_ends_its_first_word() -> None:
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    words = ["R", "ip", "amy", "cin", " decreases", " it"]
+    reader = asyncio.StreamReader()
+    reader.feed_data(sse_response(role, *(text_event(w) for w in words), b"data: [DONE]\n\n"))
+    reader.feed_eof()
+    answer = await read_answer(reader, time.perf_counter(), timed=True)
+    assert [chunk for _, chunk in answer.pieces][1] == text_event("R")
+    times = [at for at, _ in answer.pieces]
+    assert times == sorted(times) and len(times) == len(words) + 2
+    # "Ripamycin" may still become an address until " decreases" shows where it ends.
+    assert first_released(answer.pieces, StreamingRedactor()) == times[5]
+    # Most answers: the second token ends the first word.
+    pieces = [(0.1, role), (0.2, text_event("The")), (0.3, text_event(" answer"))]
+    assert first_released(pieces, StreamingRedactor()) == 0.3
+    # An event cut across two pieces is read when its end comes.
+    event = text_event(" answer")
+    cut = [(0.2, text_event("The") + event[:20]), (0.4, event[20:])]
+    assert first_released(cut, StreamingRedactor()) == 0.4
+    # Nothing gets through before the end of a one-word answer; a redactor that holds nothing
+    # lets the first piece through.
+    assert first_released([(0.2, text_event("Yes"))], StreamingRedactor()) is None
+    open_ = StreamingRedactor(redact_kinds=())
+    assert first_released([(0.2, text_event("Yes"))], open_) == 0.2
+    # Without ``timed``, nothing is kept.
+    plain = asyncio.StreamReader()
+    plain.feed_data(sse_response(role, text_event("The"), b"data: [DONE]\n\n"))
+    plain.feed_eof()
+    assert (await read_answer(plain, 0.0)).pieces == []
 
 
 async def test_a_misses_spans_break_down_into_the_stages_before_the_upstream_call(
