@@ -16,8 +16,10 @@ supports; the results go on a ``guard_out grounding`` span and into ``rag.explai
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -147,6 +149,41 @@ def _overlaps(start: int, end: int, a: int, b: int) -> bool:
     return start < b and a < end
 
 
+@dataclass
+class Holdback:
+    """What the answer's redaction held back: the most characters at once, and how long its
+    first text waited (from the model's first text to the first text let out, in ms) and for
+    how many of the model's pieces of text (1: let out as it came)."""
+
+    most: int = 0
+    first_ms: float | None = None
+    first_pieces: int = 0
+    _first_in: float | None = None
+
+    def took(self, piece: str, released: str, held: int) -> None:
+        """One piece of the model's text went in, ``released`` came out, ``held`` stays."""
+        self.most = max(self.most, held)
+        if self.first_ms is not None or not piece:
+            return
+        if self._first_in is None:
+            self._first_in = time.perf_counter()
+        self.first_pieces += 1
+        if released:
+            self.first_ms = round((time.perf_counter() - self._first_in) * 1000.0, 3)
+
+    def ended(self, released: str) -> None:
+        """The answer ended, letting out ``released``: a first text held to the end."""
+        if self.first_ms is None and released and self._first_in is not None:
+            self.first_ms = round((time.perf_counter() - self._first_in) * 1000.0, 3)
+
+    def facts(self) -> dict[str, int | float]:
+        facts: dict[str, int | float] = {attr.GUARD_OUTPUT_HELD_MAX: self.most}
+        if self.first_ms is not None:
+            facts[attr.GUARD_OUTPUT_FIRST_HELD_MS] = self.first_ms
+            facts[attr.GUARD_OUTPUT_FIRST_HELD_PIECES] = self.first_pieces
+        return facts
+
+
 class OutputGuard:
     """The stream filter: redaction and blocking as the text and the tool calls' arguments
     pass, grounding at the end.
@@ -175,14 +212,15 @@ class OutputGuard:
         self.calls: dict[int, JsonArgumentsRedactor] = {}
         self.text: list[str] = []
         self.seen: dict[object, int] = {}
-        self.held_max = 0
+        self.holdback = Holdback()
         self.logprobs = LogprobAligner() if logprobs else None
 
     def _content(self, delta: ContentDelta) -> list[StreamEvent]:
         if self.logprobs is not None:
             self.logprobs.take(delta, keep_text=isinstance(self.answer, JsonArgumentsRedactor))
         text = self.answer.feed(delta.text)
-        return self._text(text, self.answer.held, self._released())
+        self.holdback.took(delta.text, text, self.answer.held)
+        return self._text(text, self._released())
 
     def _released(self) -> tuple[Any, ...]:
         """The logprobs entries of text emitted so far (a JSON answer's: at its end only)."""
@@ -190,8 +228,7 @@ class OutputGuard:
             return ()
         return self.logprobs.release(self.answer.emitted, self.answer.redacted)
 
-    def _text(self, text: str, held: int, entries: tuple[Any, ...] = ()) -> list[StreamEvent]:
-        self.held_max = max(self.held_max, held)
+    def _text(self, text: str, entries: tuple[Any, ...] = ()) -> list[StreamEvent]:
         if text:
             self.text.append(text)
         return [ContentDelta(text, entries)] if text or entries else []
@@ -211,7 +248,8 @@ class OutputGuard:
         entries = self._released()
         if self.logprobs is not None and isinstance(self.answer, JsonArgumentsRedactor):
             entries = self.logprobs.align("".join(self.text) + rest)
-        events = self._text(rest, self.answer.held, entries)
+        self.holdback.ended(rest)
+        events = self._text(rest, entries)
         for index, redactor in sorted(self.calls.items()):
             rest = redactor.end()
             if rest:
@@ -230,7 +268,7 @@ class OutputGuard:
             if blocked:
                 rule = blocked[0]
                 finish = Finish("content_filter", rule)
-                self.check.done("".join(self.text), self.held_max, finish)
+                self.check.done("".join(self.text), self.holdback, finish)
                 return [*events, finish]
         return events
 
@@ -243,7 +281,7 @@ class OutputGuard:
             events = self._blocked(self._flush())
             if not any(isinstance(e, Finish) for e in events):
                 events.append(event)
-                self.check.done("".join(self.text), self.held_max, event)
+                self.check.done("".join(self.text), self.holdback, event)
             return events
         return [event]
 
@@ -267,11 +305,11 @@ class GroundingCheck:
         self.record = record
         self.parent = otel_context.get_current()
 
-    def done(self, answer: str, held_max: int, finish: StreamEvent) -> None:
+    def done(self, answer: str, holdback: Holdback, finish: StreamEvent) -> None:
         report = check_grounding(
             answer, {p.document_id for p in self.passages}, [p.text for p in self.passages]
         )
-        facts = _facts(report, held_max)
+        facts = _facts(report, holdback)
         if isinstance(finish, Finish) and finish.reason == "content_filter":
             facts[attr.GUARD_OUTPUT_VIOLATION] = finish.detail or "content_filter"
         with self.tracer.start_as_current_span("guard_out grounding", context=self.parent) as span:
@@ -280,12 +318,12 @@ class GroundingCheck:
             self.record.info.update({attr.info_key(k): v for k, v in facts.items()})
 
 
-def _facts(report: GroundingReport, held_max: int) -> dict[str, str | int | float | list[str]]:
+def _facts(report: GroundingReport, holdback: Holdback) -> dict[str, str | int | float | list[str]]:
     facts: dict[str, str | int | float | list[str]] = {
         attr.GROUNDING_SENTENCES: report.sentences,
         attr.GROUNDING_CITED: list(report.cited),
         attr.GROUNDING_UNKNOWN: list(report.unknown_citations),
-        attr.GUARD_OUTPUT_HELD_MAX: held_max,
+        **holdback.facts(),
     }
     if report.support is not None:
         facts[attr.GROUNDING_SUPPORT] = round(report.support, 4)

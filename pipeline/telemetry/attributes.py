@@ -50,6 +50,11 @@ GUARD_INJECTION_SCORE: Final = "rag.guard.injection.score"
 GUARD_SIMILARITY: Final = "rag.guard.injection.similarity"
 GUARD_OUTPUT_VIOLATION: Final = "rag.guard.output.violation"
 GUARD_OUTPUT_HELD_MAX: Final = "rag.guard.output.held_max"
+# How long the answer's first text waited in the output redaction (from the model's first text
+# to the first text let out), and for how many of the model's pieces of text: the part of the
+# time to first token that exact redaction adds (the first word is shown once it has ended).
+GUARD_OUTPUT_FIRST_HELD_MS: Final = "rag.guard.output.first_held_ms"
+GUARD_OUTPUT_FIRST_HELD_PIECES: Final = "rag.guard.output.first_held_pieces"
 GROUNDING_SUPPORT: Final = "rag.grounding.support"
 GROUNDING_CITED: Final = "rag.grounding.cited"
 GROUNDING_UNKNOWN: Final = "rag.grounding.unknown_citations"

@@ -385,6 +385,10 @@ async def test_explain_reports_each_stage_and_its_duration(harness) -> None:
     stages = {s["name"]: s for s in explain["stages"]}
     assert stages["retrieve"]["info"]["retrieval.skipped"] == "no index"
     assert stages["generate"]["info"]["ttft_ms"] > 0
+    # The output redaction let the first text out after one piece or more of the model's.
+    guard_out = stages["guard_out"]["info"]
+    assert guard_out["guard.output.first_held_pieces"] >= 1
+    assert guard_out["guard.output.first_held_ms"] >= 0
     assert stages["cache_lookup"]["info"]["cache.status"] == "miss"
     assert stages["route"]["info"]["route"] in ("small", "large")
     assert stages["features"]["status"] in ("ok", "degraded")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from pipeline.answer.completion import Completion
 from pipeline.answer.events import ContentDelta, Finish, StreamEvent, ToolCallDelta, Usage
 from pipeline.answer.stream import AnswerStream
 from pipeline.context import ChatParams, Passage, Principal, RequestContext
+from pipeline.guards.pii import PII_KINDS
 from pipeline.guards.policy import PolicyBook
 from pipeline.stages.guard_out import GuardOutput
 from pipeline.tools.base import ToolContext
@@ -36,8 +38,10 @@ def chunks(text: str, size: int) -> list[StreamEvent]:
     return [*pieces, Finish("stop"), Usage(10, 20)]
 
 
-async def play(events: Sequence[StreamEvent]) -> AsyncIterator[StreamEvent]:
+async def play(events: Sequence[StreamEvent], gap: float = 0.0) -> AsyncIterator[StreamEvent]:
     for event in events:
+        if gap:
+            await asyncio.sleep(gap)
         yield event
 
 
@@ -46,7 +50,7 @@ def base() -> Completion:
 
 
 async def guarded(
-    events: Sequence[StreamEvent], policy: str | None = None
+    events: Sequence[StreamEvent], policy: str | None = None, gap: float = 0.0
 ) -> tuple[list[StreamEvent], Completion, InMemorySpanExporter]:
     provider, exporter = memory_tracing()
     ctx = RequestContext(
@@ -56,7 +60,7 @@ async def guarded(
         principal=Principal("acme", "alice", frozenset({"chat"}), "k"),
         passages=PASSAGES,
     )
-    ctx.answer = AnswerStream(play(events), base)
+    ctx.answer = AnswerStream(play(events, gap), base)
     await GuardOutput(PolicyBook.from_json(policy), provider.get_tracer("t"))(ctx)
     out = [event async for event in ctx.answer.events()]
     assert ctx.answer.completion is not None
@@ -81,6 +85,39 @@ async def test_grounding_is_judged_when_the_answer_ends() -> None:
     assert span.attributes["rag.grounding.unknown_citations"] == ("moa",)
     assert span.attributes["rag.grounding.sentences"] == 2
     assert span.attributes["rag.grounding.support"] == 0.5
+
+
+def words(*pieces: str) -> list[StreamEvent]:
+    return [*(ContentDelta(p) for p in pieces), Finish("stop"), Usage(10, 20)]
+
+
+async def holdback(events: Sequence[StreamEvent], policy: str | None = None) -> dict[str, Any]:
+    """The grounding span's attributes for ``events`` played 20 ms apart."""
+    _, _, exporter = await guarded(events, policy, gap=0.02)
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "guard_out grounding"]
+    return dict(span.attributes or {})
+
+
+async def test_the_wait_of_the_first_text_in_the_redaction_is_on_the_span() -> None:
+    first_ms, pieces = "rag.guard.output.first_held_ms", "rag.guard.output.first_held_pieces"
+    # A first word of four pieces is let out when the fifth shows where it ends.
+    facts = await holdback(words("R", "ip", "amy", "cin", " decreases", " it."))
+    assert facts[pieces] == 5
+    assert facts[first_ms] >= 4 * 20 - 5  # four gaps of 20 ms (the sleeps' clock is coarser)
+    # Most answers: the second piece ends the first word.
+    facts = await holdback(words("The", " answer", " is", " yes."))
+    assert facts[pieces] == 2 and facts[first_ms] >= 20 - 5
+    # A one-word answer is let out when it ends.
+    facts = await holdback(words("Y", "es"))
+    assert facts[pieces] == 2 and facts[first_ms] >= 20 - 5
+    # Nothing to redact: each piece is let out as it comes.
+    off = json.dumps({"*": {"pii": dict.fromkeys(PII_KINDS, "allow")}})
+    facts = await holdback(words("R", "ip", "amy", "cin"), off)
+    assert facts[pieces] == 1 and facts[first_ms] < 20
+    # An answer without text says nothing of a first text.
+    facts = await holdback(words())
+    assert first_ms not in facts and pieces not in facts
+    assert facts["rag.guard.output.held_max"] == 0
 
 
 async def test_a_blocked_kind_ends_the_answer_with_content_filter() -> None:
