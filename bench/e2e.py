@@ -62,9 +62,11 @@ def first_released(
 ) -> float | None:
     """When a streamed answer's text first gets through ``redactor`` (``feed`` returns what it
     lets out), fed the answer's pieces of text as they came: for bare vLLM's stream under the
-    service's output redaction, the earliest the service could show its first text. None when
-    nothing gets through before the end (an answer shorter than what the redactor holds)."""
-    pending = b""
+    service's output redaction, the earliest the service could show its first text. A text
+    held to the end (a one-word answer) gets through with the stream's last piece; None when
+    the answer has no text. Events are framed by blank lines (``\n\n``), as vLLM and the
+    service write them."""
+    pending, at = b"", 0.0
     for at, chunk in pieces:
         pending += chunk
         *events, pending = pending.split(b"\n\n")
@@ -75,16 +77,19 @@ def first_released(
                 text = (choice.get("delta") or {}).get("content")
                 if text and redactor.feed(text):
                     return at
-    return None
+    return at if redactor.end() else None
 
 
 class StreamConnection:
     """One keep-alive connection that sends chat requests to ``base_url`` and reads each
     streamed answer whole; reconnects when the server closed it."""
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, base_url: str, headers: dict[str, str] | None = None, *, timed: bool = False
+    ) -> None:
         self.url = base_url.rstrip("/") + CHAT_PATH
         self.headers = dict(headers or {})
+        self.timed = timed  # keep each chunk with its time (``Streamed.pieces``)
         self._io: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def send(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> Streamed:
@@ -98,7 +103,7 @@ class StreamConnection:
             started = time.perf_counter()
             try:
                 writer.write(message)
-                answer = await read_answer(reader, started, timed=True)
+                answer = await read_answer(reader, started, timed=self.timed)
             except (*NETWORK_ERRORS, ProtocolError):
                 self.close()
                 if attempt:

@@ -222,14 +222,15 @@ async def read_answer(
         chunk = await reader.readexactly(size + 2)
         if chunk[-2:] != b"\r\n":
             raise ProtocolError("a chunk longer than its size")
+        now = time.perf_counter() - started if timed else 0.0
         if second is None and (found := len(FIRST_TEXT.findall(chunk))):
-            now = time.perf_counter() - started
+            now = now or time.perf_counter() - started
             ttft = now if ttft is None else ttft
             texts += found
             second = now if texts >= 2 else None
         parts.append(chunk[:-2])
         if timed:
-            pieces.append((time.perf_counter() - started, chunk[:-2]))
+            pieces.append((now, parts[-1]))
     return Answer(status, headers, b"".join(parts), ttft, second, pieces)
 
 

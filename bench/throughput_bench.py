@@ -98,7 +98,7 @@ async def wave(
     answers: list[Streamed] = []
 
     async def client(number: int) -> None:
-        connection = StreamConnection(base_url, NO_CACHE)
+        connection = StreamConnection(base_url, NO_CACHE, timed=True)
         try:
             for sent in range(requests):
                 index = (offset + number * requests + sent) % len(bodies)

@@ -152,8 +152,9 @@ def _overlaps(start: int, end: int, a: int, b: int) -> bool:
 @dataclass
 class Holdback:
     """What the answer's redaction held back: the most characters at once, and how long its
-    first text waited (from the model's first text to the first text let out, in ms) and for
-    how many of the model's pieces of text (1: let out as it came)."""
+    first text waited (from the model's first text to the first text let out, in ms) and how
+    many of the model's pieces of text it took for that, the answer's end counting as one
+    when it let the text out (1: let out as it came; 2: at the next piece)."""
 
     most: int = 0
     first_ms: float | None = None
@@ -174,6 +175,7 @@ class Holdback:
     def ended(self, released: str) -> None:
         """The answer ended, letting out ``released``: a first text held to the end."""
         if self.first_ms is None and released and self._first_in is not None:
+            self.first_pieces += 1
             self.first_ms = round((time.perf_counter() - self._first_in) * 1000.0, 3)
 
     def facts(self) -> dict[str, int | float]:

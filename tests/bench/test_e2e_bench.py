@@ -119,9 +119,11 @@ async def test_text_gets_through_the_redaction_at_the_piece_that_ends_its_first_
     event = text_event(" answer")
     cut = [(0.2, text_event("The") + event[:20]), (0.4, event[20:])]
     assert first_released(cut, StreamingRedactor()) == 0.4
-    # Nothing gets through before the end of a one-word answer; a redactor that holds nothing
-    # lets the first piece through.
-    assert first_released([(0.2, text_event("Yes"))], StreamingRedactor()) is None
+    # A one-word answer gets through with the stream's end; one without text never does. A
+    # redactor that holds nothing lets the first piece through.
+    done = (0.3, b"data: [DONE]\n\n")
+    assert first_released([(0.2, text_event("Yes")), done], StreamingRedactor()) == 0.3
+    assert first_released([(0.2, role), done], StreamingRedactor()) is None
     open_ = StreamingRedactor(redact_kinds=())
     assert first_released([(0.2, text_event("Yes"))], open_) == 0.2
     # Without ``timed``, nothing is kept.
