@@ -27,6 +27,7 @@ import orjson
 
 from bench.loadclient import CHAT_PATH, NETWORK_ERRORS, ProtocolError, read_answer
 from bench.rawclient import encode_request
+from pipeline.answer.events import ContentDelta, events_from_chunk
 from pipeline.guards.output import StreamingRedactor
 from tests.support.process import ServiceProcess
 
@@ -64,18 +65,16 @@ def first_released(
     lets out), fed the answer's pieces of text as they came: for bare vLLM's stream under the
     service's output redaction, the earliest the service could show its first text. A text
     held to the end (a one-word answer) gets through with the stream's last piece; None when
-    the answer has no text. Events are framed by blank lines (``\n\n``), as vLLM and the
-    service write them."""
+    the answer has no text. Each ``data:`` line is one chunk (``events_from_chunk`` reads it,
+    as the service's model client does); a line cut between pieces is read when it ends."""
     pending, at = b"", 0.0
-    for at, chunk in pieces:
-        pending += chunk
-        *events, pending = pending.split(b"\n\n")
-        for event in events:
-            if not event.startswith(b"data: {"):
+    for at, piece in pieces:
+        *lines, pending = (pending + piece).split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data: {"):
                 continue
-            for choice in orjson.loads(event[6:]).get("choices") or ():
-                text = (choice.get("delta") or {}).get("content")
-                if text and redactor.feed(text):
+            for event in events_from_chunk(orjson.loads(line[6:])):
+                if isinstance(event, ContentDelta) and event.text and redactor.feed(event.text):
                     return at
     return at if redactor.end() else None
 

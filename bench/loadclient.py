@@ -222,9 +222,8 @@ async def read_answer(
         chunk = await reader.readexactly(size + 2)
         if chunk[-2:] != b"\r\n":
             raise ProtocolError("a chunk longer than its size")
-        now = time.perf_counter() - started if timed else 0.0
+        now = time.perf_counter() - started if timed or second is None else 0.0
         if second is None and (found := len(FIRST_TEXT.findall(chunk))):
-            now = now or time.perf_counter() - started
             ttft = now if ttft is None else ttft
             texts += found
             second = now if texts >= 2 else None

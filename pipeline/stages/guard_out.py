@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -159,23 +159,25 @@ class Holdback:
     most: int = 0
     first_ms: float | None = None
     first_pieces: int = 0
-    _first_in: float | None = None
+    _first_in: float | None = field(default=None, init=False, repr=False)
 
     def took(self, piece: str, released: str, held: int) -> None:
         """One piece of the model's text went in, ``released`` came out, ``held`` stays."""
         self.most = max(self.most, held)
-        if self.first_ms is not None or not piece:
-            return
-        if self._first_in is None:
-            self._first_in = time.perf_counter()
-        self.first_pieces += 1
-        if released:
-            self.first_ms = round((time.perf_counter() - self._first_in) * 1000.0, 3)
+        if self.first_ms is None and piece:
+            if self._first_in is None:
+                self._first_in = time.perf_counter()
+            self._counted(released)
 
     def ended(self, released: str) -> None:
         """The answer ended, letting out ``released``: a first text held to the end."""
-        if self.first_ms is None and released and self._first_in is not None:
-            self.first_pieces += 1
+        if self.first_ms is None and self._first_in is not None:
+            self._counted(released)
+
+    def _counted(self, released: str) -> None:
+        """One more piece waited for; the wait ends when ``released`` is the first text."""
+        self.first_pieces += 1
+        if released and self._first_in is not None:
             self.first_ms = round((time.perf_counter() - self._first_in) * 1000.0, 3)
 
     def facts(self) -> dict[str, int | float]:
