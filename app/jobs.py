@@ -18,12 +18,10 @@ from app.http.responses import chat_completion
 from app.http.schemas import ChatCompletionRequest
 from app.services import Services
 from app.settings import Settings
+from app.stores import job_queue, webhook_secrets
 from pipeline.context import CacheControl, Principal, RequestContext
 from pipeline.errors import AuthenticationFailed
 from pipeline.jobs.model import Job
-from pipeline.jobs.queue import JobQueue
-from pipeline.jobs.secret_box import SecretBox
-from pipeline.jobs.signing import WebhookSecrets
 from pipeline.jobs.urls import UrlPolicy
 from pipeline.jobs.webhooks import WebhookSender
 from pipeline.jobs.worker import Deferred, JobWorker, admitted
@@ -107,35 +105,6 @@ async def _hold(
     if not decision.admitted:
         raise Deferred(decision.retry_after_ms / 1000)
     return held
-
-
-def job_queue(
-    settings: Settings, kv: KeyValueStore, poll_kv: KeyValueStore | None = None
-) -> JobQueue:
-    jobs = settings.jobs
-    return JobQueue(
-        kv,
-        prefix=settings.redis.key_prefix,
-        max_attempts=jobs.max_attempts,
-        result_ttl=jobs.result_ttl_seconds,
-        idempotency_ttl=jobs.idempotency_ttl_seconds,
-        poll_kv=poll_kv,
-        queued_ttl=jobs.queued_ttl_seconds,
-        max_stream_length=jobs.max_stream_length,
-        max_queued_per_tenant=jobs.max_queued_per_tenant,
-        submit_rate=jobs.submit_rate_per_minute / 60,
-        submit_burst=jobs.submit_burst,
-    )
-
-
-def webhook_secrets(settings: Settings, kv: KeyValueStore) -> WebhookSecrets:
-    key = settings.jobs.webhook_secret_key
-    return WebhookSecrets(
-        kv,
-        prefix=settings.redis.key_prefix,
-        grace_seconds=settings.jobs.webhook_secret_grace_seconds,
-        box=SecretBox.from_setting(key.get_secret_value() if key is not None else None),
-    )
 
 
 def webhook_sender(settings: Settings, kv: KeyValueStore, tracer: trace.Tracer) -> WebhookSender:

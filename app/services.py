@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from opentelemetry import trace
 
 from app.settings import RetrievalSettings, Settings, SettingsError
+from app.stores import build_feature_store, build_key_store
 from pipeline.answer import citations
 from pipeline.features import FEATURE_SET_VERSION, FeatureStore
 from pipeline.features.spec import filter_keys
@@ -224,12 +225,6 @@ def build_routes(settings: Settings) -> RouteTable:
     return RouteTable(routes, default=settings.routing.default)
 
 
-def build_feature_store(settings: Settings, kv: KeyValueStore) -> FeatureStore:
-    return FeatureStore(
-        kv, prefix=settings.redis.key_prefix, log_max_entries=settings.features.log_max_entries
-    )
-
-
 def build_router(
     settings: Settings, routes: RouteTable, embedder: Embedder | None
 ) -> Router | None:
@@ -298,17 +293,6 @@ def build_tools(
         private=[http.name for http in config.http if http.allow_private],
     )
     return {"server_tools": registry.tools, "tool_invoker": invoker, "tool_access": access}
-
-
-def build_key_store(settings: Settings, kv: KeyValueStore) -> ApiKeyStore:
-    return ApiKeyStore(
-        kv,
-        prefix=f"{settings.redis.key_prefix}apikey:",
-        cache_ttl=settings.auth.key_cache_seconds,
-        stale_ttl=settings.auth.key_stale_seconds,
-        # Jobs queued under an old-style key id still pass the worker's check until they expire.
-        legacy_id_grace=int(settings.jobs.queued_ttl_seconds),
-    )
 
 
 def build_limiter(settings: Settings, kv: KeyValueStore) -> RateLimiter | None:

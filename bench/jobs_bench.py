@@ -29,10 +29,11 @@ from typing import Any
 import httpx
 from opentelemetry import trace
 
-from app.jobs import job_queue, run_job
+from app.jobs import run_job
 from app.path import build_paths
 from app.services import Services
 from app.settings import Settings
+from app.stores import job_queue
 from pipeline.context import Principal
 from pipeline.jobs.model import Job
 from pipeline.jobs.queue import JobQueue

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import sys
 import time
-from typing import Any
 
 import redis
 
@@ -64,7 +63,7 @@ def backend_router() -> BackendRouter:
     return build_backends(settings, store, retriever, embedder)
 
 
-def _show(args: argparse.Namespace) -> int:
+def show(args: argparse.Namespace) -> int:
     check_tenant(args.tenant)
     router = backend_router()
     stats = router.for_tenant(args.tenant).stats(args.tenant)
@@ -85,7 +84,7 @@ WRITES_WAIT_S = 120.0
 SETTLE_S = 2.0
 
 
-def _move(args: argparse.Namespace) -> int:
+def move(args: argparse.Namespace) -> int:
     check_tenant(args.tenant)
     router = backend_router()
     if args.to not in router.backends:
@@ -216,16 +215,3 @@ def _copy_and_switch(
         f"{len(documents)} documents, {expected} chunks; version {target.version(args.tenant)}"
     )
     return 0
-
-
-def add_commands(commands: Any) -> None:
-    parser = commands.add_parser("backend", help="retrieval backends: show, move a tenant")
-    actions = parser.add_subparsers(dest="action", required=True)
-    show = actions.add_parser("show", help="the tenant's backend and index size")
-    show.add_argument("--tenant", required=True)
-    show.set_defaults(run=_show, sync=True)
-    move = actions.add_parser("move", help="move a tenant's index to another backend")
-    move.add_argument("--tenant", required=True)
-    move.add_argument("--to", required=True, choices=["embedded", "milvus"])
-    move.add_argument("--batch", type=int, default=500, help="chunks copied per write")
-    move.set_defaults(run=_move, sync=True)

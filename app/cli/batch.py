@@ -16,15 +16,20 @@ it again: with a good key, or after the line was fixed. Lines that became jobs a
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 from tqdm import tqdm
+
+from app.settings import get_settings
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -220,3 +225,27 @@ def _error_of(response: httpx.Response) -> dict[str, Any]:
 
 async def run_batch(source: Path, out: Path, options: BatchOptions) -> int:
     return await Batch(source, out, options).run()
+
+
+def submit(args: argparse.Namespace) -> int:
+    key = args.key or os.environ.get("RAG_API_KEY")
+    if not key:
+        raise ValueError("an API key is needed: --key or RAG_API_KEY")
+    source = Path(args.file)
+    if not source.is_file():
+        raise ValueError(f"{source} is not a file")
+    settings = get_settings()
+    options = BatchOptions(
+        url=args.url or f"http://{settings.server.host}:{settings.server.port}",
+        key=key,
+        model=args.model,
+        max_tokens=args.max_tokens,
+        in_flight=args.in_flight,
+        poll_seconds=args.poll,
+        progress=not args.quiet,
+    )
+    try:
+        return asyncio.run(run_batch(source, Path(args.out), options))
+    except KeyboardInterrupt:
+        print("rag jobs submit: interrupted; run it again to resume", file=sys.stderr)
+        return 130

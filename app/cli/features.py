@@ -20,28 +20,24 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from opentelemetry import trace
 from tqdm import tqdm
 
-from app.services import build_feature_store
 from app.settings import get_settings
+from app.stores import build_feature_store, command_kv
 from pipeline.features.loader import LoadReport, count_lines, read_rows, write_rows
 from pipeline.features.requestlog import derive_rows
 from pipeline.features.store import FeatureRow, FeatureStore
-from pipeline.store.kv import KeyValueStore
 
 SHOWN_PROBLEMS = 100
 
 
 def _feature_store() -> FeatureStore:
     settings = get_settings()
-    kv = KeyValueStore.from_url(
-        settings.redis.url, trace.NoOpTracer(), timeout=max(settings.redis.timeout_seconds, 5.0)
-    )
+    kv = command_kv(settings, min_timeout_s=5.0)  # bulk writes
     return build_feature_store(settings, kv)
 
 
-def _load(args: argparse.Namespace) -> int:
+def load(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise ValueError(f"{path} is not a file")
@@ -79,7 +75,7 @@ def _advance(bar: Any, report: LoadReport, good: int | None = None) -> None:
     bar.update(max(done - bar.n, 0))
 
 
-async def _compute(args: argparse.Namespace) -> int:
+async def compute(args: argparse.Namespace) -> int:
     store = _feature_store()
     try:
         records = _read_log(Path(args.log)) if args.log else await store.read_log()
@@ -121,23 +117,3 @@ def _write_jsonl(path: Path, rows: list[FeatureRow]) -> None:
         for row in rows:
             handle.write(orjson.dumps({"tenant": row.tenant, "user": row.user, **row.values}))
             handle.write(b"\n")
-
-
-def add_commands(commands: Any) -> None:
-    """Add ``rag features load|compute`` to the ``rag`` parser's subcommands."""
-    features = commands.add_parser("features", help="the online feature store").add_subparsers(
-        dest="action", required=True
-    )
-    load = features.add_parser("load", help="bulk-load users' batch features (JSONL or CSV)")
-    load.add_argument("file")
-    load.add_argument("--quiet", action="store_true", help="no progress bar")
-    load.set_defaults(run=_load, sync=True)
-    compute = features.add_parser(
-        "compute", help="derive batch features from the request log, as the nightly job would"
-    )
-    compute.add_argument("--log", help="a JSONL file of request-log records (default: Redis)")
-    target = compute.add_mutually_exclusive_group(required=True)
-    target.add_argument("--write", action="store_true", help="merge into the users' hashes")
-    target.add_argument("--out", help="write a JSONL file that `rag features load` reads")
-    compute.add_argument("--quiet", action="store_true", help="no progress bar")
-    compute.set_defaults(run=_compute)

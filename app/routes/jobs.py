@@ -37,9 +37,9 @@ from app.http.openapi import answers as declared
 from app.http.openapi import link
 from app.http.responses import JSONResponse
 from app.http.schemas import ChatCompletionRequest
-from app.jobs import job_queue
 from app.path import Paths, PathsDep
 from app.services import Services, ServicesDep
+from app.stores import job_queue
 from pipeline.context import Principal, RequestContext
 from pipeline.errors import (
     AuthenticationFailed,

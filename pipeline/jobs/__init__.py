@@ -7,19 +7,6 @@
     signing    per-tenant webhook secrets and the signature scheme; secret_box: their sealing
 
 Nothing here imports ``app``: the app gives the worker an ``execute(job) -> result`` callable.
+Import from the modules; the package itself loads none of them, so that a light one
+(``secret_box``, which the settings use) comes without the queue and Redis.
 """
-
-from pipeline.jobs.model import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
-from pipeline.jobs.queue import Conflict, Delivery, JobQueue
-
-__all__ = [
-    "CANCELLED",
-    "FAILED",
-    "QUEUED",
-    "RUNNING",
-    "SUCCEEDED",
-    "Conflict",
-    "Delivery",
-    "Job",
-    "JobQueue",
-]

@@ -8,12 +8,14 @@ search's schema has no property that could name another tenant.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from pipeline.sources.search import PassageSearch, viewer_of
 from pipeline.tools.base import Tool, ToolContext
 from pipeline.tools.calculator import calculator_tool
 from pipeline.tools.clock import clock_tool
+
+if TYPE_CHECKING:
+    from pipeline.sources.search import PassageSearch
 
 MAX_SEARCH_RESULTS: Final = 10
 SNIPPET_CHARS: Final = 240
@@ -61,6 +63,10 @@ def search_tool(
     search: PassageSearch, *, timeout_s: float = 5.0, max_concurrency: int = 16
 ) -> Tool:
     """A search of the caller's documents (``PassageSearch``, the app's one)."""
+    # Here, not at the top: the settings read BUILTIN_TOOL_NAMES from this module to check
+    # RAG_TOOLS__TENANTS, and a `rag keys` command should not load retrieval for that. A caller
+    # with a `search` has the module loaded already.
+    from pipeline.sources.search import viewer_of
 
     async def run(arguments: dict[str, Any], context: ToolContext) -> str:
         tenant = context.principal.tenant  # the caller's, never an argument

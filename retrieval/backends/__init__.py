@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from retrieval.access import Viewer
-from retrieval.documents import Chunk, Document
-from retrieval.filters import Filter
-from retrieval.hybrid import SearchResult
-from retrieval.store import IngestResult
-from retrieval.vectors import FloatArray
+if TYPE_CHECKING:  # annotations only: importing a backend module need not load the index code
+    from retrieval.access import Viewer
+    from retrieval.documents import Chunk, Document
+    from retrieval.filters import Filter
+    from retrieval.hybrid import SearchResult
+    from retrieval.store import IngestResult
+    from retrieval.vectors import FloatArray
 
 
 class BackendUnavailable(RuntimeError):

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.jobs import job_queue
+from app.stores import job_queue
 from pipeline.context import ChatParams, Principal, RequestContext, StageRecord, _current_record
 from pipeline.jobs.model import Job
 from pipeline.sources.search import viewer_of

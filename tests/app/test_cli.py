@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from opentelemetry import trace
@@ -229,3 +232,71 @@ def test_ingest_while_another_writer_holds_the_tenant_gives_up_in_time_saying_so
     assert "Traceback" not in busy.stderr
     assert not (index_dir / "busy" / "CURRENT").exists()  # nothing was published
     assert rag("ingest", str(docs), "--tenant", "busy", env=env).returncode == 0
+
+
+def test_delete_while_another_writer_holds_the_tenant_says_run_it_again_later(
+    tmp_path: Path, shared_embedder
+) -> None:
+    index_dir = tmp_path / "index"
+    IndexStore(index_dir, shared_embedder).upsert("busy", [Document(id="a", text="Tides.")])
+    env = {
+        "RAG_RETRIEVAL__INDEX_DIR": str(index_dir),
+        "RAG_RETRIEVAL__WRITE_LOCK_WAIT_SECONDS": "0.5",
+    }
+    with (index_dir / "busy" / ".lock").open("a") as stalled:
+        fcntl.flock(stalled, fcntl.LOCK_EX)  # a writer that stopped holding it
+        busy = rag("delete", "--tenant", "busy", "a", env=env)
+    assert busy.returncode == 1, busy.stderr
+    said = busy.stderr.strip().splitlines()[-1]  # after the development settings' notes
+    assert said.startswith("rag: ") and said.endswith("Run it again later."), busy.stderr
+    assert "Traceback" not in busy.stderr
+    assert rag("delete", "--tenant", "busy", "a", env=env).returncode == 0
+
+
+# Run in a child process: the modules a `rag` command loaded, once it has finished.
+_LOADED = """
+import json, sys
+from app.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:  # --help, and argparse's own refusals
+    status = exc.code
+print("LOADED " + json.dumps(sorted(sys.modules)))
+sys.exit(status)
+"""
+
+# What only serving, retrieval or the web framework needs: a key command loads none of it.
+_HEAVY = ("fastapi", "uvicorn", "faiss", "scipy", "onnxruntime", "torch", "app.services")
+
+
+def _loaded(*args: str, env: dict[str, str]) -> tuple[int, set[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith("LOADED "))
+    return done.returncode, set(json.loads(line.removeprefix("LOADED ")))
+
+
+def test_key_commands_and_help_load_neither_the_request_path_nor_retrieval(redis_server) -> None:
+    env = {"RAG_REDIS__URL": redis_server.url, "RAG_REDIS__KEY_PREFIX": "cli-light:"}
+    status, help_loaded = _loaded("--help", env=env)
+    assert status == 0
+    status, created = _loaded("keys", "create", "--tenant", "t", "--user", "u", env=env)
+    assert status == 0
+    status, refused = _loaded("keys", "create", "--tenant", "../t", "--user", "u", env=env)
+    assert status == 2  # the error path too
+    status, revoked = _loaded("keys", "revoke", "rag-no.such-key", env=env)
+    assert status == 1  # "no such key", after asking Redis and the job queue
+    status, secret = _loaded("webhooks", "secret", "--tenant", "t", env=env)
+    assert status == 0
+    for loaded in (help_loaded, created, refused, revoked, secret):
+        assert not {m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY}
+    assert "app.settings" not in help_loaded  # --help reads no settings
+    assert {"app.cli.keys", "pipeline.store.keys", "redis"} <= created
+    # The proof that the check can fail: the command that needs the index loads it.
+    _, ingest = _loaded("ingest", "/nonexistent", "--tenant", "t", env=env)
+    assert "app.services" in ingest and "faiss" in ingest

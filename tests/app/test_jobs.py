@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from app.jobs import job_queue
+from app.stores import job_queue
 from pipeline.jobs.signing import verify
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import AppHarness, chat_request, make_settings, unique_question

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.jobs import job_queue
 from app.main import create_app
 from app.routes.jobs import JobRequest
+from app.stores import job_queue
 from tests.conftest import AppHarness, make_settings
 from tests.support.fuzzing import examples
 from tests.support.servers import free_port

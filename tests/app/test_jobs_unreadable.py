@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from app.jobs import job_queue
+from app.stores import job_queue
 from tests.app.test_errors import assert_openai_error
 from tests.app.test_jobs import auth, chat_body, submit, unreachable_llm
 from tests.conftest import AppHarness, make_settings

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from app.jobs import job_queue
+from app.stores import job_queue
 from retrieval import Document, Embedder, IndexStore
 from retrieval.versions import POINTER, read_pointer
 from tests.app.test_jobs import auth, chat_body, finished, submit

@@ -301,7 +301,7 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     cut = _CutShort(real, after=3)
     monkeypatch.setattr(milvus, "import_chunks", cut.import_chunks)
     with pytest.raises(ConnectionError):
-        backend_cli._move(args)
+        backend_cli.move(args)
     assert router.name_for(tenant) == "embedded"  # the source still serves, whole
     assert embedded.document_ids(tenant) == {d.id for d in docs}
 
@@ -311,7 +311,7 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     assert "d0" in copied and copied < {d.id for d in docs}
     embedded.delete(tenant, ["d0"])
     docs = docs[1:]
-    assert backend_cli._move(args) == 0
+    assert backend_cli.move(args) == 0
     assert router.name_for(tenant) == "milvus"
     assert milvus.document_ids(tenant) == {d.id for d in docs}
     assert milvus.stats(tenant).chunks == len(docs)  # nothing copied twice
@@ -319,7 +319,7 @@ def test_a_move_cut_short_keeps_the_source_serving_and_a_rerun_completes_it(
     assert found(milvus, tenant, "note tides") == {d.id for d in docs} - {"secret"}
     board = Viewer("ann", frozenset({"board"}))
     assert "secret" in found(milvus, tenant, "note tides", viewer=board)
-    assert backend_cli._move(args) == 0  # run twice: already there, nothing changes
+    assert backend_cli.move(args) == 0  # run twice: already there, nothing changes
     assert milvus.stats(tenant).chunks == len(docs)
     overrides.close()
 

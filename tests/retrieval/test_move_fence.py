@@ -151,7 +151,7 @@ def test_a_write_under_way_when_a_move_starts_is_waited_for_and_moved_with_the_t
     outcome: list[int] = []
     mover = threading.Thread(
         target=lambda: outcome.append(
-            backend_cli._move(argparse.Namespace(tenant=tenant, to="milvus", batch=2))
+            backend_cli.move(argparse.Namespace(tenant=tenant, to="milvus", batch=2))
         )
     )
     mover.start()
@@ -190,11 +190,11 @@ def test_a_move_whose_source_changed_during_the_copy_does_not_switch(
 
     monkeypatch.setattr(setup.milvus, "import_chunks", import_then_write_behind)
     args = argparse.Namespace(tenant=tenant, to="milvus", batch=2)
-    assert backend_cli._move(args) == 1
+    assert backend_cli.move(args) == 1
     assert setup.router.name_for(tenant) == "embedded"
     assert "sneaked" in setup.embedded.document_ids(tenant)
     monkeypatch.setattr(setup.milvus, "import_chunks", real)
-    assert backend_cli._move(args) == 0  # run again: it completes
+    assert backend_cli.move(args) == 0  # run again: it completes
     assert setup.milvus.document_ids(tenant) == {"d1", "d2", "d3", "d4", "sneaked"}
 
 
@@ -246,11 +246,11 @@ def test_a_move_cut_short_after_its_record_is_completed_by_running_it_again(
     monkeypatch.setattr(setup.embedded, "delete", killed)
     args = argparse.Namespace(tenant=tenant, to="milvus", batch=2)
     with pytest.raises(KeyboardInterrupt):
-        backend_cli._move(args)
+        backend_cli.move(args)
     assert setup.router.name_for(tenant) == "milvus" and not setup.moving()
     assert setup.embedded.document_ids(tenant) == {"d1", "d2"}  # left behind, not served
     monkeypatch.setattr(setup.embedded, "delete", real)
-    assert backend_cli._move(args) == 0
+    assert backend_cli.move(args) == 0
     assert "removed 2 documents" in capsys.readouterr().out
     assert setup.embedded.document_ids(tenant) == set()
     assert setup.milvus.document_ids(tenant) == {"d1", "d2"}
@@ -263,5 +263,5 @@ def test_a_move_redis_cannot_answer_exits_with_a_message_not_a_traceback(
         raise redis.ConnectionError("refused")
 
     monkeypatch.setattr(setup.fence, "begin", down)
-    assert backend_cli._move(argparse.Namespace(tenant=setup.tenant, to="milvus", batch=2)) == 1
+    assert backend_cli.move(argparse.Namespace(tenant=setup.tenant, to="milvus", batch=2)) == 1
     assert "Redis did not answer" in capsys.readouterr().err

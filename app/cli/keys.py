@@ -1,0 +1,134 @@
+"""``rag keys``: create, revoke and limit API keys, and set tenants' limits (in Redis, which every
+replica reads)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from app.settings import get_settings
+from app.stores import build_key_store, command_kv, job_queue
+from pipeline.store.keys import ApiKeyStore, validate_groups, validate_scopes, validate_tenant
+
+
+def _key_store() -> ApiKeyStore:
+    settings = get_settings()
+    kv = command_kv(settings)
+    return build_key_store(settings, kv)
+
+
+async def create(args: argparse.Namespace) -> int:
+    scopes = frozenset(s.strip() for s in args.scopes.split(",") if s.strip())
+    validate_scopes(scopes)  # refused before anything is stored (an empty --scopes too)
+    groups = _group_names(args.groups)
+    store = _key_store()
+    try:
+        raw = await store.create(
+            args.tenant,
+            args.user,
+            scopes,
+            raw_key=args.key,
+            rpm=args.rpm,
+            tpm=args.tpm,
+            groups=groups,
+        )
+    finally:
+        await store.kv.aclose()
+    print(raw)
+    return 0
+
+
+def _group_names(text: str | None) -> frozenset[str]:
+    """``--groups a,b``: the names, checked before anything is stored (blank items dropped)."""
+    return validate_groups(frozenset(g.strip() for g in (text or "").split(",") if g.strip()))
+
+
+async def groups(args: argparse.Namespace) -> int:
+    """Replace a key's groups; every replica resolves the key afresh on its next request."""
+    groups = frozenset() if args.clear else _group_names(args.set)
+    if not args.clear and not groups:
+        # "--set ''" would clear them silently: clearing is said with --clear.
+        print("--set names no group (to remove the key's groups, use --clear)", file=sys.stderr)
+        return 2
+    store = _key_store()
+    try:
+        principal = await store.set_groups(args.key, groups)
+    finally:
+        await store.kv.aclose()
+    if principal is None:
+        print("no such key", file=sys.stderr)
+        return 1
+    shown = ",".join(sorted(principal.groups)) or "none"
+    print(f"key {principal.key_id}: groups {shown}")
+    return 0
+
+
+def _shown(fields: dict[bytes, bytes], names: Sequence[str]) -> str:
+    return ", ".join(
+        f"{name} {fields[name.encode()].decode() if name.encode() in fields else 'default'}"
+        for name in names
+    )
+
+
+async def limits(args: argparse.Namespace) -> int:
+    store = _key_store()
+    try:
+        principal = await store.set_limits(args.key, rpm=args.rpm, tpm=args.tpm)
+    finally:
+        await store.kv.aclose()
+    if principal is None:
+        print("no such key", file=sys.stderr)
+        return 1
+    shown = {
+        name.encode(): str(value).encode()
+        for name, value in (("rpm", principal.rpm), ("tpm", principal.tpm))
+        if value is not None
+    }
+    print(f"key {principal.key_id}: {_shown(shown, ('rpm', 'tpm'))} per minute")
+    return 0
+
+
+TENANT_LIMITS = ("rpm", "tpm", "key_rpm", "key_tpm")
+
+
+async def tenant_limits(args: argparse.Namespace) -> int:
+    """The tenant record's limits, read by every replica's limiter on the next request."""
+    validate_tenant(args.tenant)
+    store = _key_store()
+    record = f"{get_settings().redis.key_prefix}limits:tenant:{args.tenant}"
+    try:
+        wanted = {name: getattr(args, name) for name in TENANT_LIMITS}
+        changes: dict[str, str | int] = {
+            n: v for n, v in wanted.items() if v is not None and v >= 0
+        }
+        if changes:
+            await store.kv.hset(record, changes)
+        removed = [n for n, v in wanted.items() if v is not None and v < 0]
+        if removed:
+            await store.kv.hdel(record, *removed)
+        fields = await store.kv.hgetall(record)
+    finally:
+        await store.kv.aclose()
+    print(f"tenant {args.tenant}: {_shown(fields, TENANT_LIMITS)} per minute")
+    return 0
+
+
+async def revoke(args: argparse.Namespace) -> int:
+    """Revoke the key, then settle the jobs it left queued (they fail with ``key_revoked``);
+    a job a worker started meanwhile fails the worker's own check of the key."""
+    store = _key_store()
+    try:
+        revoked = await store.revoke(args.key)
+        settled = (
+            await job_queue(get_settings(), store.kv).settle_revoked(revoked.tenant, revoked.key_id)
+            if revoked is not None
+            else 0
+        )
+    finally:
+        await store.kv.aclose()
+    if revoked is None:
+        print("no such key", file=sys.stderr)
+        return 1
+    print(f"revoked; {settled} queued job(s) of this key will not run", file=sys.stderr)
+    return 0
