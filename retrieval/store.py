@@ -18,7 +18,8 @@ nothing is written.
 A writer builds the next snapshot in a temp directory, fsyncs it, renames it into place and only
 then replaces CURRENT, so a crash at any point leaves the previous version serving. The next
 writer removes leftovers and keeps the last two versions (a reader that has just read the old
-pointer can still open it).
+pointer can still open it). When the published version cannot be read (a disk fault, an
+operator's edit), ``restore`` publishes the newest kept one that can (``rag restore``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from retrieval.versions import (
     clean_leftovers,
     is_version,
     next_version,
+    point,
     prune,
     publish,
     read_pointer,
@@ -123,6 +125,17 @@ class IngestResult:
     seconds: float
     total_documents: int = 0
     total_chunks: int = 0
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What ``IndexStore.restore`` did: the version that could not be read (what CURRENT held)
+    and the one published in its place, with that version's totals."""
+
+    unreadable: str
+    version: str
+    documents: int
+    chunks: int
 
 
 @dataclass
@@ -386,6 +399,19 @@ class IndexStore:
     def _writer(self, tenant: str) -> Iterator[TenantIndex | None]:
         """Hold the tenant's write lock, with a heartbeat on it; yield the latest published
         snapshot (from disk)."""
+        with self._locked(tenant):
+            pointer = self._read_pointer(tenant)
+            cached = self._entry(tenant).index
+            if pointer == NO_VERSION:
+                yield None
+            elif cached is not None and cached.version == pointer:
+                yield cached
+            else:
+                yield self._load(tenant, pointer)
+
+    @contextmanager
+    def _locked(self, tenant: str) -> Iterator[None]:
+        """Hold the tenant's write lock, with a heartbeat on it."""
         directory = self._dir(tenant)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / ".lock"
@@ -393,16 +419,42 @@ class IndexStore:
             self._lock(lock.fileno(), path, tenant)
             try:
                 with _heartbeat(path, self._beat_s):
-                    pointer = self._read_pointer(tenant)
-                    cached = self._entry(tenant).index
-                    if pointer == NO_VERSION:
-                        yield None
-                    elif cached is not None and cached.version == pointer:
-                        yield cached
-                    else:
-                        yield self._load(tenant, pointer)
+                    yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def restore(self, tenant: str) -> Restored | None:
+        """When the published snapshot cannot be read (or CURRENT names none), publish the
+        newest kept version that can, under the write lock, so that searches and ingests work
+        again: what the unreadable version changed is lost, and it is left on disk (the next
+        write prunes it). None when there is nothing to restore: the published snapshot can be
+        read, or the tenant has none. ``IndexUnreadable`` when no kept version can be read."""
+        directory = self._dir(tenant)
+        with self._locked(tenant):
+            pointer = self._read_pointer(tenant)
+            if pointer == NO_VERSION:
+                return None
+            try:
+                _published(directory / pointer, pointer)
+                return None
+            except Exception as exc:  # whatever the parsers raise for what they cannot read
+                log.warning("the index snapshot %s cannot be read: %s", directory / pointer, exc)
+            kept = sorted(
+                (p.name for p in directory.iterdir() if is_version(p.name) and p.name != pointer),
+                reverse=True,  # newest first: a version's name starts with its sequence number
+            )
+            for version in kept:
+                try:
+                    index = _published(directory / version, version)
+                except Exception as exc:
+                    log.warning("the kept snapshot %s cannot be read: %s", directory / version, exc)
+                    continue
+                point(directory, version)
+                entry = self._entry(tenant)
+                entry.index, entry.pointer, entry.failed = index, version, None
+                entry.checked = time.monotonic()
+                return Restored(pointer, version, index.documents, len(index))
+        raise IndexUnreadable(tenant, pointer)
 
     @property
     def _beat_s(self) -> float:

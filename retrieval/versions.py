@@ -49,6 +49,11 @@ def publish(directory: Path, version: str) -> None:
     """Move the written temp dir of `version` into place, then point CURRENT at it atomically."""
     temp_dir(directory, version).rename(directory / version)
     fsync_dir(directory)
+    point(directory, version)
+
+
+def point(directory: Path, version: str) -> None:
+    """Point CURRENT at `version`, a directory already in place, atomically and durably."""
     pointer = directory / f".{POINTER}-{version}"
     with pointer.open("w", encoding="ascii") as f:
         f.write(version)

@@ -12,6 +12,8 @@ rag ingest PATH --tenant T [--batch N] [--quiet]   (--quiet: nothing printed but
                             (PATH: a .jsonl, a PDF/DOCX/PPTX/HTML/Markdown/text file, or a
                             folder of them; each bad file is skipped with its reason)
 rag delete --tenant T ID...   (an id the tenant does not have is reported; exit status 1)
+rag restore --tenant T        (the published index cannot be read: publish the newest kept
+                            version that can; exit status 1 when none can)
 rag backend show|move ...     (app.cli.backend: which backend holds a tenant; move it)
 
 rag features load|compute ... (app.cli.features: the online feature store)
@@ -131,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--tenant", required=True)
     delete.add_argument("document_ids", nargs="+")
     delete.set_defaults(run="documents:delete")
+
+    restore = commands.add_parser(
+        "restore",
+        help="when a tenant's published index cannot be read, publish its newest readable "
+        "kept version again",
+    )
+    restore.add_argument("--tenant", required=True)
+    restore.set_defaults(run="documents:restore")
     _add_backend_commands(commands)
     _add_feature_commands(commands)
     _add_job_commands(commands)
@@ -234,7 +244,8 @@ def _index_refusal(exc: Exception) -> str | None:
     if isinstance(exc, IndexUnreadable):
         return (
             f"rag: the index of tenant '{exc.tenant}' (version {exc.version!r}) cannot be read: "
-            "the log says why; RELIABILITY.md section 8 says how to recover it."
+            f"the log says why. `rag restore --tenant {exc.tenant}` publishes the last version "
+            "that can be read (RELIABILITY.md section 8)."
         )
     if isinstance(exc, TenantMoving | MoveUnderway | BackendUnavailable | IndexBusy):
         return f"rag: {exc} Run it again later."

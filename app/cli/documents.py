@@ -1,5 +1,5 @@
-"""``rag ingest`` and ``rag delete``: a tenant's documents, through its retrieval backend
-(retrieval.backends), as the app's requests do."""
+"""``rag ingest``, ``rag delete`` and ``rag restore``: a tenant's documents, through its
+retrieval backend (retrieval.backends), as the app's requests do."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from retrieval import Document, DocumentError
 from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.moves import TenantMoving
+from retrieval.snapshots import IndexUnreadable
 from retrieval.store import IndexBusy, IngestResult
+from retrieval.versions import NO_VERSION
 
 
 def _upsert(
@@ -133,3 +135,40 @@ def delete(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if missing else 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    """Publish the tenant's newest readable snapshot again when the published one cannot be
+    read (``IndexStore.restore``); every replica follows within its reload interval."""
+    tenant = args.tenant
+    with backend_router().writing(tenant) as backend:  # fenced against a move, as ingest is
+        if not isinstance(backend, EmbeddedBackend):
+            raise ValueError(
+                f"tenant {tenant!r} is on the {backend.name} backend, which keeps no snapshots "
+                "to restore"
+            )
+        try:
+            restored = backend.store.restore(tenant)
+        except IndexUnreadable as exc:
+            print(
+                f"rag restore: no kept version of tenant {tenant!r} can be read (the published "
+                f"one is {exc.version!r}; the log says why). Move the tenant's directory aside "
+                "and ingest its documents again.",
+                file=sys.stderr,
+            )
+            return 1
+    if restored is None:
+        version = backend.version(tenant)
+        print(
+            f"tenant {tenant}: "
+            + (f"version {version} can be read" if version != NO_VERSION else "no index")
+            + "; nothing to restore"
+        )
+        return 0
+    print(
+        f"tenant {tenant}: version {restored.unreadable!r} could not be read; version "
+        f"{restored.version} is published again ({restored.documents} documents, "
+        f"{restored.chunks} chunks). What the unreadable version changed is not in it: run the "
+        "ingest or delete that made it again."
+    )
+    return 0

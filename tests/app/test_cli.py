@@ -209,6 +209,46 @@ def test_ingest_into_a_tenant_whose_index_cannot_be_read_exits_1_saying_so(
     again = rag("ingest", str(docs), "--tenant", "files", env=env)
     assert again.returncode == 1, again.stderr
     assert "the index of tenant 'files'" in again.stderr and "Traceback" not in again.stderr
+    assert "`rag restore --tenant files`" in again.stderr
+
+
+def test_restore_brings_back_the_last_readable_version_so_ingest_works_again(
+    tmp_path: Path, shared_embedder
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "volcano.md").write_text("# Volcanoes\n\nMagma rises through the crust and erupts.\n")
+    index_dir = tmp_path / "index"
+    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
+    assert rag("ingest", str(docs), "--tenant", "files", env=env).returncode == 0
+    good = (index_dir / "files" / "CURRENT").read_text().strip()
+    (docs / "tides.txt").write_text("Tides are caused by the gravity of the Moon.\n")
+    assert rag("ingest", str(docs), "--tenant", "files", env=env).returncode == 0
+    bad = (index_dir / "files" / "CURRENT").read_text().strip()
+    (index_dir / "files" / bad / "chunks.json").write_text("{not json")
+    assert rag("ingest", str(docs), "--tenant", "files", env=env).returncode == 1
+
+    done = rag("restore", "--tenant", "files", env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"version '{bad}' could not be read; version {good} is published again" in done.stdout
+    assert "(1 documents, 1 chunks)" in done.stdout and "Traceback" not in done.stderr
+    again = rag("ingest", str(docs), "--tenant", "files", env=env)
+    assert again.returncode == 0, again.stderr
+    hits = HybridRetriever(IndexStore(index_dir, shared_embedder)).search(
+        "files", "moon gravity tides", None, top_k=1
+    )
+    assert [h.document_id for h in hits.hits] == ["tides.txt"]
+    readable = rag("restore", "--tenant", "files", env=env)
+    assert readable.returncode == 0 and "can be read; nothing to restore" in readable.stdout
+    none = rag("restore", "--tenant", "nobody", env=env)
+    assert none.returncode == 0 and "tenant nobody: no index; nothing to restore" in none.stdout
+
+    for version in [p for p in (index_dir / "files").iterdir() if p.name[0].isdigit()]:
+        (version / "chunks.json").write_text("")
+    lost = rag("restore", "--tenant", "files", env=env)
+    assert lost.returncode == 1
+    assert "no kept version of tenant 'files' can be read" in lost.stderr
+    assert "Traceback" not in lost.stderr
 
 
 def test_ingest_while_another_writer_holds_the_tenant_gives_up_in_time_saying_so(

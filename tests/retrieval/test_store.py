@@ -304,6 +304,70 @@ def test_a_pointer_that_names_no_version_of_the_tenant_is_never_followed(
     assert len(fresh.current("other") or ()) == 2
 
 
+@pytest.mark.parametrize("how", ["chunks not JSON", "vectors halved", "a file missing"])
+def test_restore_publishes_the_newest_readable_version_and_every_replica_follows(
+    store: IndexStore, embedder: Embedder, how: str
+) -> None:
+    replica = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    store.upsert("t", CORPUS[:3])
+    good = store.version("t")
+    store.upsert("t", CORPUS[3:4])
+    bad = store.version("t")
+    damage(store.root / "t" / bad, how)
+    with pytest.raises(IndexUnreadable):
+        replica.current("t")  # it has no earlier snapshot loaded: nothing to serve
+
+    restored = IndexStore(store.root, embedder).restore("t")
+
+    assert restored == store_module.Restored(bad, good, 3, 3)
+    assert (store.root / "t" / "CURRENT").read_text() == good
+    assert (store.root / "t" / bad).is_dir()  # left for a look; the next write prunes it
+    index = replica.current("t")  # past its 5 s wait on the damaged version: a new pointer
+    assert index is not None and index.version == good
+    assert sorted(index.rows_by_document) == sorted(d.id for d in CORPUS[:3])
+    assert IndexStore(store.root, embedder).restore("t") is None  # nothing left to restore
+    after = IndexStore(store.root, embedder)
+    after.upsert("t", CORPUS[3:5])  # writes work again, on the restored version
+    version = after.version("t")
+    assert version > bad, "a new version never reuses the unreadable one's number"
+    assert sorted(p.name for p in (store.root / "t").iterdir() if not p.name.startswith(".")) == [
+        good,
+        version,
+        "CURRENT",
+    ]
+    assert len(replica.current("t") or ()) == 5
+
+
+def test_restore_follows_no_pointer_and_picks_the_newest_kept_version(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    store.upsert("t", CORPUS[:3])
+    store.upsert("t", CORPUS[3:4])
+    newest = store.version("t")
+    store.upsert("other", CORPUS[4:5])
+    (store.root / "t" / "CURRENT").write_text(f"../other/{store.version('other')}")
+    restored = IndexStore(store.root, embedder).restore("t")
+    assert restored is not None and (restored.version, restored.documents) == (newest, 4)
+    assert restored.unreadable == f"../other/{store.version('other')}"
+    assert len(IndexStore(store.root, embedder).current("other") or ()) == 1
+
+
+def test_restore_with_nothing_readable_is_index_unreadable_and_changes_nothing(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    assert store.restore("none") is None  # no index: nothing to restore
+    store.upsert("t", CORPUS[:3])
+    assert store.restore("t") is None  # readable: nothing to restore
+    first = store.version("t")
+    store.upsert("t", CORPUS[3:4])
+    second = store.version("t")
+    damage(store.root / "t" / first, "chunks emptied")
+    damage(store.root / "t" / second, "another format")
+    with pytest.raises(IndexUnreadable):
+        IndexStore(store.root, embedder).restore("t")
+    assert (store.root / "t" / "CURRENT").read_text() == second
+
+
 def _holder(lock: Path, seconds: float, beat: bool, taken: threading.Event) -> None:
     """Another writer: holds the tenant's lock for ``seconds``, touching it (its heartbeat)
     every 50 ms when ``beat``."""
