@@ -1,9 +1,9 @@
 """The Redis-backed stores that the settings describe: API keys, users' features, the job queue
 and the webhook signing secrets.
 
-They are built here, apart from the request path (``app.services``), so that the ``rag`` key,
-feature and job commands load only Redis and the settings: importing ``app.services`` brings
-FastAPI, the guards, the model client and retrieval, a second or more before any command runs.
+They are built here, apart from the request path (``app.services``), so that the ``rag keys``
+and ``rag webhooks`` commands need not import it: ``app.services`` brings FastAPI, the guards,
+the model client and the index code, a second or more before any command runs.
 The app's composition root and its routes build the same stores with these functions.
 """
 

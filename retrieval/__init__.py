@@ -5,7 +5,7 @@ Knows nothing of HTTP or of the request pipeline.
 
 The names below are loaded when first used (PEP 562), not when the package is: importing a
 light module such as ``retrieval.tenants`` or ``retrieval.access`` (the settings and the key
-store do) would otherwise pull in numpy, FAISS and the index code, and every ``rag`` command
+store do) would otherwise pull in FAISS, scipy and the index code, and every ``rag`` command
 would pay for that before it does anything.
 """
 

@@ -17,12 +17,12 @@ rag restore --tenant T        (the published index cannot be read: publish the n
 rag backend show|move ...     (app.cli.backend: which backend holds a tenant; move it)
 
 rag features load|compute ... (app.cli.features: the online feature store)
-rag worker | jobs submit | webhooks secret ...   (app.cli.jobs, app.cli.batch)
+rag worker | jobs submit | webhooks secret ...   (app.cli.jobs, app.cli.batch, app.cli.webhooks)
 
 This module is only the parser. Each command's code is in a module of its own (keys, documents,
-serve, backend, features, jobs, batch), imported when that command runs: `rag keys create`
-loads Redis and the settings, not the request path, retrieval or the web framework, and
-`rag --help` loads neither.
+serve, backend, features, jobs, batch, webhooks), imported when that command runs: `rag keys`
+and `rag webhooks` load Redis and the settings but not the web framework, the request path
+(app.services), FAISS or scipy, and `rag --help` does not read the settings.
 """
 
 from __future__ import annotations
@@ -236,6 +236,8 @@ def _index_refusal(exc: Exception) -> str | None:
     """What to tell the user when a retrieval backend refused the command; None for anything
     else. Its classes are imported only now, so that commands that never touch an index (keys,
     jobs) do not load the index code for their error handling."""
+    if not type(exc).__module__.startswith("retrieval."):
+        return None  # none of them: and nothing to import
     from retrieval.backends import BackendUnavailable
     from retrieval.backends.moves import MoveUnderway, TenantMoving
     from retrieval.snapshots import IndexUnreadable

@@ -1,9 +1,6 @@
 """``rag worker`` (``rag jobs submit`` is app.cli.batch, ``rag webhooks secret`` app.cli.webhooks).
 
 rag worker [--workers N] [--concurrency N]       run jobs until SIGTERM (or Ctrl-C)
-rag jobs submit FILE.jsonl --out RESULTS.jsonl [--url U] [--key K]
-rag webhooks secret --tenant T [--rotate]        print (or replace) a tenant's signing secret
-                                                 (needs RAG_JOBS__WEBHOOK_SECRET_KEY once set)
 """
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ print("LOADED " + json.dumps(sorted(sys.modules)))
 sys.exit(status)
 """
 
-# What only serving, retrieval or the web framework needs: a key command loads none of it.
+# What only serving, the index or the web framework needs: a key command loads none of it.
 _HEAVY = ("fastapi", "uvicorn", "faiss", "scipy", "onnxruntime", "torch", "app.services")
 
 
@@ -302,11 +302,14 @@ def _loaded(*args: str, env: dict[str, str]) -> tuple[int, set[str]]:
         text=True,
         timeout=120,
     )
-    line = next(x for x in done.stdout.splitlines() if x.startswith("LOADED "))
-    return done.returncode, set(json.loads(line.removeprefix("LOADED ")))
+    lines = [x for x in done.stdout.splitlines() if x.startswith("LOADED ")]
+    assert lines, f"rag {' '.join(args)} did not finish: {done.stderr[-2000:]}"
+    return done.returncode, set(json.loads(lines[0].removeprefix("LOADED ")))
 
 
-def test_key_commands_and_help_load_neither_the_request_path_nor_retrieval(redis_server) -> None:
+def test_key_commands_and_help_load_neither_the_web_framework_nor_the_index_code(
+    redis_server,
+) -> None:
     env = {"RAG_REDIS__URL": redis_server.url, "RAG_REDIS__KEY_PREFIX": "cli-light:"}
     status, help_loaded = _loaded("--help", env=env)
     assert status == 0
