@@ -425,10 +425,11 @@ class IndexStore:
 
     def restore(self, tenant: str) -> Restored | None:
         """When the published snapshot cannot be read (or CURRENT names none), publish the
-        newest kept version that can, under the write lock, so that searches and ingests work
-        again: what the unreadable version changed is lost, and it is left on disk (the next
-        write prunes it). None when there is nothing to restore: the published snapshot can be
-        read, or the tenant has none. ``IndexUnreadable`` when no kept version can be read."""
+        newest kept version before it that can, under the write lock, so that searches and
+        ingests work again: what the unreadable version changed is lost, and it is left on
+        disk (the next write prunes it). None when there is nothing to restore: the published
+        snapshot can be read, or the tenant has none. ``IndexUnreadable`` when no kept version
+        can be read."""
         directory = self._dir(tenant)
         with self._locked(tenant):
             pointer = self._read_pointer(tenant)
@@ -439,9 +440,16 @@ class IndexStore:
                 return None
             except Exception as exc:  # whatever the parsers raise for what they cannot read
                 log.warning("the index snapshot %s cannot be read: %s", directory / pointer, exc)
+            # Newest first (a version's name starts with its sequence number), and only those
+            # older than the pointer when it names a version: a newer one was never published
+            # (its writer died between moving it into place and swapping the pointer).
             kept = sorted(
-                (p.name for p in directory.iterdir() if is_version(p.name) and p.name != pointer),
-                reverse=True,  # newest first: a version's name starts with its sequence number
+                (
+                    p.name
+                    for p in directory.iterdir()
+                    if is_version(p.name) and (p.name < pointer or not is_version(pointer))
+                ),
+                reverse=True,
             )
             for version in kept:
                 try:

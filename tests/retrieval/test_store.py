@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -350,6 +351,23 @@ def test_restore_follows_no_pointer_and_picks_the_newest_kept_version(
     assert restored is not None and (restored.version, restored.documents) == (newest, 4)
     assert restored.unreadable == f"../other/{store.version('other')}"
     assert len(IndexStore(store.root, embedder).current("other") or ()) == 1
+
+
+def test_restore_never_publishes_a_version_its_writer_did_not(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    store.upsert("t", CORPUS[:2])
+    first = store.version("t")
+    store.upsert("t", CORPUS[2:3])
+    second = store.version("t")
+    # A third, complete, whose writer died between moving it into place and the pointer swap.
+    third = store.root / "t" / "00000099-abcdef"
+    shutil.copytree(store.root / "t" / second, third)
+    meta = json.loads((third / "meta.json").read_text())
+    (third / "meta.json").write_text(json.dumps({**meta, "version": third.name}))
+    damage(store.root / "t" / second, "chunks not JSON")
+    restored = IndexStore(store.root, embedder).restore("t")
+    assert restored is not None and (restored.version, restored.documents) == (first, 2)
 
 
 def test_restore_with_nothing_readable_is_index_unreadable_and_changes_nothing(
