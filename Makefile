@@ -177,6 +177,11 @@ bench-access: install
 bench-milvus: install
 	$(PY) -m bench.milvus_bench --sizes 100000 --batch 5000
 
+# How long `rag` commands take to run (CLI_CODE: another checkout to compare, side by side).
+.PHONY: bench-cli
+bench-cli: install redis
+	$(PY) -m bench.cli_start --rounds 15 $(if $(CLI_CODE),--code $(CLI_CODE))
+
 # End to end (issue 18), each script also runnable alone (`--quick`: a short check): what the
 # pipeline adds to a miss, stage by stage (miss_bench); tokens/s and TTFT at 1-128 streams
 # against bare vLLM (throughput_bench); the seed techniques toggled (stack_bench); n-gram
@@ -239,7 +244,7 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e bench-stream-cost bench-idle bench-pool
+	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
