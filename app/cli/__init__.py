@@ -2,9 +2,11 @@
 
 rag keys create --tenant T --user U [--scopes chat,retrieve,ingest,admin] [--key VALUE]
               [--rpm N] [--tpm N] [--groups a,b]
+rag keys list --tenant T    (ids, users, scopes, groups, limits, created; never a key)
 rag keys groups KEY (--set a,b | --clear)   (the groups whose documents the key may retrieve)
 rag keys revoke KEY         (its queued jobs fail with ``key_revoked``; they are never run)
 rag keys limits KEY [--rpm N|default] [--tpm N|default]      (the key's own limits)
+                            (groups, revoke, limits: KEY, or --id KEY_ID for a lost key)
 rag keys tenant-limits T [--rpm N|default] [--tpm N|default] [--key-rpm ..] [--key-tpm ..]
                             (per minute; 0: no limit; default: the settings' value)
 rag serve [--host H] [--port P]
@@ -56,6 +58,18 @@ def _limit(text: str) -> int:
     return value
 
 
+def _which_key(parser: argparse.ArgumentParser) -> None:
+    """The key a command acts on: its value, or its id (the value is shown only once)."""
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("key", nargs="?", help="the key itself")
+    which.add_argument(
+        "--id",
+        dest="key_id",
+        help="the key's id instead (key_...: `rag keys list` shows them), for a key whose value "
+        "is lost",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rag", description="RAG pipeline service tools.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -82,17 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--groups", help="comma-separated groups: documents whose access list names one are seen"
     )
     create.set_defaults(run="keys:create")
+    listed = keys.add_parser("list", help="a tenant's keys: ids, users, scopes, groups, limits")
+    listed.add_argument("--tenant", required=True)
+    listed.set_defaults(run="keys:list_keys")
     groups = keys.add_parser("groups", help="set a key's groups (every replica at once)")
-    groups.add_argument("key")
+    _which_key(groups)
     change = groups.add_mutually_exclusive_group(required=True)
     change.add_argument("--set", help="comma-separated groups, replacing the key's")
     change.add_argument("--clear", action="store_true", help="the key belongs to no group")
     groups.set_defaults(run="keys:groups")
     revoke = keys.add_parser("revoke", help="revoke a key (its queued jobs will not run)")
-    revoke.add_argument("key")
+    _which_key(revoke)
     revoke.set_defaults(run="keys:revoke")
     limits = keys.add_parser("limits", help="set a key's own rate limits (every replica at once)")
-    limits.add_argument("key")
+    _which_key(limits)
     limits.add_argument("--rpm", type=_limit, help="requests per minute; 0: none; default")
     limits.add_argument("--tpm", type=_limit, help="tokens per minute; 0: none; default")
     limits.set_defaults(run="keys:limits")

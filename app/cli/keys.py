@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 from app.settings import get_settings
@@ -53,7 +54,8 @@ async def groups(args: argparse.Namespace) -> int:
         return 2
     store = _key_store()
     try:
-        principal = await store.set_groups(args.key, groups)
+        key, by_id = _which(args)
+        principal = await store.set_groups(key, groups, by_id=by_id)
     finally:
         await store.kv.aclose()
     if principal is None:
@@ -74,7 +76,8 @@ def _shown(fields: dict[bytes, bytes], names: Sequence[str]) -> str:
 async def limits(args: argparse.Namespace) -> int:
     store = _key_store()
     try:
-        principal = await store.set_limits(args.key, rpm=args.rpm, tpm=args.tpm)
+        key, by_id = _which(args)
+        principal = await store.set_limits(key, rpm=args.rpm, tpm=args.tpm, by_id=by_id)
     finally:
         await store.kv.aclose()
     if principal is None:
@@ -119,7 +122,8 @@ async def revoke(args: argparse.Namespace) -> int:
     a job a worker started meanwhile fails the worker's own check of the key."""
     store = _key_store()
     try:
-        revoked = await store.revoke(args.key)
+        key, by_id = _which(args)
+        revoked = await store.revoke(key, by_id=by_id)
         settled = (
             await job_queue(get_settings(), store.kv).settle_revoked(revoked.tenant, revoked.key_id)
             if revoked is not None
@@ -131,4 +135,42 @@ async def revoke(args: argparse.Namespace) -> int:
         print("no such key", file=sys.stderr)
         return 1
     print(f"revoked; {settled} queued job(s) of this key will not run", file=sys.stderr)
+    return 0
+
+
+def _which(args: argparse.Namespace) -> tuple[str, bool]:
+    """(the key or its id, whether it is the id), as ``ApiKeyStore``'s methods take them."""
+    return (args.key_id, True) if args.key_id is not None else (args.key, False)
+
+
+async def list_keys(args: argparse.Namespace) -> int:
+    """The tenant's keys, one line each (tab-separated, with a header): never a key's value or
+    hash, which are not stored or not shown."""
+    store = _key_store()
+    try:
+        found = await store.keys_of(args.tenant)
+    finally:
+        await store.kv.aclose()
+    print("key_id\tuser\tscopes\tgroups\trpm\ttpm\tcreated")
+    for info in found:
+        who = info.principal
+        created = (
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(info.created))
+            if info.created is not None
+            else "-"
+        )
+        print(
+            "\t".join(
+                [
+                    who.key_id or "-",
+                    who.user,
+                    ",".join(sorted(who.scopes)) or "-",
+                    ",".join(sorted(who.groups)) or "-",
+                    "default" if who.rpm is None else str(who.rpm),
+                    "default" if who.tpm is None else str(who.tpm),
+                    created,
+                ]
+            )
+        )
+    print(f"{len(found)} key(s) of tenant {args.tenant}", file=sys.stderr)
     return 0

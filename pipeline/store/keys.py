@@ -41,7 +41,7 @@ import secrets
 import time
 from collections import Counter
 from itertools import pairwise
-from typing import Final
+from typing import Any, Final
 
 from redis.asyncio.client import PubSub
 
@@ -90,6 +90,23 @@ if ARGV[1] ~= '' and redis.call('GET', old) == ARGV[4] then
 end
 return ARGV[2]
 """
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyInfo:
+    """A key as ``rag keys list`` shows it: its principal and when it was created (Unix
+    seconds; None for a record that does not say)."""
+
+    principal: Principal
+    created: int | None
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def hash_key(raw: str) -> str:
@@ -259,10 +276,13 @@ class ApiKeyStore:
             return raw
         raise ValueError("this key already exists for another principal; choose another key")
 
-    async def revoke(self, raw: str) -> Principal | None:
-        """Delete the key; the principal it had (None if there was no such key). The caller
-        settles the key's queued jobs (``JobQueue.settle_revoked``)."""
-        digest = hash_key(raw)
+    async def revoke(self, key: str, *, by_id: bool = False) -> Principal | None:
+        """Delete the key (``key``: the raw key, or its id when ``by_id``); the principal it
+        had (None if there was no such key). The caller settles the key's queued jobs
+        (``JobQueue.settle_revoked``)."""
+        digest = await self._digest(key, by_id)
+        if digest is None:
+            return None
         self._seen.pop(digest, None)
         fields = await self.kv.hgetall(self.prefix + digest)
         # The record goes first: should the index outlive it, is_active still says False.
@@ -275,10 +295,15 @@ class ApiKeyStore:
         await self._announce(digest)
         return principal
 
-    async def set_limits(self, raw: str, *, rpm: int | None, tpm: int | None) -> Principal | None:
+    async def set_limits(
+        self, key: str, *, rpm: int | None, tpm: int | None, by_id: bool = False
+    ) -> Principal | None:
         """Set the key's own limits per minute (0: none; None: leave as is; a negative value:
-        remove, so the tenant's default applies); the principal after, None if no such key."""
-        digest = hash_key(raw)
+        remove, so the tenant's default applies); the principal after, None if no such key.
+        ``key``: the raw key, or its id when ``by_id``."""
+        digest = await self._digest(key, by_id)
+        if digest is None:
+            return None
         key = self.prefix + digest
         fields = await self.kv.hgetall(key)
         if not fields:
@@ -292,11 +317,16 @@ class ApiKeyStore:
         await self._announce(digest)
         return _principal(await self.kv.hgetall(key), checked=False)
 
-    async def set_groups(self, raw: str, groups: frozenset[str]) -> Principal | None:
+    async def set_groups(
+        self, key: str, groups: frozenset[str], *, by_id: bool = False
+    ) -> Principal | None:
         """Replace the key's groups (empty: none); the principal after, None if no such key.
-        Every replica forgets its cached principal of the key at once (``_announce``)."""
+        Every replica forgets its cached principal of the key at once (``_announce``).
+        ``key``: the raw key, or its id when ``by_id``."""
         validate_groups(groups)
-        digest = hash_key(raw)
+        digest = await self._digest(key, by_id)
+        if digest is None:
+            return None
         key = self.prefix + digest
         if not await self.kv.hgetall(key):
             return None
@@ -307,6 +337,38 @@ class ApiKeyStore:
         await self._announce(digest)
         fields = await self.kv.hgetall(key)
         return _principal(fields, checked=False) if fields else None
+
+    async def _digest(self, key: str, by_id: bool) -> str | None:
+        """The record's name: the raw key's hash, or what the id index names for a key id
+        (None when it names nothing, or no key record of ours: a digest is 64 hex digits)."""
+        if not by_id:
+            return hash_key(key)
+        digest = await self._digest_of(key)
+        return digest if digest is not None and _DIGEST.fullmatch(digest) else None
+
+    async def keys_of(self, tenant: str) -> list[KeyInfo]:
+        """The tenant's keys, oldest first, as their records hold them (never a key or its
+        hash). For an operator's command: it scans every key name in Redis (SCAN, in steps)."""
+        validate_tenant(tenant)
+        names = await self.kv.scan(_glob_escaped(self.prefix) + "[0-9a-f]" * 64, kind="hash")
+        found: list[KeyInfo] = []
+        for start in range(0, len(names), 500):  # 500 records a round trip
+
+            async def queue(pipe: Any, batch: list[bytes] = names[start : start + 500]) -> None:
+                for name in batch:
+                    pipe.hgetall(name)
+
+            for fields in await self.kv.pipeline("apikey_list", queue):
+                if fields.get(b"tenant") != tenant.encode():
+                    continue
+                created = fields.get(b"created", b"")
+                found.append(
+                    KeyInfo(
+                        _principal(fields, checked=False),
+                        int(created) if created.isdigit() else None,
+                    )
+                )
+        return sorted(found, key=lambda k: (k.created or 0, k.principal.key_id))
 
     async def _announce(self, digest: str) -> None:
         """Tell every replica to forget its cached entry of this key."""

@@ -157,6 +157,34 @@ def test_ingest_quiet_prints_nothing_when_it_succeeds(tmp_path: Path, shared_emb
     assert [h.document_id for h in hits.hits] == ["tides.txt"]
 
 
+def test_keys_list_shows_ids_not_keys_and_a_lost_key_is_revoked_by_its_id(redis_server) -> None:
+    env = {"RAG_REDIS__URL": redis_server.url, "RAG_REDIS__KEY_PREFIX": "cli-list:"}
+    ann = rag("keys", "create", "--tenant", "acme", "--user", "ann", env=env).stdout.strip()
+    bob = rag(
+        "keys", "create", "--tenant", "acme", "--user", "bob", "--groups", "eng", env=env
+    ).stdout.strip()
+    rag("keys", "create", "--tenant", "other", "--user", "zed", env=env)
+    listed = rag("keys", "list", "--tenant", "acme", env=env)
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split("\t") == ["key_id", "user", "scopes", "groups", "rpm", "tpm", "created"]
+    by_user = {row.split("\t")[1]: row.split("\t") for row in rows}
+    assert set(by_user) == {"ann", "bob"}
+    assert by_user["bob"][2:6] == ["chat,retrieve", "eng", "default", "default"]
+    assert ann not in listed.stdout and bob not in listed.stdout
+
+    ann_id = by_user["ann"][0]
+    both = rag("keys", "revoke", ann, "--id", ann_id, env=env)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    limited = rag("keys", "limits", "--id", ann_id, "--rpm", "7", env=env)
+    assert limited.returncode == 0 and f"key {ann_id}: rpm 7" in limited.stdout
+    revoked = rag("keys", "revoke", "--id", ann_id, env=env)
+    assert revoked.returncode == 0 and "revoked" in revoked.stderr, revoked.stderr
+    assert rag("keys", "revoke", "--id", ann_id, env=env).returncode == 1  # no such key
+    after = rag("keys", "list", "--tenant", "acme", env=env).stdout
+    assert ann_id not in after and by_user["bob"][0] in after
+
+
 def test_delete_of_a_document_the_tenant_does_not_have_is_not_found_with_exit_code_1(
     tmp_path: Path, shared_embedder
 ) -> None:

@@ -236,3 +236,52 @@ async def test_a_key_id_whose_index_cannot_be_read_is_not_active(
     assert principal is not None and await keys.is_active(principal.key_id)
     await kv.client.set(f"{keys.prefix}id:{principal.key_id}", b"\xff\xfe")
     assert not await keys.is_active(principal.key_id)
+
+
+async def test_a_tenants_keys_are_listed_and_acted_on_by_id(
+    keys: ApiKeyStore, kv: KeyValueStore, prefix: str
+) -> None:
+    # The value of a key is shown once: one that is lost or leaked is revoked by its id.
+    ann = await keys.create("acme", "ann")
+    bob = await keys.create("acme", "bob", frozenset({"chat", "admin"}), rpm=5)
+    await keys.create("other", "zed")
+    listed = await keys.keys_of("acme")
+    assert sorted(k.principal.user for k in listed) == ["ann", "bob"]
+    assert all(k.created is not None and k.principal.tenant == "acme" for k in listed)
+    assert not any(raw in repr(listed) for raw in (ann, bob, hash_key(ann), hash_key(bob)))
+    ann_id = next(k.principal.key_id for k in listed if k.principal.user == "ann")
+
+    limited = await keys.set_limits(ann_id, rpm=None, tpm=100, by_id=True)
+    assert limited is not None and limited.tpm == 100 and limited.user == "ann"
+    grouped = await keys.set_groups(ann_id, frozenset({"eng"}), by_id=True)
+    assert grouped is not None and grouped.groups == {"eng"}
+    resolved = await keys.resolve(ann)
+    assert resolved is not None and (resolved.tpm, resolved.groups) == (100, {"eng"})
+    revoked = await keys.revoke(ann_id, by_id=True)
+    assert revoked is not None and revoked.key_id == ann_id
+    assert await keys.resolve(ann) is None and not await keys.is_active(ann_id)
+    assert [k.principal.user for k in await keys.keys_of("acme")] == ["bob"]
+    assert await keys.resolve(bob) is not None, "the other key is untouched"
+
+    await kv.set(f"{keys.prefix}id:key_damaged", b"../../other-record")
+    for unknown in (ann_id, "", "key_" + "0" * 24, bob, "key_damaged"):
+        assert await keys.revoke(unknown, by_id=True) is None, unknown
+        assert await keys.set_limits(unknown, rpm=1, tpm=None, by_id=True) is None
+        assert await keys.set_groups(unknown, frozenset(), by_id=True) is None
+    assert len(await keys.keys_of("acme")) == 1
+
+
+async def test_listing_reads_the_prefix_literally_and_a_damaged_record_as_it_is(
+    kv: KeyValueStore, prefix: str
+) -> None:
+    star = ApiKeyStore(kv, prefix=f"{prefix}a*:")  # glob characters in a configured prefix
+    plain = ApiKeyStore(kv, prefix=f"{prefix}ab:")
+    await plain.create("acme", "ann")
+    assert await star.keys_of("acme") == []
+    assert [k.principal.user for k in await plain.keys_of("acme")] == ["ann"]
+    raw = await plain.create("acme", "bob")
+    await kv.client.hset(plain.prefix + hash_key(raw), mapping={"user": b"\xff", "created": "x"})
+    listed = {k.principal.user: k for k in await plain.keys_of("acme")}
+    assert set(listed) == {"ann", "\ufffd"} and listed["\ufffd"].created is None
+    with pytest.raises(ValueError, match="tenant"):
+        await plain.keys_of("../acme")
