@@ -134,7 +134,11 @@ async def revoke(args: argparse.Namespace) -> int:
     if revoked is None:
         print("no such key", file=sys.stderr)
         return 1
-    print(f"revoked; {settled} queued job(s) of this key will not run", file=sys.stderr)
+    print(
+        f"revoked key {revoked.key_id} (tenant {revoked.tenant}, user {revoked.user}); "
+        f"{settled} queued job(s) of this key will not run",
+        file=sys.stderr,
+    )
     return 0
 
 
