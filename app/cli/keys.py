@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from app.settings import get_settings
 from app.stores import build_key_store, command_kv, job_queue
+from pipeline.context import Principal
 from pipeline.store.keys import ApiKeyStore, validate_groups, validate_scopes, validate_tenant
 
 
@@ -62,7 +63,7 @@ async def groups(args: argparse.Namespace) -> int:
         print("no such key", file=sys.stderr)
         return 1
     shown = ",".join(sorted(principal.groups)) or "none"
-    print(f"key {principal.key_id}: groups {shown}")
+    print(f"{_named(principal)}: groups {shown}")
     return 0
 
 
@@ -88,7 +89,7 @@ async def limits(args: argparse.Namespace) -> int:
         for name, value in (("rpm", principal.rpm), ("tpm", principal.tpm))
         if value is not None
     }
-    print(f"key {principal.key_id}: {_shown(shown, ('rpm', 'tpm'))} per minute")
+    print(f"{_named(principal)}: {_shown(shown, ('rpm', 'tpm'))} per minute")
     return 0
 
 
@@ -135,11 +136,15 @@ async def revoke(args: argparse.Namespace) -> int:
         print("no such key", file=sys.stderr)
         return 1
     print(
-        f"revoked key {revoked.key_id} (tenant {revoked.tenant}, user {revoked.user}); "
-        f"{settled} queued job(s) of this key will not run",
+        f"revoked {_named(revoked)}; {settled} queued job(s) of this key will not run",
         file=sys.stderr,
     )
     return 0
+
+
+def _named(principal: Principal) -> str:
+    """Which key a command acted on, so that the operator sees it was the one meant."""
+    return f"key {principal.key_id} (tenant {principal.tenant}, user {principal.user})"
 
 
 def _which(args: argparse.Namespace) -> tuple[str, bool]:

@@ -339,12 +339,20 @@ class ApiKeyStore:
         return _principal(fields, checked=False) if fields else None
 
     async def _digest(self, key: str, by_id: bool) -> str | None:
-        """The record's name: the raw key's hash, or what the id index names for a key id
-        (None when it names nothing, or no key record of ours: a digest is 64 hex digits)."""
+        """The record's name: the raw key's hash, or, for a key id, the record the id index
+        names when that record carries this very id (None otherwise). Ids of the old scheme
+        are refused: two keys could share one (``rag keys list`` gives such a key a new id)."""
         if not by_id:
             return hash_key(key)
+        if not KEY_ID_PATTERN.fullmatch(key):
+            raise ValueError(
+                "a key id is key_ and 24 hex digits (`rag keys list --tenant T` shows them)"
+            )
         digest = await self._digest_of(key)
-        return digest if digest is not None and _DIGEST.fullmatch(digest) else None
+        if digest is None or not _DIGEST.fullmatch(digest):
+            return None  # no key record of ours: a digest is 64 hex digits
+        fields = await self.kv.hgetall(self.prefix + digest)
+        return digest if fields.get(b"key_id") == key.encode() else None
 
     async def keys_of(self, tenant: str) -> list[KeyInfo]:
         """The tenant's keys, oldest first, as their records hold them (never a key or its
@@ -353,21 +361,23 @@ class ApiKeyStore:
         names = await self.kv.scan(_glob_escaped(self.prefix) + "[0-9a-f]" * 64, kind="hash")
         found: list[KeyInfo] = []
         for start in range(0, len(names), 500):  # 500 records a round trip
+            batch = names[start : start + 500]
 
-            async def queue(pipe: Any, batch: list[bytes] = names[start : start + 500]) -> None:
+            async def queue(pipe: Any, batch: list[bytes] = batch) -> None:
                 for name in batch:
                     pipe.hgetall(name)
 
-            for fields in await self.kv.pipeline("apikey_list", queue):
+            replies = await self.kv.pipeline("apikey_list", queue)
+            for name, fields in zip(batch, replies, strict=True):
                 if fields.get(b"tenant") != tenant.encode():
                     continue
+                principal = _principal(fields, checked=False)
+                if not KEY_ID_PATTERN.fullmatch(principal.key_id):
+                    # An id of the old scheme is cut from the key's text: never shown. The
+                    # record gets a random id, as on its first use (``resolve``).
+                    principal = await self._migrate_id(name[-64:].decode(), principal)
                 created = fields.get(b"created", b"")
-                found.append(
-                    KeyInfo(
-                        _principal(fields, checked=False),
-                        int(created) if created.isdigit() else None,
-                    )
-                )
+                found.append(KeyInfo(principal, int(created) if created.isdigit() else None))
         return sorted(found, key=lambda k: (k.created or 0, k.principal.key_id))
 
     async def _announce(self, digest: str) -> None:
@@ -575,7 +585,7 @@ class ApiKeyStore:
             [self.prefix + digest],
             [principal.key_id, new_key_id(), self._id_key(""), digest, self.legacy_id_grace],
         )
-        key_id = bytes(reply).decode() if reply else principal.key_id
+        key_id = bytes(reply).decode(errors="replace") if reply else principal.key_id
         return dataclasses.replace(principal, key_id=key_id)
 
 

@@ -177,7 +177,8 @@ def test_keys_list_shows_ids_not_keys_and_a_lost_key_is_revoked_by_its_id(redis_
     both = rag("keys", "revoke", ann, "--id", ann_id, env=env)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     limited = rag("keys", "limits", "--id", ann_id, "--rpm", "7", env=env)
-    assert limited.returncode == 0 and f"key {ann_id}: rpm 7" in limited.stdout
+    assert limited.returncode == 0, limited.stderr
+    assert f"key {ann_id} (tenant acme, user ann): rpm 7" in limited.stdout
     revoked = rag("keys", "revoke", "--id", ann_id, env=env)
     assert revoked.returncode == 0, revoked.stderr
     assert f"revoked key {ann_id} (tenant acme, user ann)" in revoked.stderr

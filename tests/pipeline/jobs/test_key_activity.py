@@ -263,12 +263,45 @@ async def test_a_tenants_keys_are_listed_and_acted_on_by_id(
     assert [k.principal.user for k in await keys.keys_of("acme")] == ["bob"]
     assert await keys.resolve(bob) is not None, "the other key is untouched"
 
-    await kv.set(f"{keys.prefix}id:key_damaged", b"../../other-record")
-    for unknown in (ann_id, "", "key_" + "0" * 24, bob, "key_damaged"):
+    bob_id = next(k.principal.key_id for k in listed if k.principal.user == "bob")
+    damaged, wrong = "key_" + "d" * 24, "key_" + "e" * 24
+    await kv.set(f"{keys.prefix}id:{damaged}", b"../../other-record")
+    await kv.set(f"{keys.prefix}id:{wrong}", hash_key(bob).encode())  # bob's record, not its id
+    for unknown in (ann_id, "key_" + "0" * 24, damaged, wrong):
         assert await keys.revoke(unknown, by_id=True) is None, unknown
         assert await keys.set_limits(unknown, rpm=1, tpm=None, by_id=True) is None
         assert await keys.set_groups(unknown, frozenset(), by_id=True) is None
-    assert len(await keys.keys_of("acme")) == 1
+    for not_an_id in ("", bob, "prod", f"{bob_id}x"):
+        with pytest.raises(ValueError, match="key_ and 24 hex digits"):
+            await keys.revoke(not_an_id, by_id=True)
+    assert [k.principal.key_id for k in await keys.keys_of("acme")] == [bob_id]
+
+
+async def test_keys_of_the_old_scheme_are_listed_under_a_new_id_and_never_act_on_a_twin(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    # The old scheme cut the id from the key's text: a custom key without a dot was its own id,
+    # and keys "prod.A..." and "prod.B..." of two tenants shared the id "prod" (the index
+    # naming the newer). Listing must not print a key, and --id must not reach the twin.
+    raws = {"acme": f"prod.{STRONG}", "globex": f"prod.{ANOTHER}", "solo": STRONG + "e4"}
+    for tenant, raw in raws.items():
+        digest = hash_key(raw)
+        old_id = raw.split(".", 1)[0]
+        record = {"hash": digest, "key_id": old_id, "tenant": tenant, "user": "u"}
+        await kv.hset(keys.prefix + digest, {**record, "scopes": "chat", "created": 1})
+        await kv.set(f"{keys.prefix}id:{old_id}", digest.encode())
+    with pytest.raises(ValueError):
+        await keys.revoke("prod", by_id=True)
+    for tenant, raw in raws.items():
+        (listed,) = await keys.keys_of(tenant)
+        assert KEY_ID_PATTERN.fullmatch(listed.principal.key_id), listed
+        assert raw.split(".", 1)[0] not in repr(listed)
+        assert (await keys.resolve(raw)) == listed.principal, "the same id on its next use"
+    acme_id = (await keys.keys_of("acme"))[0].principal.key_id
+    revoked = await keys.revoke(acme_id, by_id=True)
+    assert revoked is not None and revoked.tenant == "acme"
+    assert await keys.resolve(raws["acme"]) is None
+    assert await keys.resolve(raws["globex"]) is not None
 
 
 async def test_listing_reads_the_prefix_literally_and_a_damaged_record_as_it_is(
