@@ -402,6 +402,11 @@ class IndexStore:
         with self._locked(tenant):
             pointer = self._read_pointer(tenant)
             cached = self._entry(tenant).index
+            if pointer == NO_VERSION and _versions(self._dir(tenant)):
+                # CURRENT deleted or emptied beside published versions: writing now would
+                # start an empty index and prune them. `rag restore` publishes the last one.
+                log.error("tenant %s has index versions on disk but no %s", tenant, POINTER)
+                raise IndexUnreadable(tenant, pointer)
             if pointer == NO_VERSION:
                 yield None
             elif cached is not None and cached.version == pointer:
@@ -424,38 +429,31 @@ class IndexStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def restore(self, tenant: str) -> Restored | None:
-        """When the published snapshot cannot be read (or CURRENT names none), publish the
-        newest kept version before it that can, under the write lock, so that searches and
-        ingests work again: what the unreadable version changed is lost, and it is left on
-        disk (the next write prunes it). None when there is nothing to restore: the published
-        snapshot can be read, or the tenant has none. ``IndexUnreadable`` when no kept version
-        can be read."""
+        """When the published snapshot cannot be read, or CURRENT names none beside versions on
+        disk (deleted, emptied), publish the newest version before it that can be read, under
+        the write lock, so that searches and ingests work again: what the unreadable version
+        changed is lost, and it is left on disk (the next write prunes it). None when there is
+        nothing to restore: the published snapshot can be read, or the tenant has no version.
+        ``IndexUnreadable`` when none can be read. A fault of the machine rather than of the
+        files (too many open files, no memory, no permission) is raised as it is, with
+        nothing changed: a snapshot is not given up for it."""
         directory = self._dir(tenant)
+        if not directory.is_dir():
+            return None  # no such tenant: nothing is created for it
         with self._locked(tenant):
             pointer = self._read_pointer(tenant)
-            if pointer == NO_VERSION:
+            on_disk = _versions(directory)
+            if pointer == NO_VERSION and not on_disk:
                 return None
-            try:
-                _published(directory / pointer, pointer)
+            if pointer != NO_VERSION and _readable(directory, pointer) is not None:
                 return None
-            except Exception as exc:  # whatever the parsers raise for what they cannot read
-                log.warning("the index snapshot %s cannot be read: %s", directory / pointer, exc)
-            # Newest first (a version's name starts with its sequence number), and only those
-            # older than the pointer when it names a version: a newer one was never published
-            # (its writer died between moving it into place and swapping the pointer).
-            kept = sorted(
-                (
-                    p.name
-                    for p in directory.iterdir()
-                    if is_version(p.name) and (p.name < pointer or not is_version(pointer))
-                ),
-                reverse=True,
-            )
-            for version in kept:
-                try:
-                    index = _published(directory / version, version)
-                except Exception as exc:
-                    log.warning("the kept snapshot %s cannot be read: %s", directory / version, exc)
+            # Only versions older than the published one when it is on disk: a newer one was
+            # never published (its writer died between moving it in and the pointer swap).
+            if is_version(pointer) and (directory / pointer).is_dir():
+                on_disk = [v for v in on_disk if _sequence(v) < _sequence(pointer)]
+            for version in on_disk:
+                index = _readable(directory, version)
+                if index is None:
                     continue
                 point(directory, version)
                 entry = self._entry(tenant)
@@ -521,6 +519,34 @@ class IndexStore:
         entry = self._entry(tenant)
         entry.index, entry.pointer, entry.checked = index, version, time.monotonic()
         return index
+
+
+def _versions(directory: Path) -> list[str]:
+    """The versions on disk in a tenant's directory, newest first."""
+    found = [p.name for p in directory.iterdir() if is_version(p.name) and p.is_dir()]
+    return sorted(found, key=_sequence, reverse=True)
+
+
+def _sequence(version: str) -> int:
+    return int(version.split("-", 1)[0])
+
+
+def _readable(directory: Path, version: str) -> TenantIndex | None:
+    """The snapshot ``version`` when it can be read; None (logged) when its files cannot be
+    (damaged, missing, another format). A fault of the machine is raised: ``OSError`` other
+    than a missing file, and ``MemoryError``."""
+    try:
+        return _published(directory / version, version)
+    except MemoryError:
+        raise
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+        failure: Exception = exc
+    except OSError:
+        raise
+    except Exception as exc:  # whatever the parsers raise for what they cannot read
+        failure = exc
+    log.warning("the index snapshot %s cannot be read: %s", directory / version[:40], failure)
+    return None
 
 
 def _known_vectors(index: TenantIndex | None, doc_ids: set[str]) -> dict[str, FloatArray]:

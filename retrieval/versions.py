@@ -24,6 +24,8 @@ def read_pointer(directory: Path) -> str:
         return (directory / POINTER).read_bytes().decode("ascii", errors="replace").strip()
     except FileNotFoundError:
         return NO_VERSION
+    except IsADirectoryError:
+        return f"<{POINTER} is not a file>"  # names no version: refused where it is loaded
 
 
 def is_version(name: str) -> bool:

@@ -241,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, StoreUnavailable) as exc:
         print(f"rag: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the disk or the machine: full, read-only, no permission, no files
+        print(f"rag: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         said = _index_refusal(exc)
         if said is None:

@@ -165,8 +165,13 @@ def restore(args: argparse.Namespace) -> int:
             + "; nothing to restore"
         )
         return 0
+    lost = (
+        f"version {restored.unreadable!r} could not be read"
+        if restored.unreadable != NO_VERSION
+        else "CURRENT named no version"
+    )
     print(
-        f"tenant {tenant}: version {restored.unreadable!r} could not be read; version "
+        f"tenant {tenant}: {lost}; version "
         f"{restored.version} is published again ({restored.documents} documents, "
         f"{restored.chunks} chunks). What the unreadable version changed is not in it: run the "
         "ingest or delete that made it again."

@@ -258,12 +258,27 @@ def test_an_unreadable_index_refuses_ingest_and_restore_brings_back_the_last_rea
     none = rag("restore", "--tenant", "nobody", env=env)
     assert none.returncode == 0 and "tenant nobody: no index; nothing to restore" in none.stdout
 
+    (index_dir / "files" / "CURRENT").unlink()  # an operator's slip: not "no index"
+    assert rag("ingest", str(docs), "--tenant", "files", env=env).returncode == 1
+    pointed = rag("restore", "--tenant", "files", env=env)
+    assert pointed.returncode == 0 and "CURRENT named no version; version" in pointed.stdout
+    assert not (index_dir / "nobody").exists()
+
     for version in [p for p in (index_dir / "files").iterdir() if p.name[0].isdigit()]:
         (version / "chunks.json").write_text("")
     lost = rag("restore", "--tenant", "files", env=env)
     assert lost.returncode == 1
     assert "no kept version of tenant 'files' can be read" in lost.stderr
     assert "Traceback" not in lost.stderr
+    (tmp_path / "a-file").write_text("")  # a fault of the machine, not of the index: said
+    broken = rag(
+        "restore",
+        "--tenant",
+        "files",
+        env={"RAG_RETRIEVAL__INDEX_DIR": str(tmp_path / "a-file" / "index")},
+    )
+    assert broken.returncode == 1 and "rag: [Errno 20] Not a directory" in broken.stderr
+    assert "Traceback" not in broken.stderr
 
 
 def test_ingest_while_another_writer_holds_the_tenant_gives_up_in_time_saying_so(

@@ -305,7 +305,7 @@ def test_a_pointer_that_names_no_version_of_the_tenant_is_never_followed(
     assert len(fresh.current("other") or ()) == 2
 
 
-@pytest.mark.parametrize("how", ["chunks not JSON", "vectors halved", "a file missing"])
+@pytest.mark.parametrize("how", DAMAGE)
 def test_restore_publishes_the_newest_readable_version_and_every_replica_follows(
     store: IndexStore, embedder: Embedder, how: str
 ) -> None:
@@ -368,6 +368,60 @@ def test_restore_never_publishes_a_version_its_writer_did_not(
     damage(store.root / "t" / second, "chunks not JSON")
     restored = IndexStore(store.root, embedder).restore("t")
     assert restored is not None and (restored.version, restored.documents) == (first, 2)
+
+
+@pytest.mark.parametrize("pointer", ["deleted", "0", "a directory", "a version not on disk"])
+def test_a_lost_pointer_beside_versions_refuses_writes_and_restore_brings_back_the_newest(
+    store: IndexStore, embedder: Embedder, pointer: str
+) -> None:
+    # A review's reproducer (2026-12-06): CURRENT deleted or "0" read as "no index", so the
+    # next ingest started empty and pruned every version; as a directory it was a traceback.
+    store.upsert("t", CORPUS[:2])
+    store.upsert("t", CORPUS[2:3])
+    newest = store.version("t")
+    current = store.root / "t" / "CURRENT"
+    current.unlink()
+    if pointer == "0":
+        current.write_text("0")
+    elif pointer == "a directory":
+        current.mkdir()
+    elif pointer == "a version not on disk":
+        current.write_text("00000000-000000")  # below every version there
+    fresh = IndexStore(store.root, embedder)
+    if pointer in ("a directory", "a version not on disk"):
+        with pytest.raises(IndexUnreadable):
+            fresh.current("t")
+    with pytest.raises(IndexUnreadable):
+        fresh.upsert("t", CORPUS[3:4])
+    assert len(_versions_of(store.root / "t")) == 2, "nothing was pruned"
+    if pointer == "a directory":
+        current.rmdir()  # point() replaces a file, not a directory: the operator removes it
+    restored = IndexStore(store.root, embedder).restore("t")
+    assert restored is not None and (restored.version, restored.documents) == (newest, 3)
+    IndexStore(store.root, embedder).upsert("t", CORPUS[3:4])
+    assert len(IndexStore(store.root, embedder).current("t") or ()) == 4
+
+
+def _versions_of(directory: Path) -> list[str]:
+    return [p.name for p in directory.iterdir() if p.name[0].isdigit()]
+
+
+def test_restore_gives_up_no_snapshot_for_a_fault_of_the_machine(
+    store: IndexStore, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.upsert("t", CORPUS[:2])
+    store.upsert("t", CORPUS[2:3])
+    published = store.version("t")
+
+    def no_files(directory: Path) -> object:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(store_module, "read_snapshot", no_files)
+    with pytest.raises(OSError, match="Too many open files"):
+        IndexStore(store.root, embedder).restore("t")
+    assert (store.root / "t" / "CURRENT").read_text() == published
+    assert IndexStore(store.root, embedder).restore("nobody") is None
+    assert not (store.root / "nobody").exists(), "nothing is created for an unknown tenant"
 
 
 def test_restore_with_nothing_readable_is_index_unreadable_and_changes_nothing(
