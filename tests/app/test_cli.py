@@ -366,7 +366,9 @@ def test_key_commands_and_help_load_neither_the_web_framework_nor_the_index_code
     assert status == 1  # "no such key", after asking Redis and the job queue
     status, secret = _loaded("webhooks", "secret", "--tenant", "t", env=env)
     assert status == 0
-    for loaded in (help_loaded, created, refused, revoked, secret):
+    status, listed = _loaded("keys", "list", "--tenant", "t", env=env)
+    assert status == 0
+    for loaded in (help_loaded, created, refused, revoked, secret, listed):
         assert not {m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY}
     assert "app.settings" not in help_loaded  # --help reads no settings
     assert {"app.cli.keys", "pipeline.store.keys", "redis"} <= created
