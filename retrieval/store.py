@@ -129,10 +129,10 @@ class IngestResult:
 
 @dataclass(frozen=True)
 class Restored:
-    """What ``IndexStore.restore`` did: the version that could not be read (what CURRENT held)
-    and the one published in its place, with that version's totals."""
+    """What ``IndexStore.restore`` did: the version CURRENT held (the one that could not be
+    read, or the one rolled back) and the one published in its place, with its totals."""
 
-    unreadable: str
+    replaced: str
     version: str
     documents: int
     chunks: int
@@ -428,7 +428,7 @@ class IndexStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def restore(self, tenant: str) -> Restored | None:
+    def restore(self, tenant: str, version: str | None = None) -> Restored | None:
         """When the published snapshot cannot be read, or CURRENT names none beside versions on
         disk (deleted, emptied), publish the newest version before it that can be read, under
         the write lock, so that searches and ingests work again: what the unreadable version
@@ -436,31 +436,31 @@ class IndexStore:
         nothing to restore: the published snapshot can be read, or the tenant has no version.
         ``IndexUnreadable`` when none can be read. A fault of the machine rather than of the
         files (too many open files, no memory, no permission) is raised as it is, with
-        nothing changed: a snapshot is not given up for it."""
+        nothing changed: a snapshot is not given up for it.
+
+        With ``version``: publish that kept version, readable or not the published one (an
+        ingest to take back); ``ValueError`` naming the versions on disk when it is not one,
+        ``IndexUnreadable`` when it cannot be read, None when it is already published."""
         directory = self._dir(tenant)
         if not directory.is_dir():
+            if version is not None:
+                raise ValueError(f"tenant {tenant!r} has no index")
             return None  # no such tenant: nothing is created for it
         with self._locked(tenant):
             pointer = self._read_pointer(tenant)
-            on_disk = _versions(directory)
-            if pointer == NO_VERSION and not on_disk:
-                return None
-            if pointer != NO_VERSION and _readable(directory, pointer) is not None:
-                return None
-            # Only versions older than the published one when it is on disk: a newer one was
-            # never published (its writer died between moving it in and the pointer swap).
-            if is_version(pointer) and (directory / pointer).is_dir():
-                on_disk = [v for v in on_disk if _sequence(v) < _sequence(pointer)]
-            for version in on_disk:
-                index = _readable(directory, version)
+            candidates = _candidates(directory, pointer, version)
+            for name in candidates or ():
+                index = _readable(directory, name)
                 if index is None:
                     continue
-                point(directory, version)
+                point(directory, name)
                 entry = self._entry(tenant)
-                entry.index, entry.pointer, entry.failed = index, version, None
+                entry.index, entry.pointer, entry.failed = index, name, None
                 entry.checked = time.monotonic()
-                return Restored(pointer, version, index.documents, len(index))
-        raise IndexUnreadable(tenant, pointer)
+                return Restored(pointer, name, index.documents, len(index))
+        if candidates is None:
+            return None
+        raise IndexUnreadable(tenant, pointer if version is None else version)
 
     @property
     def _beat_s(self) -> float:
@@ -519,6 +519,27 @@ class IndexStore:
         entry = self._entry(tenant)
         entry.index, entry.pointer, entry.checked = index, version, time.monotonic()
         return index
+
+
+def _candidates(directory: Path, pointer: str, version: str | None) -> list[str] | None:
+    """The versions ``restore`` may publish, best first; None when there is nothing to do."""
+    on_disk = _versions(directory)
+    if version is not None:  # the operator's choice
+        if version not in on_disk:
+            raise ValueError(
+                f"there is no version {version[:40]!r} on disk "
+                f"(there are: {', '.join(on_disk) or 'none'})"
+            )
+        return None if version == pointer else [version]
+    if pointer == NO_VERSION:
+        return on_disk or None  # a pointer lost beside versions, or no index at all
+    if _readable(directory, pointer) is not None:
+        return None
+    if is_version(pointer) and (directory / pointer).is_dir():
+        # Only older ones: a newer one was never published (its writer died between moving
+        # it into place and the pointer swap).
+        return [v for v in on_disk if _sequence(v) < _sequence(pointer)]
+    return on_disk
 
 
 def _versions(directory: Path) -> list[str]:

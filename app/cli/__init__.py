@@ -14,8 +14,9 @@ rag ingest PATH --tenant T [--batch N] [--quiet]   (--quiet: nothing printed but
                             (PATH: a .jsonl, a PDF/DOCX/PPTX/HTML/Markdown/text file, or a
                             folder of them; each bad file is skipped with its reason)
 rag delete --tenant T ID...   (an id the tenant does not have is reported; exit status 1)
-rag restore --tenant T        (the published index cannot be read: publish the newest kept
-                            version that can; exit status 1 when none can)
+rag restore --tenant T [--version V]   (the published index cannot be read: publish the
+                            newest kept version that can; exit status 1 when none can; V: that
+                            kept version, over a readable one too)
 rag backend show|move ...     (app.cli.backend: which backend holds a tenant; move it)
 
 rag features load|compute ... (app.cli.features: the online feature store)
@@ -157,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
         "kept version again",
     )
     restore.add_argument("--tenant", required=True)
+    restore.add_argument(
+        "--version",
+        help="publish this kept version instead, even over a readable one (an ingest to take "
+        "back); the one it replaces is deleted by the next write",
+    )
     restore.set_defaults(run="documents:restore")
     _add_backend_commands(commands)
     _add_feature_commands(commands)

@@ -139,8 +139,9 @@ def delete(args: argparse.Namespace) -> int:
 
 def restore(args: argparse.Namespace) -> int:
     """Publish the tenant's newest readable snapshot again when the published one cannot be
-    read (``IndexStore.restore``); every replica follows within its reload interval."""
-    tenant = args.tenant
+    read, or, with ``--version``, the kept version named (``IndexStore.restore``); every replica
+    follows within its reload interval."""
+    tenant, chosen = args.tenant, args.version
     with backend_router().writing(tenant) as backend:  # fenced against a move, as ingest is
         if not isinstance(backend, EmbeddedBackend):
             raise ValueError(
@@ -148,12 +149,15 @@ def restore(args: argparse.Namespace) -> int:
                 "to restore"
             )
         try:
-            restored = backend.store.restore(tenant)
+            restored = backend.store.restore(tenant, chosen)
         except IndexUnreadable as exc:
             print(
-                f"rag restore: no kept version of tenant {tenant!r} can be read (the published "
-                f"one is {exc.version!r}; the log says why). Move the tenant's directory aside "
-                "and ingest its documents again.",
+                f"rag restore: version {chosen!r} of tenant {tenant!r} cannot be read (the log "
+                "says why); nothing was changed."
+                if chosen is not None
+                else f"rag restore: no kept version of tenant {tenant!r} can be read (the "
+                f"published one is {exc.version!r}; the log says why). Move the tenant's "
+                "directory aside and ingest its documents again.",
                 file=sys.stderr,
             )
             return 1
@@ -162,18 +166,25 @@ def restore(args: argparse.Namespace) -> int:
         print(
             f"tenant {tenant}: "
             + (f"version {version} can be read" if version != NO_VERSION else "no index")
+            + ("" if chosen is None else " and is the one published")
             + "; nothing to restore"
         )
         return 0
+    totals = f"({restored.documents} documents, {restored.chunks} chunks)"
+    if chosen is not None:
+        print(
+            f"tenant {tenant}: version {restored.version} {totals} is published in place of "
+            f"{restored.replaced}, which the next write deletes"
+        )
+        return 0
     lost = (
-        f"version {restored.unreadable!r} could not be read"
-        if restored.unreadable != NO_VERSION
+        f"version {restored.replaced!r} could not be read"
+        if restored.replaced != NO_VERSION
         else "CURRENT named no version"
     )
     print(
-        f"tenant {tenant}: {lost}; version "
-        f"{restored.version} is published again ({restored.documents} documents, "
-        f"{restored.chunks} chunks). What the unreadable version changed is not in it: run the "
-        "ingest or delete that made it again."
+        f"tenant {tenant}: {lost}; version {restored.version} is published again {totals}. "
+        "What the unreadable version changed is not in it: run the ingest or delete that made "
+        "it again."
     )
     return 0

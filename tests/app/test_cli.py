@@ -258,6 +258,15 @@ def test_an_unreadable_index_refuses_ingest_and_restore_brings_back_the_last_rea
     none = rag("restore", "--tenant", "nobody", env=env)
     assert none.returncode == 0 and "tenant nobody: no index; nothing to restore" in none.stdout
 
+    newest = (index_dir / "files" / "CURRENT").read_text().strip()
+    back = rag("restore", "--tenant", "files", "--version", good, env=env)  # take an ingest back
+    assert back.returncode == 0, back.stderr
+    assert f"version {good} (1 documents, 1 chunks) is published in place of {newest}" in (
+        back.stdout
+    )
+    missing = rag("restore", "--tenant", "files", "--version", "00000099-abcdef", env=env)
+    assert missing.returncode == 2 and f"(there are: {newest}, {good})" in missing.stderr
+
     (index_dir / "files" / "CURRENT").unlink()  # an operator's slip: not "no index"
     assert rag("ingest", str(docs), "--tenant", "files", env=env).returncode == 1
     pointed = rag("restore", "--tenant", "files", env=env)

@@ -349,7 +349,7 @@ def test_restore_follows_no_pointer_and_picks_the_newest_kept_version(
     (store.root / "t" / "CURRENT").write_text(f"../other/{store.version('other')}")
     restored = IndexStore(store.root, embedder).restore("t")
     assert restored is not None and (restored.version, restored.documents) == (newest, 4)
-    assert restored.unreadable == f"../other/{store.version('other')}"
+    assert restored.replaced == f"../other/{store.version('other')}"
     assert len(IndexStore(store.root, embedder).current("other") or ()) == 1
 
 
@@ -404,6 +404,35 @@ def test_a_lost_pointer_beside_versions_refuses_writes_and_restore_brings_back_t
 
 def _versions_of(directory: Path) -> list[str]:
     return [p.name for p in directory.iterdir() if p.name[0].isdigit()]
+
+
+def test_restore_of_a_chosen_version_takes_back_a_readable_ingest(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    replica = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    store.upsert("t", CORPUS[:2])
+    good = store.version("t")
+    store.upsert("t", CORPUS[2:4])  # an ingest to take back: readable, but wrong
+    wrong = store.version("t")
+    assert len(replica.current("t") or ()) == 4
+    with pytest.raises(ValueError, match="no version '00000009-abcdef' on disk"):
+        store.restore("t", "00000009-abcdef")
+    with pytest.raises(ValueError, match="has no index"):
+        store.restore("nobody", good)
+    assert store.restore("t", wrong) is None  # already the one published
+
+    restored = IndexStore(store.root, embedder).restore("t", good)
+
+    assert restored == store_module.Restored(wrong, good, 2, 2)
+    assert len(replica.current("t") or ()) == 2
+    after = IndexStore(store.root, embedder)
+    after.upsert("t", CORPUS[4:5])
+    assert sorted(_versions_of(store.root / "t")) == sorted([good, after.version("t")])
+    assert after.version("t") > wrong  # never the taken-back version's name again
+    damage(store.root / "t" / good, "chunks not JSON")
+    with pytest.raises(IndexUnreadable):
+        after.restore("t", good)
+    assert (store.root / "t" / "CURRENT").read_text() == after.version("t")  # nothing changed
 
 
 def test_restore_gives_up_no_snapshot_for_a_fault_of_the_machine(
