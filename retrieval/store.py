@@ -149,6 +149,11 @@ class _Loaded:
     # The last pointer that could not be loaded, until when it is not tried again, and why.
     failed: tuple[str, float, IndexUnreadable] | None = None
 
+    def published(self, index: TenantIndex) -> None:
+        """This process has just pointed CURRENT at ``index`` (a write, a restore)."""
+        self.index, self.pointer, self.failed = index, index.version, None
+        self.checked = time.monotonic()
+
 
 def _published(directory: Path, pointer: str) -> TenantIndex:
     """The snapshot ``pointer`` names, in ``directory``: ValueError where the pointer names no
@@ -402,12 +407,12 @@ class IndexStore:
         with self._locked(tenant):
             pointer = self._read_pointer(tenant)
             cached = self._entry(tenant).index
-            if pointer == NO_VERSION and _versions(self._dir(tenant)):
-                # CURRENT deleted or emptied beside published versions: writing now would
-                # start an empty index and prune them. `rag restore` publishes the last one.
-                log.error("tenant %s has index versions on disk but no %s", tenant, POINTER)
-                raise IndexUnreadable(tenant, pointer)
             if pointer == NO_VERSION:
+                if _versions(self._dir(tenant)):
+                    # CURRENT deleted or emptied beside published versions: writing now would
+                    # start an empty index and prune them. `rag restore` publishes the last.
+                    log.error("tenant %s has index versions on disk but no %s", tenant, POINTER)
+                    raise IndexUnreadable(tenant, pointer)
                 yield None
             elif cached is not None and cached.version == pointer:
                 yield cached
@@ -454,9 +459,7 @@ class IndexStore:
                 if index is None:
                     continue
                 point(directory, name)
-                entry = self._entry(tenant)
-                entry.index, entry.pointer, entry.failed = index, name, None
-                entry.checked = time.monotonic()
+                self._entry(tenant).published(index)
                 return Restored(pointer, name, index.documents, len(index))
         if candidates is None:
             return None
@@ -516,8 +519,7 @@ class IndexStore:
             self.before_publish(temp)
         publish(directory, version)
         prune(directory, current=version, previous=old.version if old else None)
-        entry = self._entry(tenant)
-        entry.index, entry.pointer, entry.checked = index, version, time.monotonic()
+        self._entry(tenant).published(index)
         return index
 
 
@@ -558,16 +560,12 @@ def _readable(directory: Path, version: str) -> TenantIndex | None:
     than a missing file, and ``MemoryError``."""
     try:
         return _published(directory / version, version)
-    except MemoryError:
-        raise
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-        failure: Exception = exc
-    except OSError:
-        raise
     except Exception as exc:  # whatever the parsers raise for what they cannot read
-        failure = exc
-    log.warning("the index snapshot %s cannot be read: %s", directory / version[:40], failure)
-    return None
+        missing = isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError)
+        if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and not missing):
+            raise
+        log.warning("the index snapshot %s cannot be read: %s", directory / version[:40], exc)
+        return None
 
 
 def _known_vectors(index: TenantIndex | None, doc_ids: set[str]) -> dict[str, FloatArray]:

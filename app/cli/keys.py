@@ -1,5 +1,5 @@
-"""``rag keys``: create, revoke and limit API keys, and set tenants' limits (in Redis, which every
-replica reads)."""
+"""``rag keys``: create, list, revoke and limit API keys, and set tenants' limits (in Redis,
+which every replica reads)."""
 
 from __future__ import annotations
 

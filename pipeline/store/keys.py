@@ -280,13 +280,13 @@ class ApiKeyStore:
         """Delete the key (``key``: the raw key, or its id when ``by_id``); the principal it
         had (None if there was no such key). The caller settles the key's queued jobs
         (``JobQueue.settle_revoked``)."""
-        digest = await self._digest(key, by_id)
-        if digest is None:
+        found = await self._record(key, by_id)
+        if found is None:
             return None
+        digest, fields = found
         self._seen.pop(digest, None)
-        fields = await self.kv.hgetall(self.prefix + digest)
         # The record goes first: should the index outlive it, is_active still says False.
-        if await self.kv.delete(self.prefix + digest) == 0 or not fields:
+        if await self.kv.delete(self.prefix + digest) == 0:
             return None
         principal = _principal(fields, checked=False)
         id_key = self._id_key(principal.key_id)
@@ -301,13 +301,11 @@ class ApiKeyStore:
         """Set the key's own limits per minute (0: none; None: leave as is; a negative value:
         remove, so the tenant's default applies); the principal after, None if no such key.
         ``key``: the raw key, or its id when ``by_id``."""
-        digest = await self._digest(key, by_id)
-        if digest is None:
+        found = await self._record(key, by_id)
+        if found is None:
             return None
+        digest = found[0]
         key = self.prefix + digest
-        fields = await self.kv.hgetall(key)
-        if not fields:
-            return None
         changes = _limit_fields(rpm=rpm, tpm=tpm)
         if changes:
             await self.kv.hset(key, dict(changes))
@@ -324,12 +322,11 @@ class ApiKeyStore:
         Every replica forgets its cached principal of the key at once (``_announce``).
         ``key``: the raw key, or its id when ``by_id``."""
         validate_groups(groups)
-        digest = await self._digest(key, by_id)
-        if digest is None:
+        found = await self._record(key, by_id)
+        if found is None:
             return None
+        digest = found[0]
         key = self.prefix + digest
-        if not await self.kv.hgetall(key):
-            return None
         if groups:
             await self.kv.hset(key, {"groups": ",".join(sorted(groups))})
         else:
@@ -338,21 +335,25 @@ class ApiKeyStore:
         fields = await self.kv.hgetall(key)
         return _principal(fields, checked=False) if fields else None
 
-    async def _digest(self, key: str, by_id: bool) -> str | None:
-        """The record's name: the raw key's hash, or, for a key id, the record the id index
-        names when that record carries this very id (None otherwise). Ids of the old scheme
-        are refused: two keys could share one (``rag keys list`` gives such a key a new id)."""
-        if not by_id:
-            return hash_key(key)
-        if not KEY_ID_PATTERN.fullmatch(key):
-            raise ValueError(
-                "a key id is key_ and 24 hex digits (`rag keys list --tenant T` shows them)"
-            )
-        digest = await self._digest_of(key)
-        if digest is None or not _DIGEST.fullmatch(digest):
-            return None  # no key record of ours: a digest is 64 hex digits
+    async def _record(self, key: str, by_id: bool) -> tuple[str, dict[bytes, bytes]] | None:
+        """The key's record, as (its name: the key's hash, its fields); None when there is no
+        such key. ``key`` is the raw key, or, ``by_id``, its id: then the record the id index
+        names, when that record carries this very id. Ids of the old scheme are refused: two
+        keys could share one (``rag keys list`` gives such a key a new id)."""
+        if by_id:
+            if not KEY_ID_PATTERN.fullmatch(key):
+                raise ValueError(
+                    "a key id is key_ and 24 hex digits (`rag keys list --tenant T` shows them)"
+                )
+            digest = await self._digest_of(key)
+            if digest is None or not _DIGEST.fullmatch(digest):
+                return None  # no key record of ours: a digest is 64 hex digits
+        else:
+            digest = hash_key(key)
         fields = await self.kv.hgetall(self.prefix + digest)
-        return digest if fields.get(b"key_id") == key.encode() else None
+        if not fields or (by_id and fields.get(b"key_id") != key.encode()):
+            return None
+        return digest, fields
 
     async def keys_of(self, tenant: str) -> list[KeyInfo]:
         """The tenant's keys, oldest first, as their records hold them (never a key or its
