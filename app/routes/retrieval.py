@@ -20,7 +20,8 @@ from app.http.openapi import link
 from app.http.schemas import Filters
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
-from pipeline.sources.search import PassageSearch, parse_request_filters, viewer_of
+from pipeline.sources.filters import parse_request_filters
+from pipeline.sources.search import PassageSearch, viewer_of
 from retrieval import Document, DocumentError, IngestResult, RelevanceGate
 from retrieval.access import MAX_ENTRIES, MAX_NAME_CHARS
 from retrieval.documents import (

@@ -18,7 +18,7 @@ from pipeline.features.language import guess_language
 from pipeline.features.spec import SPECS, FeatureSpec, FeatureValueError, parse_value
 from pipeline.features.store import FeatureRow
 from pipeline.model.messages import last_user_text
-from pipeline.sources.search import parse_request_filters
+from pipeline.sources.filters import parse_request_filters
 from pipeline.store.keys import validate_name, validate_tenant
 
 MAX_FILTERS = 16

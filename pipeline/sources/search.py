@@ -34,7 +34,6 @@ from retrieval import (
     IngestResult,
     QueryBatcher,
     SearchResult,
-    parse_filters,
 )
 from retrieval.access import Viewer
 from retrieval.backends import BackendUnavailable, RetrievalBackend
@@ -49,17 +48,6 @@ from retrieval.vectors import FloatArray
 T = TypeVar("T")
 # The wait a write refused with index_busy is told to take before trying again.
 INDEX_BUSY_RETRY_S = 5.0
-
-
-def parse_request_filters(spec: Any, param: str = "rag.filters") -> Filter | None:
-    """The request's filter, or a 400 naming what is wrong with it and the request's field
-    that holds it (``rag.filters`` on chat, ``filters`` on /v1/retrieve)."""
-    if spec is None:
-        return None
-    try:
-        return parse_filters(spec)
-    except FilterError as exc:
-        raise InvalidRequest(f"Invalid {param}: {exc}", param=param) from exc
 
 
 def viewer_of(principal: Principal) -> Viewer:

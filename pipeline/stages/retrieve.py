@@ -24,7 +24,8 @@ from typing import Any
 from pipeline.context import Passage, RequestContext
 from pipeline.runner import StageSpec, available
 from pipeline.sources.conversation import build_query
-from pipeline.sources.search import PassageSearch, parse_request_filters, viewer_of
+from pipeline.sources.filters import parse_request_filters
+from pipeline.sources.search import PassageSearch, viewer_of
 from pipeline.telemetry import attributes as attr
 from retrieval import Filter, RelevanceGate, parse_filters
 

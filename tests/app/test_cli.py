@@ -361,8 +361,8 @@ def _loaded(*args: str, env: dict[str, str]) -> tuple[int, set[str]]:
     return done.returncode, set(json.loads(lines[0].removeprefix("LOADED ")))
 
 
-def test_key_commands_and_help_load_neither_the_web_framework_nor_the_index_code(
-    redis_server,
+def test_key_and_feature_commands_load_neither_the_web_framework_nor_the_index_code(
+    redis_server, tmp_path: Path
 ) -> None:
     env = {"RAG_REDIS__URL": redis_server.url, "RAG_REDIS__KEY_PREFIX": "cli-light:"}
     status, help_loaded = _loaded("--help", env=env)
@@ -377,7 +377,18 @@ def test_key_commands_and_help_load_neither_the_web_framework_nor_the_index_code
     assert status == 0
     status, listed = _loaded("keys", "list", "--tenant", "t", env=env)
     assert status == 0
-    for loaded in (help_loaded, created, refused, revoked, secret, listed):
+    rows = tmp_path / "features.jsonl"
+    rows.write_text('{"tenant": "t", "user": "u", "language": "en"}\n')
+    status, features_loaded = _loaded("features", "load", str(rows), "--quiet", env=env)
+    assert status == 0
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"tenant": "t", "user": "u", "ts": 1, "filters": ["year=2020"]}\n')
+    out = str(tmp_path / "derived.jsonl")
+    status, computed = _loaded("features", "compute", "--log", str(log), "--out", out, env=env)
+    assert status == 0
+    assert "retrieval.filters" in computed  # the request log reads filters: the grammar alone
+    commands = (help_loaded, created, refused, revoked, secret, listed, features_loaded, computed)
+    for loaded in commands:
         assert not {m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY}
     assert "app.settings" not in help_loaded  # --help reads no settings
     assert {"app.cli.keys", "pipeline.store.keys", "redis"} <= created
