@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     create.set_defaults(run="keys:create")
     listed = keys.add_parser("list", help="a tenant's keys: ids, users, scopes, groups, limits")
     listed.add_argument("--tenant", required=True)
+    listed.add_argument(
+        "--rescan",
+        action="store_true",
+        help="scan every key name first, for keys an older version of rag created meanwhile",
+    )
     listed.set_defaults(run="keys:list_keys")
     groups = keys.add_parser("groups", help="set a key's groups (every replica at once)")
     _which_key(groups)

@@ -157,7 +157,7 @@ async def list_keys(args: argparse.Namespace) -> int:
     hash, which are not stored or not shown."""
     store = _key_store()
     try:
-        found = await store.keys_of(args.tenant)
+        found = await store.keys_of(args.tenant, rescan=args.rescan)
     finally:
         await store.kv.aclose()
     print("key_id\tuser\tscopes\tgroups\trpm\ttpm\tcreated")

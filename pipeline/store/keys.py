@@ -5,7 +5,9 @@ hash itself; the lookup is by hash, and the stored hash is compared to the compu
 ``hmac.compare_digest``. The raw key is printed once at creation and kept nowhere, not even in
 part: the key id is random (``key_`` + 96 random bits), never cut from the key's text, so two
 keys cannot share an id and a job, a log line or the id index (``id:{key id}`` -> hash, which
-lets a queued job ask whether its key still exists) reveals nothing of the key.
+lets a queued job ask whether its key still exists) reveals nothing of the key. A set per
+tenant (``tenant:{tenant}``: the hashes of its keys, kept by create and revoke) is what
+``rag keys list`` reads, so a listing costs the tenant's keys, not every key in Redis.
 
 Records written before ids were random carry an id cut from the key (the text before its first
 "."). They keep working: ``resolve`` gives such a record a random id the first time it sees it,
@@ -66,14 +68,37 @@ MAX_CUSTOM_KEY_CHARS: Final = 256
 MIN_DISTINCT_CHARS: Final = 10
 MIN_ESTIMATED_BITS: Final = 96.0
 
-# KEYS: record, id index.  ARGV: hash, key id, then the record's field/value pairs.
-# Returns 1 (created) or the existing record's fields (the key already exists).
+# KEYS: record, id index, the tenant's key set.  ARGV: hash, key id, then the record's
+# field/value pairs.  Returns 1 (created) or the existing record's fields (it exists).
 _CREATE: Final = """
 local existing = redis.call('HGETALL', KEYS[1])
 if #existing > 0 then return existing end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
 return 1
+"""
+
+# KEYS: record, id index, the tenant's key set.  ARGV: hash.  Returns 1 (deleted) or 0 (no
+# such record). One step: a create of the same key between the record's deletion and the
+# set's would otherwise leave a record that no listing finds.
+_REVOKE: Final = """
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('SREM', KEYS[3], ARGV[1])
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
+
+# KEYS: a tenant's key set.  ARGV: record prefix, tenant, then hashes the set holds whose
+# records were gone or of another tenant when read.  Each is checked again here, in one step
+# with its removal, so that a key created since stays listed.
+_PRUNE: Final = """
+for i = 3, #ARGV do
+  if redis.call('HGET', ARGV[1] .. ARGV[i], 'tenant') ~= ARGV[2] then
+    redis.call('SREM', KEYS[1], ARGV[i])
+  end
+end
+return 0
 """
 
 # KEYS: record.  ARGV: the id the record had, the new id, index prefix, hash, grace seconds.
@@ -212,6 +237,8 @@ class ApiKeyStore:
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, tuple[float, Principal]] = {}
         self._create = kv.script(_CREATE)
+        self._revoke = kv.script(_REVOKE)
+        self._prune = kv.script(_PRUNE)
         self._migrate = kv.script(_MIGRATE_ID)
 
     async def create(
@@ -257,7 +284,7 @@ class ApiKeyStore:
         reply = await self.kv.run_script(
             "apikey_create",
             self._create,
-            [self.prefix + digest, self._id_key(key_id)],
+            [self.prefix + digest, self._id_key(key_id), self._tenant_key(tenant)],
             [digest, key_id, *(item for pair in record.items() for item in pair)],
         )
         if reply == 1:
@@ -285,13 +312,19 @@ class ApiKeyStore:
             return None
         digest, fields = found
         self._seen.pop(digest, None)
-        # The record goes first: should the index outlive it, is_active still says False.
-        if await self.kv.delete(self.prefix + digest) == 0:
-            return None
         principal = _principal(fields, checked=False)
-        id_key = self._id_key(principal.key_id)
-        if await self.kv.get(id_key) == digest.encode():
-            await self.kv.delete(id_key)
+        deleted = await self.kv.run_script(
+            "apikey_revoke",
+            self._revoke,
+            [
+                self.prefix + digest,
+                self._id_key(principal.key_id),
+                self._tenant_key(principal.tenant),
+            ],
+            [digest],
+        )
+        if not deleted:
+            return None
         await self._announce(digest)
         return principal
 
@@ -355,31 +388,71 @@ class ApiKeyStore:
             return None
         return digest, fields
 
-    async def keys_of(self, tenant: str) -> list[KeyInfo]:
+    async def keys_of(self, tenant: str, *, rescan: bool = False) -> list[KeyInfo]:
         """The tenant's keys, oldest first, as their records hold them (never a key or its
-        hash). For an operator's command: it scans every key name in Redis (SCAN, in steps)."""
+        hash), for an operator's command. Read through the tenant's key set, which create and
+        revoke keep; entries whose record is gone or names another tenant are never shown, and
+        are removed. Records the sets do not know of, written before there were sets, are
+        found by one scan of every key name (SCAN, in steps): the first listing after an
+        upgrade does it, and ``rescan`` does it again (keys created meanwhile by a replica
+        of an older version)."""
         validate_tenant(tenant)
-        names = await self.kv.scan(_glob_escaped(self.prefix) + "[0-9a-f]" * 64, kind="hash")
+        if rescan or await self.kv.get(self._indexed_key()) is None:
+            await self._index_every_key()
+        members = sorted(await self.kv.smembers(self._tenant_key(tenant)))
         found: list[KeyInfo] = []
-        for start in range(0, len(names), 500):  # 500 records a round trip
-            batch = names[start : start + 500]
-
-            async def queue(pipe: Any, batch: list[bytes] = batch) -> None:
-                for name in batch:
-                    pipe.hgetall(name)
-
-            replies = await self.kv.pipeline("apikey_list", queue)
-            for name, fields in zip(batch, replies, strict=True):
-                if fields.get(b"tenant") != tenant.encode():
+        gone: list[bytes] = []
+        for start in range(0, len(members), 500):  # 500 records a round trip
+            batch = members[start : start + 500]
+            digests = [member.decode("ascii", "replace") for member in batch]
+            records = await self._records(digests)
+            for member, digest, fields in zip(batch, digests, records, strict=True):
+                if fields.get(b"tenant") != tenant.encode() or not _DIGEST.fullmatch(digest):
+                    gone.append(member)  # as the set holds it
                     continue
                 principal = _principal(fields, checked=False)
                 if not KEY_ID_PATTERN.fullmatch(principal.key_id):
                     # An id of the old scheme is cut from the key's text: never shown. The
                     # record gets a random id, as on its first use (``resolve``).
-                    principal = await self._migrate_id(name[-64:].decode(), principal)
+                    principal = await self._migrate_id(digest, principal)
                 created = fields.get(b"created", b"")
                 found.append(KeyInfo(principal, int(created) if created.isdigit() else None))
+        if gone:
+            await self.kv.run_script(
+                "apikey_prune",
+                self._prune,
+                [self._tenant_key(tenant)],
+                [self.prefix, tenant, *gone],
+            )
         return sorted(found, key=lambda k: (k.created or 0, k.principal.key_id))
+
+    async def _index_every_key(self) -> None:
+        """Put every key record in its tenant's key set (one SCAN of all key names), then mark
+        the sets complete."""
+        names = await self.kv.scan(_glob_escaped(self.prefix) + "[0-9a-f]" * 64, kind="hash")
+        for start in range(0, len(names), 500):
+            batch = [name[-64:].decode() for name in names[start : start + 500]]
+            members: list[tuple[str, str]] = []
+            for digest, fields in zip(batch, await self._records(batch), strict=True):
+                tenant = fields.get(b"tenant", b"").decode("utf-8", "replace")
+                if TENANT_PATTERN.fullmatch(tenant):
+                    members.append((self._tenant_key(tenant), digest))
+
+            async def queue(pipe: Any, members: list[tuple[str, str]] = members) -> None:
+                for key, digest in members:
+                    pipe.sadd(key, digest)
+
+            await self.kv.pipeline("apikey_index", queue)
+        await self.kv.set(self._indexed_key(), b"1")
+
+    async def _records(self, digests: list[str]) -> list[dict[bytes, bytes]]:
+        """The key records of these hashes, in one round trip (empty where there is none)."""
+
+        async def queue(pipe: Any) -> None:
+            for digest in digests:
+                pipe.hgetall(self.prefix + digest)
+
+        return await self.kv.pipeline("apikey_list", queue)
 
     async def _announce(self, digest: str) -> None:
         """Tell every replica to forget its cached entry of this key."""
@@ -497,6 +570,14 @@ class ApiKeyStore:
 
     def _id_key(self, key_id: str) -> str:
         return f"{self.prefix}id:{key_id}"
+
+    def _tenant_key(self, tenant: str) -> str:
+        """The set of the hashes of a tenant's keys (``rag keys list``)."""
+        return f"{self.prefix}tenant:{tenant}"
+
+    def _indexed_key(self) -> str:
+        """Set once every key record written before the tenant key sets is in its set."""
+        return f"{self.prefix}tenant-index"
 
     async def resolve(self, raw: str) -> Principal | None:
         """The principal for a key, or None when the key is unknown.

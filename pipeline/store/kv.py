@@ -220,6 +220,10 @@ class KeyValueStore:
         count: int = await self._call("HDEL", lambda: self.client.hdel(key, *fields))
         return count
 
+    async def smembers(self, key: str) -> frozenset[bytes]:
+        members: Any = await self._call("SMEMBERS", lambda: self.client.smembers(key))
+        return frozenset(members)
+
     async def publish(self, channel: str, message: str) -> int:
         receivers: int = await self._call("PUBLISH", lambda: self.client.publish(channel, message))
         return receivers

@@ -375,7 +375,7 @@ def test_key_and_feature_commands_load_neither_the_web_framework_nor_the_index_c
     assert status == 1  # "no such key", after asking Redis and the job queue
     status, secret = _loaded("webhooks", "secret", "--tenant", "t", env=env)
     assert status == 0
-    status, listed = _loaded("keys", "list", "--tenant", "t", env=env)
+    status, listed = _loaded("keys", "list", "--tenant", "t", "--rescan", env=env)
     assert status == 0
     rows = tmp_path / "features.jsonl"
     rows.write_text('{"tenant": "t", "user": "u", "language": "en"}\n')

@@ -11,7 +11,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.store.keys import KEY_ID_PATTERN, ApiKeyStore, hash_key, weak_key_reason
+from pipeline.store.keys import (
+    KEY_ID_PATTERN,
+    ApiKeyStore,
+    hash_key,
+    new_key_id,
+    weak_key_reason,
+)
 from pipeline.store.kv import KeyValueStore
 from tests.support.fuzzing import examples
 
@@ -318,3 +324,32 @@ async def test_listing_reads_the_prefix_literally_and_a_damaged_record_as_it_is(
     assert set(listed) == {"ann", "\ufffd"} and listed["\ufffd"].created is None
     with pytest.raises(ValueError, match="tenant"):
         await plain.keys_of("../acme")
+
+
+async def test_listing_reads_the_tenants_key_set_and_never_shows_what_is_not_the_tenants(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    ann = await keys.create("acme", "ann")
+    bob = await keys.create("other", "bob")
+    assert [k.principal.user for k in await keys.keys_of("acme")] == ["ann"]
+    # A record its tenant's set does not know of, as a replica of an older version writes it,
+    # is not scanned for on every listing (that is what the set is for), but on a rescan.
+    late = hash_key(STRONG)
+    record = {"hash": late, "key_id": new_key_id(), "tenant": "acme", "user": "cat"}
+    await kv.hset(keys.prefix + late, {**record, "scopes": "chat", "created": 2})
+    assert [k.principal.user for k in await keys.keys_of("acme")] == ["ann"]
+    rescanned = await keys.keys_of("acme", rescan=True)
+    assert sorted(k.principal.user for k in rescanned) == ["ann", "cat"]
+    # Another tenant's key, a record that is gone and a name that is no hash, put in acme's
+    # set: never shown, and taken out of it.
+    tenant_set = f"{keys.prefix}tenant:acme"
+    await kv.client.sadd(tenant_set, hash_key(bob), "0" * 64, "../other", b"\xff")
+    listed = await keys.keys_of("acme")
+    assert sorted(k.principal.user for k in listed) == ["ann", "cat"]
+    assert await kv.client.smembers(tenant_set) == {hash_key(ann).encode(), late.encode()}
+    # A revoke takes the key out of its set; the same custom key created again is back in it.
+    assert await keys.revoke(STRONG) is not None
+    assert await kv.client.smembers(tenant_set) == {hash_key(ann).encode()}
+    await keys.create("acme", "cat", raw_key=STRONG)
+    assert sorted(k.principal.user for k in await keys.keys_of("acme")) == ["ann", "cat"]
+    assert [k.principal.user for k in await keys.keys_of("other")] == ["bob"]
