@@ -68,33 +68,42 @@ MAX_CUSTOM_KEY_CHARS: Final = 256
 MIN_DISTINCT_CHARS: Final = 10
 MIN_ESTIMATED_BITS: Final = 96.0
 
-# KEYS: record, id index, the tenant's key set.  ARGV: hash, key id, then the record's
-# field/value pairs.  Returns 1 (created) or the existing record's fields (it exists).
+# KEYS: record, id index, the tenant's key set.  ARGV: hash, key id, tenant, then the
+# record's field/value pairs.  Returns 1 (created) or the existing record's fields (it exists;
+# put in its tenant's set again if it is this tenant's, in case a version without sets made it).
+# The set is written first: should it not be a set, nothing is written.
 _CREATE: Final = """
 local existing = redis.call('HGETALL', KEYS[1])
-if #existing > 0 then return existing end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('SET', KEYS[2], ARGV[1])
+if #existing > 0 then
+  if redis.call('HGET', KEYS[1], 'tenant') == ARGV[3] then redis.pcall('SADD', KEYS[3], ARGV[1]) end
+  return existing
+end
 redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('SET', KEYS[2], ARGV[1])
 return 1
 """
 
-# KEYS: record, id index, the tenant's key set.  ARGV: hash.  Returns 1 (deleted) or 0 (no
-# such record). One step: a create of the same key between the record's deletion and the
-# set's would otherwise leave a record that no listing finds.
+# KEYS: record, id index, the tenant's key set.  ARGV: hash, the key id the record was read
+# with.  Returns 1 (deleted) or 0 (no such record, or one with another id since: revoked and
+# created again meanwhile). One step: a create of the same key between the record's deletion
+# and the set's would otherwise leave a record that no listing finds. The set last, and its
+# error ignored (a damaged set: the next listing drops the entry), so a revoke always ends.
 _REVOKE: Final = """
-if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-redis.call('SREM', KEYS[3], ARGV[1])
+if (redis.call('HGET', KEYS[1], 'key_id') or '') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+redis.pcall('SREM', KEYS[3], ARGV[1])
 return 1
 """
 
-# KEYS: a tenant's key set.  ARGV: record prefix, tenant, then hashes the set holds whose
-# records were gone or of another tenant when read.  Each is checked again here, in one step
-# with its removal, so that a key created since stays listed.
+# KEYS: a tenant's key set.  ARGV: record prefix, tenant, then entries of the set that were
+# not the tenant's key records when read.  Each is checked again here, in one step with its
+# removal, so that a key created since stays listed (pcall: a name that is not a hash is no
+# record of the tenant's).
 _PRUNE: Final = """
 for i = 3, #ARGV do
-  if redis.call('HGET', ARGV[1] .. ARGV[i], 'tenant') ~= ARGV[2] then
+  if redis.pcall('HGET', ARGV[1] .. ARGV[i], 'tenant') ~= ARGV[2] then
     redis.call('SREM', KEYS[1], ARGV[i])
   end
 end
@@ -285,7 +294,7 @@ class ApiKeyStore:
             "apikey_create",
             self._create,
             [self.prefix + digest, self._id_key(key_id), self._tenant_key(tenant)],
-            [digest, key_id, *(item for pair in record.items() for item in pair)],
+            [digest, key_id, tenant, *(item for pair in record.items() for item in pair)],
         )
         if reply == 1:
             return raw
@@ -321,7 +330,7 @@ class ApiKeyStore:
                 self._id_key(principal.key_id),
                 self._tenant_key(principal.tenant),
             ],
-            [digest],
+            [digest, fields.get(b"key_id", b"")],
         )
         if not deleted:
             return None
@@ -399,31 +408,33 @@ class ApiKeyStore:
         validate_tenant(tenant)
         if rescan or await self.kv.get(self._indexed_key()) is None:
             await self._index_every_key()
-        members = sorted(await self.kv.smembers(self._tenant_key(tenant)))
+        tenant_key = self._tenant_key(tenant)
         found: list[KeyInfo] = []
-        gone: list[bytes] = []
-        for start in range(0, len(members), 500):  # 500 records a round trip
-            batch = members[start : start + 500]
-            digests = [member.decode("ascii", "replace") for member in batch]
-            records = await self._records(digests)
-            for member, digest, fields in zip(batch, digests, records, strict=True):
-                if fields.get(b"tenant") != tenant.encode() or not _DIGEST.fullmatch(digest):
+        listed: set[bytes] = set()
+        async for members in self.kv.sscan(tenant_key, count=500):  # 500 records a round trip
+            batch = [m for m in members if m not in listed]  # SSCAN may give one twice
+            listed.update(batch)
+            digests = {m: m.decode("ascii", "replace") for m in batch}
+            digests = {m: d for m, d in digests.items() if _DIGEST.fullmatch(d)}
+            gone = [m for m in batch if m not in digests]
+            records = await self._records(list(digests.values()))
+            for member, fields in zip(digests, records, strict=True):
+                if fields.get(b"tenant") != tenant.encode():
                     gone.append(member)  # as the set holds it
                     continue
                 principal = _principal(fields, checked=False)
                 if not KEY_ID_PATTERN.fullmatch(principal.key_id):
                     # An id of the old scheme is cut from the key's text: never shown. The
                     # record gets a random id, as on its first use (``resolve``).
-                    principal = await self._migrate_id(digest, principal)
+                    principal = await self._migrate_id(digests[member], principal)
+                    if not KEY_ID_PATTERN.fullmatch(principal.key_id):
+                        continue  # revoked meanwhile
                 created = fields.get(b"created", b"")
                 found.append(KeyInfo(principal, int(created) if created.isdigit() else None))
-        if gone:
-            await self.kv.run_script(
-                "apikey_prune",
-                self._prune,
-                [self._tenant_key(tenant)],
-                [self.prefix, tenant, *gone],
-            )
+            if gone:
+                await self.kv.run_script(
+                    "apikey_prune", self._prune, [tenant_key], [self.prefix, tenant, *gone]
+                )
         return sorted(found, key=lambda k: (k.created or 0, k.principal.key_id))
 
     async def _index_every_key(self) -> None:
@@ -446,13 +457,15 @@ class ApiKeyStore:
         await self.kv.set(self._indexed_key(), b"1")
 
     async def _records(self, digests: list[str]) -> list[dict[bytes, bytes]]:
-        """The key records of these hashes, in one round trip (empty where there is none)."""
+        """The key records of these hashes, in one round trip (empty where there is none, or
+        where the name holds something other than a hash)."""
 
         async def queue(pipe: Any) -> None:
             for digest in digests:
                 pipe.hgetall(self.prefix + digest)
 
-        return await self.kv.pipeline("apikey_list", queue)
+        replies = await self.kv.pipeline("apikey_list", queue, errors_in_place=True)
+        return [reply if isinstance(reply, dict) else {} for reply in replies]
 
     async def _announce(self, digest: str) -> None:
         """Tell every replica to forget its cached entry of this key."""

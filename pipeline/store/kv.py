@@ -220,9 +220,16 @@ class KeyValueStore:
         count: int = await self._call("HDEL", lambda: self.client.hdel(key, *fields))
         return count
 
-    async def smembers(self, key: str) -> frozenset[bytes]:
-        members: Any = await self._call("SMEMBERS", lambda: self.client.smembers(key))
-        return frozenset(members)
+    async def sscan(self, key: str, *, count: int = 1000) -> AsyncIterator[list[bytes]]:
+        """A set's members, in steps of about ``count`` (SSCAN: a member may come twice)."""
+        cursor = 0
+        while True:
+            step = partial(self.client.sscan, key, cursor, count=count)
+            cursor, found = await self._call("SSCAN", step)
+            if found:
+                yield list(found)
+            if not cursor:
+                return
 
     async def publish(self, channel: str, message: str) -> int:
         receivers: int = await self._call("PUBLISH", lambda: self.client.publish(channel, message))
@@ -311,15 +318,18 @@ class KeyValueStore:
         queue: Callable[[Any], Awaitable[None]],
         *,
         transaction: bool = False,
+        errors_in_place: bool = False,
     ) -> list[Any]:
         """Several commands in one round trip, under one span: ``queue`` adds them to the
         pipeline it is given (a registered script is queued by awaiting it with
-        ``client=pipe``); their replies come back in order. ``transaction``: MULTI/EXEC."""
+        ``client=pipe``); their replies come back in order. ``transaction``: MULTI/EXEC.
+        ``errors_in_place``: a command that Redis refuses (a name holding another type) gives
+        its error as its reply, rather than failing the whole pipeline."""
 
         async def run() -> list[Any]:
             async with self.client.pipeline(transaction=transaction) as pipe:
                 await queue(pipe)
-                replies: list[Any] = await pipe.execute()
+                replies: list[Any] = await pipe.execute(raise_on_error=not errors_in_place)
                 return replies
 
         replies: list[Any] = await self._call(name, run)

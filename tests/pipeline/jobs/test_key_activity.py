@@ -353,3 +353,55 @@ async def test_listing_reads_the_tenants_key_set_and_never_shows_what_is_not_the
     await keys.create("acme", "cat", raw_key=STRONG)
     assert sorted(k.principal.user for k in await keys.keys_of("acme")) == ["ann", "cat"]
     assert [k.principal.user for k in await keys.keys_of("other")] == ["bob"]
+
+
+async def test_listing_and_revoking_hold_up_against_damaged_entries_and_races(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    ann = await keys.create("acme", "ann")
+    tenant_set = f"{keys.prefix}tenant:acme"
+    # Set entries naming something that is not a key record (the marker, a string under a
+    # hash's name): the listing still answers, and drops them.
+    await kv.client.set(keys.prefix + "1" * 64, b"not a record")
+    await kv.client.sadd(tenant_set, "tenant-index", "1" * 64)
+    assert [k.principal.user for k in await keys.keys_of("acme")] == ["ann"]
+    assert await kv.client.smembers(tenant_set) == {hash_key(ann).encode()}
+    # The pruning checks each entry again as it removes it: a key of the tenant stays.
+    await kv.run_script(
+        "apikey_prune", keys._prune, [tenant_set], [keys.prefix, "acme", hash_key(ann)]
+    )
+    assert await kv.client.smembers(tenant_set) == {hash_key(ann).encode()}
+    # A key missing from its set (a version without sets created it) is put back when it is
+    # created again.
+    await kv.client.srem(tenant_set, hash_key(ann))
+    await keys.create("acme", "cat", raw_key=STRONG)
+    await kv.client.srem(tenant_set, hash_key(STRONG))
+    await keys.create("acme", "cat", raw_key=STRONG)
+    assert [k.principal.user for k in await keys.keys_of("acme")] == ["cat"]
+    # A revoke ends whatever the set holds: the record and its id index go.
+    await kv.client.delete(tenant_set)
+    await kv.client.set(tenant_set, b"not a set")
+    principal = await keys.resolve(ann)
+    assert principal is not None
+    assert await keys.revoke(ann) is not None
+    assert await keys.resolve(ann) is None and not await keys.is_active(principal.key_id)
+    # A record read for a revoke that has another id by the time it is deleted (revoked and
+    # created again meanwhile) is left alone.
+    real = keys._record
+
+    async def read_before_a_recreate(key: str, by_id: bool) -> object:
+        found = await real(key, by_id)
+        assert found is not None
+        return found[0], {**found[1], b"key_id": new_key_id().encode()}
+
+    keys._record = read_before_a_recreate  # type: ignore[method-assign,assignment]
+    assert await keys.revoke(STRONG) is None
+    keys._record = real  # type: ignore[method-assign]
+    assert await keys.resolve(STRONG) is not None
+
+
+async def test_a_tenant_with_many_keys_is_listed_whole_and_once(keys: ApiKeyStore) -> None:
+    for n in range(1_200):  # more than one step of the set's scan
+        await keys.create("big", f"u{n}")
+    listed = await keys.keys_of("big")
+    assert len(listed) == 1_200 == len({k.principal.key_id for k in listed})
