@@ -44,6 +44,7 @@ from pipeline.tools.registry import ToolRegistry
 from retrieval import Embedder, HybridRetriever, IndexStore, QueryBatcher, make_embedder
 from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
+from retrieval.backends.lazy import LazyBackend
 from retrieval.backends.router import BackendRouter, RedisOverrides
 from retrieval.files import ConverterPool, ZipLimits
 
@@ -375,15 +376,28 @@ def build_milvus(settings: Settings, embedder: Embedder) -> RetrievalBackend:
 
 
 def build_backends(
-    settings: Settings, store: IndexStore, retriever: HybridRetriever, embedder: Embedder
+    settings: Settings,
+    store: IndexStore,
+    retriever: HybridRetriever,
+    embedder: Embedder,
+    *,
+    connect_now: bool = True,
 ) -> BackendRouter:
     """The backends and which tenant uses which: the embedded one always; Milvus when the
-    settings name it (or give its URI), with run-time overrides (`rag backend move`) in Redis."""
+    settings name it (or give its URI), with run-time overrides (`rag backend move`) in Redis.
+
+    Milvus is built on its first use (``retrieval.backends.lazy``), so that while it cannot be
+    reached only its own tenants are refused. ``connect_now`` (the app) tries it at once, so
+    that the first request for one of its tenants does not wait for the connection; a
+    command leaves it until a tenant on it is touched."""
     config = settings.retrieval
     backends: dict[str, RetrievalBackend] = {"embedded": EmbeddedBackend(store, retriever)}
     overrides = None
     if config.uses_milvus:
-        backends["milvus"] = build_milvus(settings, embedder)
+        milvus = LazyBackend("milvus", lambda: build_milvus(settings, embedder))
+        if connect_now:
+            milvus.try_build()
+        backends["milvus"] = milvus
         overrides = RedisOverrides(
             settings.redis.url,
             settings.redis.key_prefix,

@@ -60,7 +60,9 @@ def backend_router() -> BackendRouter:
         if config.candidates
         else HybridRetriever(store)
     )
-    return build_backends(settings, store, retriever, embedder)
+    # Milvus only once a tenant on it is touched: a command for an embedded tenant neither
+    # starts Milvus Lite nor fails when a Milvus server cannot be reached.
+    return build_backends(settings, store, retriever, embedder, connect_now=False)
 
 
 def show(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from retrieval.backends.moves import MoveFence
 from retrieval.backends.versions import RedisVersions
 from tests.retrieval.backends_support import milvus_backend
 from tests.support.cli import rag
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, free_port
 
 DOCS = [
     {"id": "paris", "title": "Paris", "text": "Paris is the capital of France."},
@@ -93,6 +93,29 @@ def test_a_move_to_milvus_without_a_milvus_uri_is_refused(
     }
     done = rag("backend", "move", "--tenant", "big", "--to", "milvus", env=env)
     assert done.returncode == 2 and "RAG_RETRIEVAL__MILVUS_URI" in done.stderr
+
+
+def test_a_milvus_that_cannot_be_reached_fails_only_the_commands_that_need_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    env = {
+        "RAG_REDIS__URL": redis_server.url,
+        "RAG_REDIS__KEY_PREFIX": f"mu{uuid.uuid4().hex[:6]}:",
+        "RAG_RETRIEVAL__INDEX_DIR": str(tmp_path / "indexes"),
+        "RAG_RETRIEVAL__MILVUS_URI": f"http://127.0.0.1:{free_port()}",
+        "RAG_RETRIEVAL__MILVUS_TIMEOUT_SECONDS": "1",
+    }
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    done = rag("ingest", str(corpus), "--tenant", "small", "--quiet", env=env)
+    assert done.returncode == 0, done.stderr  # an embedded tenant: Milvus is not needed
+    refused = rag("backend", "move", "--tenant", "small", "--to", "milvus", env=env)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    said = refused.stderr.strip().splitlines()[-1]
+    assert said.startswith("rag: The milvus retrieval backend cannot be reached"), said
+    assert said.endswith("Run it again later.")
+    deleted = rag("delete", "--tenant", "small", "rome", env=env)  # the move's fence is lifted
+    assert deleted.returncode == 0, deleted.stderr
 
 
 def test_rag_ingest_and_delete_during_a_move_exit_1_saying_so_and_succeed_after(

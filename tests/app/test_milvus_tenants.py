@@ -113,6 +113,36 @@ async def test_a_milvus_that_stops_answering_is_a_503_for_its_tenant_only(
         await _milvus_stops(harness)
 
 
+async def test_a_milvus_that_cannot_be_reached_at_the_start_holds_up_only_its_tenants(
+    make_app, redis_server
+) -> None:
+    # Before, the app did not start: every tenant was down for one backend's.
+    settings = make_settings(
+        redis_server.url,
+        f"http://127.0.0.1:{free_port()}",
+        retrieval={
+            "tenant_backends": {"big": "milvus"},
+            "milvus_uri": f"http://127.0.0.1:{free_port()}",
+            "milvus_timeout_seconds": 1.0,
+        },
+    )
+    async with make_app(settings) as harness:
+        big = await harness.key(tenant="big", scopes="retrieve,ingest")
+        small = await harness.key(tenant="small", scopes="retrieve,ingest")
+        await ingest(harness, small, DOCS[:1])
+        assert (await search(harness, small, "kiwi"))["data"][0]["document_id"] == "kiwi-1"
+        for response in (
+            await harness.client.post("/v1/retrieve", json={"query": "kiwi"}, headers=auth(big)),
+            await harness.client.post(
+                "/v1/documents", json={"documents": DOCS[1:2]}, headers=auth(big)
+            ),
+        ):
+            error = assert_openai_error(response, 503, "service_unavailable")
+            assert error["code"] == "retrieval_unavailable", error
+            assert "milvus retrieval backend cannot be reached" in error["message"]
+            assert "127.0.0.1" not in error["message"]
+
+
 async def _milvus_stops(harness) -> None:
     big = await harness.key(tenant="big", scopes="retrieve,ingest")
     small = await harness.key(tenant="small", scopes="retrieve,ingest")
@@ -120,7 +150,7 @@ async def _milvus_stops(harness) -> None:
     await ingest(harness, small, DOCS[:1])
     from milvus_lite.server_manager import server_manager_instance
 
-    milvus = harness.services.retrieval.backend("big")
+    milvus = harness.services.retrieval.backend("big").get()  # built at the app's start
     server_manager_instance.release_server(milvus.client._lite_path)  # Milvus Lite stops
     refused = await harness.client.post("/v1/retrieve", json={"query": "kiwi"}, headers=auth(big))
     error = assert_openai_error(refused, 503, "service_unavailable")

@@ -153,3 +153,35 @@ def test_a_version_or_override_that_is_not_text_neither_stops_the_poller_nor_rai
     finally:
         for closing in (versions, overrides, writer):
             closing.close()
+
+
+def test_a_backend_that_cannot_be_reached_is_refused_then_tried_again_and_used_once_built(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    from retrieval.backends import BackendUnavailable
+    from retrieval.backends.lazy import LazyBackend
+    from retrieval.backends.milvus import connect
+    from tests.support.servers import free_port
+
+    store = IndexStore(tmp_path, embedder)
+    attempts: list[str] = []
+
+    def build() -> RetrievalBackend:
+        attempts.append("tried")
+        if len(attempts) == 1:  # a Milvus server that is not there
+            connect(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
+        return Named("milvus", store)
+
+    lazy = LazyBackend("milvus", build, retry_s=0.3)
+    assert not lazy.built and attempts == []  # nothing is tried before it is needed
+    with pytest.raises(BackendUnavailable, match="cannot be reached") as refused:
+        lazy.document_ids("t")
+    assert "127.0.0.1" not in str(refused.value)  # the address only in the log
+    with pytest.raises(BackendUnavailable):
+        lazy.stats("t")  # within retry_s: refused at once, not tried again
+    assert attempts == ["tried"]
+    wait_for(lazy.try_build, timeout=5.0, what="the retry after retry_s")
+    assert lazy.built and attempts == ["tried", "tried"]
+    assert lazy.document_ids("t") == set() and lazy.stats("t").backend == "milvus"
+    assert lazy.get() is lazy.get() and attempts == ["tried", "tried"]  # built once
+    lazy.close()
