@@ -1,6 +1,6 @@
 """How long `rag` commands take, start to exit, beside another checkout's in the same run.
 
-    python -m bench.cli_start [--rounds 15] [--code DIR] [--keys N]
+    python -m bench.cli_start [--rounds 15] [--code DIR] [--keys N] [--env NAME=VALUE]...
 
 Each round runs every command once from this checkout and once from ``--code`` (a `git
 worktree` of an earlier commit: its modules come first on PYTHONPATH), alternating which goes
@@ -77,6 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--code", help="the other checkout (e.g. a worktree of an older commit)")
     parser.add_argument("--keys", type=int, default=0, help="key records of other tenants")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for every command (e.g. RAG_RETRIEVAL__MILVUS_URI=/tmp/m.db)",
+    )
     args = parser.parse_args(argv)
     codes = {"this": ROOT, **({"other": Path(args.code).resolve()} if args.code else {})}
     redis = RedisServer()
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         "RAG_REDIS__URL": redis.url,
         "RAG_RETRIEVAL__INDEX_DIR": str(index),
         "RAG_REDIS__KEY_PREFIX": "bench:",
+        **dict(setting.split("=", 1) for setting in args.env),
     }
     times: dict[tuple[str, str], list[float]] = {}
     first: dict[str, float] = {}
