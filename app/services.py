@@ -46,6 +46,7 @@ from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.lazy import LazyBackend
 from retrieval.backends.router import BackendRouter, RedisOverrides
+from retrieval.backends.versions import RedisVersions, VersionCounter
 from retrieval.files import ConverterPool, ZipLimits
 
 
@@ -346,18 +347,14 @@ def build_converter(settings: Settings) -> ConverterPool:
     )
 
 
-def build_milvus(settings: Settings, embedder: Embedder) -> RetrievalBackend:
-    """The Milvus backend of the settings (Milvus Lite for a file path); its index versions
-    are counters in the settings' Redis, which the app and `rag` share."""
+def build_milvus(
+    settings: Settings, embedder: Embedder, versions: VersionCounter
+) -> RetrievalBackend:
+    """The Milvus backend of the settings (Milvus Lite for a file path), connected now; its
+    index versions are counters in the settings' Redis, which the app and `rag` share."""
     from retrieval.backends.milvus import MilvusBackend, connect
-    from retrieval.backends.versions import RedisVersions
 
     config = settings.retrieval
-    versions = RedisVersions(
-        settings.redis.url,
-        settings.redis.key_prefix,
-        timeout_s=max(settings.redis.timeout_seconds, 0.5),
-    )
     client = connect(config.milvus_location(), config.milvus_timeout_seconds)
     options: dict[str, Any] = {"candidates": config.candidates} if config.candidates else {}
     return MilvusBackend(
@@ -394,7 +391,19 @@ def build_backends(
     backends: dict[str, RetrievalBackend] = {"embedded": EmbeddedBackend(store, retriever)}
     overrides = None
     if config.uses_milvus:
-        milvus = LazyBackend("milvus", lambda: build_milvus(settings, embedder))
+        from retrieval.backends.milvus import MilvusNotInstalled, VersionAnswers
+
+        versions = RedisVersions(
+            settings.redis.url,
+            settings.redis.key_prefix,
+            timeout_s=max(settings.redis.timeout_seconds, 0.5),
+        )
+        milvus = LazyBackend(
+            "milvus",
+            lambda: build_milvus(settings, embedder, versions),
+            VersionAnswers(versions),
+            permanent=(MilvusNotInstalled,),
+        )
         if connect_now:
             milvus.try_build()
         backends["milvus"] = milvus

@@ -274,6 +274,11 @@ def _index_refusal(exc: Exception) -> str | None:
     from retrieval.snapshots import IndexUnreadable
     from retrieval.store import IndexBusy
 
+    if type(exc).__module__ == "retrieval.backends.milvus":
+        from retrieval.backends.milvus import MilvusUnavailable
+
+        if isinstance(exc, MilvusUnavailable):  # not installed: no retry mends it
+            return f"rag: {exc}"
     if isinstance(exc, IndexUnreadable):
         return (
             f"rag: the index of tenant '{exc.tenant}' (version {exc.version!r}) cannot be read: "

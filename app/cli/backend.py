@@ -27,7 +27,7 @@ import redis
 from app.services import build_backends, build_index_store
 from app.settings import RetrievalSettings, get_settings
 from retrieval import HybridRetriever, make_embedder
-from retrieval.backends import RetrievalBackend
+from retrieval.backends import BackendUnavailable, RetrievalBackend
 from retrieval.backends.moves import MOVE_TTL_S, MoveFence
 from retrieval.backends.router import BackendRouter
 from retrieval.backends.versions import Poller
@@ -142,7 +142,11 @@ def _already_there(router: BackendRouter, tenant: str, target: RetrievalBackend)
     for backend in router.backends.values():
         if backend is target:
             continue
-        left = backend.document_ids(tenant)
+        try:
+            left = backend.document_ids(tenant)
+        except BackendUnavailable as exc:  # none of it is served: looked for on the next move
+            print(f"could not look for documents of tenant {tenant} left on {backend.name}: {exc}")
+            continue
         if left:
             backend.delete(tenant, sorted(left))
             print(f"removed {len(left)} documents of tenant {tenant} left on {backend.name}")

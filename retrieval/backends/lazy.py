@@ -6,10 +6,18 @@ every tenant is on the embedded index. Built eagerly, its connection was a cost 
 everyone: each `rag` command started Milvus Lite (about a second, four the first time), and a
 Milvus server that could not be reached failed every command, and the app's start, whatever
 tenant they were for. Behind ``LazyBackend`` a command builds it only when a tenant on it is
-touched, and the app tries it at start (``try_build``) but starts without it. Until it can be
-built, a call for one of its tenants is ``BackendUnavailable`` (503, or "run it again later" in
-a command), and it is tried again at most every ``retry_s`` seconds: the calls in between are
-refused at once rather than each waiting out a connection timeout.
+touched, and the app tries it at start (``try_build``) but starts without it.
+
+Until it is built:
+- what the backend answers without its store (the index version, for cache keys; whether a
+  tenant has an index) comes from ``answers``, which the event loop may call: nothing there
+  ever waits for a connection;
+- any other call builds it in the calling thread (a search or ingest pool's), and one that
+  cannot is ``BackendUnavailable`` (503, or "run it again later" in a command). It is tried
+  again at most every ``retry_s`` seconds, and while one thread is connecting the others are
+  refused at once: neither waits out a connection timeout.
+An error of ``permanent`` kinds (pymilvus not installed) is raised as it is: no wait mends it,
+and the app's start fails on it as before.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from retrieval.backends import BackendStats, BackendUnavailable, ChunkBatch, RetrievalBackend
 
@@ -35,19 +43,44 @@ log = logging.getLogger(__name__)
 RETRY_S = 5.0
 
 
+class StorelessAnswers(Protocol):
+    """What a backend answers without its store (``retrieval.backends.milvus.VersionAnswers``)."""
+
+    def version(self, tenant: str) -> str: ...
+
+    def has_index(self, tenant: str) -> bool: ...
+
+    def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]: ...
+
+    def access_scope(
+        self, tenant: str, viewer: Viewer | None
+    ) -> tuple[str, dict[str, Any] | None]: ...
+
+    def close(self) -> None: ...
+
+
 class LazyBackend:
     """``build()``'s backend, made on the first call that needs it (see the module docstring)."""
 
     def __init__(
-        self, name: str, build: Callable[[], RetrievalBackend], *, retry_s: float = RETRY_S
+        self,
+        name: str,
+        build: Callable[[], RetrievalBackend],
+        answers: StorelessAnswers,
+        *,
+        retry_s: float = RETRY_S,
+        permanent: tuple[type[Exception], ...] = (),
     ) -> None:
         self.name = name
         self._build = build
+        self._answers = answers
         self.retry_s = retry_s
+        self._permanent = permanent
         self._backend: RetrievalBackend | None = None
+        self._closed = False
         self._failed_at = -float("inf")
         self._failure = ""
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while connecting
 
     @property
     def built(self) -> bool:
@@ -62,33 +95,53 @@ class LazyBackend:
         return True
 
     def get(self) -> RetrievalBackend:
+        """The backend, built now if it is not yet; ``BackendUnavailable`` when it cannot be,
+        or while another thread is connecting."""
         backend = self._backend
         if backend is not None:
             return backend
-        with self._lock:  # one thread connects; the others wait for its outcome
-            if self._backend is not None:
-                return self._backend
-            if time.monotonic() - self._failed_at < self.retry_s:
-                raise BackendUnavailable(self._failure)
-            try:
-                self._backend = self._build()
-            except Exception as exc:  # whatever the client raises when it cannot connect
-                self._failed_at = time.monotonic()
-                # Said to API callers too: the cause (an address, a path) only in the log.
-                self._failure = (
-                    f"The {self.name} retrieval backend cannot be reached "
-                    f"({type(exc).__name__}); the service's log says why."
-                )
-                log.warning(
-                    "the %s retrieval backend cannot be reached (%s: %s); tried again on use, "
-                    "at most every %.0f s",
-                    self.name,
-                    type(exc).__name__,
-                    str(exc)[:1000],
-                    self.retry_s,
-                )
-                raise BackendUnavailable(self._failure) from exc
+        if self._closed:
+            raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
+        if not self._lock.acquire(blocking=False):
+            raise BackendUnavailable(
+                f"The {self.name} retrieval backend is being connected to; try again shortly."
+            )
+        try:
+            return self._connect()
+        finally:
+            self._lock.release()
+            if self._closed:  # closed while this thread connected: what it built is closed
+                self.close()
+
+    def _connect(self) -> RetrievalBackend:
+        if self._backend is not None:
             return self._backend
+        if time.monotonic() - self._failed_at < self.retry_s:
+            raise BackendUnavailable(self._failure)
+        try:
+            backend = self._build()
+        except self._permanent:
+            raise
+        except Exception as exc:  # whatever the client raises when it cannot connect
+            self._failed_at = time.monotonic()
+            # Said to API callers too: the cause (an address, a path) only in the log.
+            self._failure = (
+                f"The {self.name} retrieval backend cannot be reached "
+                f"({type(exc).__name__}); the log says why."
+            )
+            log.warning(
+                "the %s retrieval backend cannot be reached (%s: %s)",
+                self.name,
+                type(exc).__name__,
+                str(exc)[:1000],
+            )
+            raise BackendUnavailable(self._failure) from exc
+        self._backend = backend
+        return backend
+
+    def _storeless(self) -> StorelessAnswers:
+        """The backend once built (the same answers, from the same counters), else ``answers``."""
+        return self._backend if self._backend is not None else self._answers
 
     def search(
         self,
@@ -120,22 +173,22 @@ class LazyBackend:
         return self.get().delete(tenant, document_ids)
 
     def version(self, tenant: str) -> str:
-        return self.get().version(tenant)
+        return self._storeless().version(tenant)
 
     def stats(self, tenant: str) -> BackendStats:
         return self.get().stats(tenant)
 
     def has_index(self, tenant: str) -> bool:
-        return self.get().has_index(tenant)
+        return self._storeless().has_index(tenant)
 
     def document_ids(self, tenant: str) -> set[str]:
         return self.get().document_ids(tenant)
 
     def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]:
-        return self.get().idf(tenant, viewer, query)
+        return self._storeless().idf(tenant, viewer, query)
 
     def access_scope(self, tenant: str, viewer: Viewer | None) -> tuple[str, dict[str, Any] | None]:
-        return self.get().access_scope(tenant, viewer)
+        return self._storeless().access_scope(tenant, viewer)
 
     def export(self, tenant: str, batch: int = 500) -> Iterator[ChunkBatch]:
         return self.get().export(tenant, batch)
@@ -144,6 +197,16 @@ class LazyBackend:
         return self.get().import_chunks(tenant, batch)
 
     def close(self) -> None:
-        with self._lock:
-            if self._backend is not None:
-                self._backend.close()
+        """Close it if it was built; a call after this is refused. A thread connecting now
+        closes what it builds (``get``)."""
+        self._closed = True
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            backend, self._backend = self._backend, None
+        finally:
+            self._lock.release()
+        if backend is not None:
+            backend.close()
+        else:
+            self._answers.close()

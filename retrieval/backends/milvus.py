@@ -134,6 +134,44 @@ class MilvusUnavailable(RuntimeError):
     """Milvus (or Milvus Lite) could not be started or reached."""
 
 
+class MilvusNotInstalled(MilvusUnavailable):
+    """pymilvus is missing: no retry will reach Milvus (the app does not start without it)."""
+
+
+class VersionAnswers:
+    """What the Milvus backend answers from its tenants' version counters alone, with no call
+    to Milvus: cheap enough for the event loop (the cache key, the retrieve stage's first look),
+    and answered while Milvus itself cannot be reached (``retrieval.backends.lazy``)."""
+
+    def __init__(self, versions: VersionCounter) -> None:
+        self.versions = versions
+
+    def version(self, tenant: str) -> str:
+        return self.versions.get(check_tenant(tenant))
+
+    def has_index(self, tenant: str) -> bool:
+        """Whether the tenant was ever written to (its version counter exists)."""
+        return self.version(tenant) != NO_VERSION
+
+    def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]:
+        """Empty: Milvus does not expose its BM25 statistics; compression then weighs words
+        by an IDF over the passages it compresses (pipeline.sources.compress)."""
+        return {}
+
+    def access_scope(self, tenant: str, viewer: Viewer | None) -> tuple[str, dict[str, Any] | None]:
+        """The whole viewer: which of its groups some list names is not known cheaply here, so
+        answers are shared only between viewers with the same user and groups."""
+        version = self.version(tenant)
+        if viewer is None:
+            return version, {"groups": [], "user": None}
+        return version, {"groups": sorted(viewer.groups), "user": viewer.user}
+
+    def close(self) -> None:
+        closer = getattr(self.versions, "close", None)
+        if closer is not None:
+            closer()
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 # What a failing store raises through pymilvus (its MilvusException, gRPC's errors, sockets)
 # and through redis-py; the caller's own errors (DocumentError, FilterError) pass as they are.
@@ -213,7 +251,7 @@ def connect(uri: str, timeout_s: float = 30.0) -> Any:
     try:
         from pymilvus import MilvusClient
     except ImportError as exc:
-        raise MilvusUnavailable(
+        raise MilvusNotInstalled(
             "pymilvus is not installed: run `make install` (it installs pymilvus and milvus-lite)"
         ) from exc
     try:
@@ -293,6 +331,7 @@ class MilvusBackend:
         self.typed_fields = {check_key(k): kind for k, kind in typed_fields.items()}
         self.embedder = embedder
         self.versions = versions
+        self._answers = VersionAnswers(versions)
         self.candidates = candidates
         self.fusion = fusion
         self.vector_weight = vector_weight
@@ -581,7 +620,7 @@ class MilvusBackend:
         return self.relevance.score(0.0, cosine)
 
     def version(self, tenant: str) -> str:
-        return self.versions.get(check_tenant(tenant))
+        return self._answers.version(tenant)
 
     @unavailable_on_store_failure
     def stats(self, tenant: str) -> BackendStats:
@@ -589,9 +628,8 @@ class MilvusBackend:
         return BackendStats(self.name, self.version(tenant), self._documents(tenant), chunks)
 
     def has_index(self, tenant: str) -> bool:
-        """Whether the tenant was ever written to (its version counter exists): no Milvus call
-        on the event loop."""
-        return self.version(tenant) != NO_VERSION
+        """Whether the tenant was ever written to: no Milvus call on the event loop."""
+        return self._answers.has_index(tenant)
 
     def _documents(self, tenant: str) -> int:
         """How many documents the tenant has, counted by the server: every document has
@@ -604,17 +642,10 @@ class MilvusBackend:
         return {row["document_id"] for row in self._iterate(tenant, ["document_id"])}
 
     def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]:
-        """Empty: Milvus does not expose its BM25 statistics; compression then weighs words
-        by an IDF over the passages it compresses (pipeline.sources.compress)."""
-        return {}
+        return self._answers.idf(tenant, viewer, query)
 
     def access_scope(self, tenant: str, viewer: Viewer | None) -> tuple[str, dict[str, Any] | None]:
-        """The whole viewer: which of its groups some list names is not known cheaply here, so
-        answers are shared only between viewers with the same user and groups."""
-        version = self.version(tenant)
-        if viewer is None:
-            return version, {"groups": [], "user": None}
-        return version, {"groups": sorted(viewer.groups), "user": viewer.user}
+        return self._answers.access_scope(tenant, viewer)
 
     def _iterate(
         self, tenant: str, fields: list[str], batch: int = 1000

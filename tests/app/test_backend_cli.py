@@ -12,7 +12,6 @@ import redis
 from retrieval import Embedder, HybridRetriever, IndexStore
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.moves import MoveFence
-from retrieval.backends.versions import RedisVersions
 from tests.retrieval.backends_support import milvus_backend
 from tests.support.cli import rag
 from tests.support.servers import RedisServer, free_port
@@ -42,6 +41,7 @@ def test_a_tenant_moves_to_milvus_and_back_and_every_command_follows_it(
         assert done.returncode == 0, done.stderr
     shown = rag("backend", "show", "--tenant", "big", env=env)
     assert "big: embedded" in shown.stdout and "3 documents" in shown.stdout, shown.stderr
+    assert not (tmp_path / "milvus.db").exists()  # no command so far needed Milvus Lite
 
     moved = rag("backend", "move", "--tenant", "big", "--to", "milvus", env=env)
     assert moved.returncode == 0, moved.stderr
@@ -63,9 +63,10 @@ def test_a_tenant_moves_to_milvus_and_back_and_every_command_follows_it(
     assert deleted.returncode == 0, deleted.stderr
     missing = rag("delete", "--tenant", "big", "rome", env=env)
     assert missing.returncode == 1 and "not found" in missing.stderr
-    milvus = milvus_backend(tmp_path, shared_embedder, redis_server.url, collection="moved")
+    milvus = milvus_backend(
+        tmp_path, shared_embedder, redis_server.url, collection="moved", versions_prefix=prefix
+    )
     try:
-        milvus.versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0.0)
         assert milvus.document_ids("big") == {"paris", "tides"}
         assert milvus.document_ids("small") == set()
         query = "capital of France"
@@ -116,6 +117,9 @@ def test_a_milvus_that_cannot_be_reached_fails_only_the_commands_that_need_it(
     assert said.endswith("Run it again later.")
     deleted = rag("delete", "--tenant", "small", "rome", env=env)  # the move's fence is lifted
     assert deleted.returncode == 0, deleted.stderr
+    there = rag("backend", "move", "--tenant", "small", "--to", "embedded", env=env)
+    assert there.returncode == 0 and "tenant small is already on embedded" in there.stdout
+    assert "could not look for documents of tenant small left on milvus" in there.stdout
 
 
 def test_rag_ingest_and_delete_during_a_move_exit_1_saying_so_and_succeed_after(

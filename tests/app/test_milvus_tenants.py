@@ -3,10 +3,13 @@ delete and the index version, beside a tenant on the embedded index, in one app.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from retrieval.backends.versions import RedisVersions
 from tests.app.test_errors import assert_openai_error
 from tests.app.test_retrieval_api import DOCS, auth, ingest, search
 from tests.conftest import chat_request, make_settings
@@ -126,6 +129,10 @@ async def test_a_milvus_that_cannot_be_reached_at_the_start_holds_up_only_its_te
             "milvus_timeout_seconds": 1.0,
         },
     )
+    # The tenant was written to before Milvus went away: its searches go to Milvus.
+    written = RedisVersions(redis_server.url, settings.redis.key_prefix, reload_interval_s=0.0)
+    written.bump("big")
+    written.close()
     async with make_app(settings) as harness:
         big = await harness.key(tenant="big", scopes="retrieve,ingest")
         small = await harness.key(tenant="small", scopes="retrieve,ingest")
@@ -141,6 +148,21 @@ async def test_a_milvus_that_cannot_be_reached_at_the_start_holds_up_only_its_te
             assert error["code"] == "retrieval_unavailable", error
             assert "milvus retrieval backend cannot be reached" in error["message"]
             assert "127.0.0.1" not in error["message"]
+        # A chat tries Milvus again, from a search thread: the event loop never waits for the
+        # connection (the cache key's index version is read without it).
+        milvus = harness.services.retrieval.backend("big")
+        milvus.retry_s = 0.0
+        build, loop_thread, threads = milvus._build, threading.get_ident(), []
+
+        def recorded() -> Any:
+            threads.append(threading.get_ident())
+            return build()
+
+        milvus._build = recorded
+        chat = await harness.key(tenant="big")
+        response = await harness.chat(chat, chat_request("What is a kiwi?"))
+        assert_openai_error(response, 503, "service_unavailable")
+        assert threads and loop_thread not in threads
 
 
 async def _milvus_stops(harness) -> None:

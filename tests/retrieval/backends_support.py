@@ -15,15 +15,21 @@ from retrieval.embeddings import Embedder
 
 
 def milvus_backend(
-    path: Path, embedder: Embedder, redis_url: str, collection: str = "contract", **options: Any
+    path: Path,
+    embedder: Embedder,
+    redis_url: str,
+    collection: str = "contract",
+    versions_prefix: str | None = None,
+    **options: Any,
 ) -> MilvusBackend:
     """A Milvus Lite backend on a database file under `path` (`collection` in it), versions
-    in the tests' Redis."""
+    in the tests' Redis (under `versions_prefix`: another process's, else a prefix of its own)."""
     try:
         client = connect(str(path / "milvus.db"))
     except MilvusUnavailable as exc:
         pytest.fail(f"Milvus Lite did not start: {exc}. Install it with `make install`.")
-    versions = RedisVersions(redis_url, f"t{uuid.uuid4().hex[:8]}:", reload_interval_s=0.0)
+    prefix = versions_prefix or f"t{uuid.uuid4().hex[:8]}:"
+    versions = RedisVersions(redis_url, prefix, reload_interval_s=0.0)
     return MilvusBackend(client, collection, embedder, versions, **options)
 
 

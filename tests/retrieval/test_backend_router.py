@@ -156,14 +156,17 @@ def test_a_version_or_override_that_is_not_text_neither_stops_the_poller_nor_rai
 
 
 def test_a_backend_that_cannot_be_reached_is_refused_then_tried_again_and_used_once_built(
-    tmp_path: Path, embedder: Embedder
+    tmp_path: Path, embedder: Embedder, redis_server: RedisServer
 ) -> None:
     from retrieval.backends import BackendUnavailable
     from retrieval.backends.lazy import LazyBackend
-    from retrieval.backends.milvus import connect
+    from retrieval.backends.milvus import VersionAnswers, connect
     from tests.support.servers import free_port
 
     store = IndexStore(tmp_path, embedder)
+    prefix = f"z{uuid.uuid4().hex[:6]}:"
+    versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0.0)
+    RedisVersions(redis_server.url, prefix, reload_interval_s=0.0).bump("t")
     attempts: list[str] = []
 
     def build() -> RetrievalBackend:
@@ -172,8 +175,11 @@ def test_a_backend_that_cannot_be_reached_is_refused_then_tried_again_and_used_o
             connect(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
         return Named("milvus", store)
 
-    lazy = LazyBackend("milvus", build, retry_s=0.3)
-    assert not lazy.built and attempts == []  # nothing is tried before it is needed
+    lazy = LazyBackend("milvus", build, VersionAnswers(versions), retry_s=0.3)
+    # What needs no store (the event loop asks it) is answered without connecting.
+    assert (lazy.version("t"), lazy.has_index("t"), lazy.has_index("u")) == ("1", True, False)
+    assert lazy.access_scope("t", None)[0] == "1" and lazy.idf("t", None, "q") == {}
+    assert not lazy.built and attempts == []
     with pytest.raises(BackendUnavailable, match="cannot be reached") as refused:
         lazy.document_ids("t")
     assert "127.0.0.1" not in str(refused.value)  # the address only in the log
@@ -185,3 +191,46 @@ def test_a_backend_that_cannot_be_reached_is_refused_then_tried_again_and_used_o
     assert lazy.document_ids("t") == set() and lazy.stats("t").backend == "milvus"
     assert lazy.get() is lazy.get() and attempts == ["tried", "tried"]  # built once
     lazy.close()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        lazy.document_ids("t")
+    versions.close()
+
+
+def test_while_one_thread_connects_the_others_are_refused_at_once_and_a_close_is_kept(
+    tmp_path: Path, embedder: Embedder, redis_server: RedisServer
+) -> None:
+    import threading
+
+    from retrieval.backends import BackendUnavailable
+    from retrieval.backends.lazy import LazyBackend
+    from retrieval.backends.milvus import VersionAnswers
+
+    store = IndexStore(tmp_path, embedder)
+    connecting, connected = threading.Event(), threading.Event()
+    closed: list[str] = []
+
+    class Closing(Named):
+        def close(self) -> None:
+            closed.append(self.name)
+
+    def slow_build() -> RetrievalBackend:
+        connecting.set()
+        connected.wait(10)
+        return Closing("milvus", store)
+
+    versions = RedisVersions(redis_server.url, "w:", reload_interval_s=0.0)
+    lazy = LazyBackend("milvus", slow_build, VersionAnswers(versions))
+    results: list[object] = []
+    first = threading.Thread(target=lambda: results.append(lazy.document_ids("t")))
+    first.start()
+    assert connecting.wait(10)
+    with pytest.raises(BackendUnavailable, match="being connected"):
+        lazy.document_ids("t")  # not a wait for the connection under way
+    assert lazy.version("t") == "0"
+    lazy.close()  # returns at once: the thread connecting closes what it builds
+    connected.set()
+    first.join(10)
+    assert results == [set()] and closed == ["milvus"] and not lazy.built
+    with pytest.raises(BackendUnavailable, match="closed"):
+        lazy.get()
+    versions.close()
