@@ -1,4 +1,5 @@
-"""Liveness (the process answers) and readiness (Redis and the model server answer).
+"""Liveness (the process answers) and readiness (Redis and the model server answer; whether
+Milvus, when one is configured, has been connected to is said beside them, not counted).
 
 Both need no key (probes and load balancers call them), so readiness is checked at most once a
 second and the answer reused: a flood of `/readyz` costs Redis and the model server nothing
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 from app.http import answers
 from app.http.responses import JSONResponse
 from app.services import ServicesDep
+from retrieval.backends.lazy import LazyBackend
 
 router = APIRouter(tags=["health"])
 READINESS_TTL_S: Final = 1.0
@@ -42,6 +44,10 @@ async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     if cached is None or now - cached[0] >= READINESS_TTL_S:
         redis_ok, llm_ok = await asyncio.gather(services.kv.ping(), services.llm.healthy())
         checks = {"redis": "ok" if redis_ok else "down", "llm": "ok" if llm_ok else "down"}
+        milvus = services.retrieval.backends.backends.get("milvus") if services.retrieval else None
+        if isinstance(milvus, LazyBackend):
+            # Said, not counted: this replica still serves every tenant that is not on it.
+            checks["milvus"] = "ok" if milvus.built else "down"
         ready = redis_ok and llm_ok
         body = {"status": "ready" if ready else "unready", "checks": checks}
         cached = (time.monotonic(), body, 200 if ready else 503)

@@ -32,6 +32,7 @@ async def test_a_milvus_tenant_is_served_by_milvus_and_an_embedded_one_by_its_sn
 ) -> None:
     big = await harness.key(tenant="big", scopes="retrieve,ingest")
     small = await harness.key(tenant="small", scopes="retrieve,ingest")
+    assert (await harness.client.get("/readyz")).json()["checks"]["milvus"] == "ok"
     search_service = harness.services.retrieval
     assert search_service.backend("big").name == "milvus"
     assert search_service.backend("small").name == "embedded"
@@ -138,6 +139,8 @@ async def test_a_milvus_that_cannot_be_reached_at_the_start_holds_up_only_its_te
         small = await harness.key(tenant="small", scopes="retrieve,ingest")
         await ingest(harness, small, DOCS[:1])
         assert (await search(harness, small, "kiwi"))["data"][0]["document_id"] == "kiwi-1"
+        ready = (await harness.client.get("/readyz")).json()
+        assert ready["checks"]["milvus"] == "down" and ready["checks"]["redis"] == "ok"
         for response in (
             await harness.client.post("/v1/retrieve", json={"query": "kiwi"}, headers=auth(big)),
             await harness.client.post(
