@@ -103,33 +103,30 @@ async def test_a_milvus_tenants_chat_is_grounded_in_its_passages_and_cached_per_
 async def test_a_milvus_that_stops_answering_is_a_503_for_its_tenant_only(
     make_app, redis_server, tmp_path: Path
 ) -> None:
-    # Each Milvus call waits (and pymilvus retries) up to the timeout: a short one here.
-    settings = make_settings(
-        redis_server.url,
+    settings = _short_timeout_settings(redis_server.url, str(tmp_path / "m.db"))
+    async with make_app(settings) as harness:
+        await _milvus_stops(harness)
+
+
+def _short_timeout_settings(redis_url: str, milvus_uri: str) -> Any:
+    """Tenant "big" on Milvus at ``milvus_uri``; each Milvus call waits (and pymilvus retries)
+    up to the timeout: a short one here. No model server."""
+    return make_settings(
+        redis_url,
         f"http://127.0.0.1:{free_port()}",
         retrieval={
             "tenant_backends": {"big": "milvus"},
-            "milvus_uri": str(tmp_path / "m.db"),
+            "milvus_uri": milvus_uri,
             "milvus_timeout_seconds": 1.0,
         },
     )
-    async with make_app(settings) as harness:
-        await _milvus_stops(harness)
 
 
 async def test_a_milvus_that_cannot_be_reached_at_the_start_holds_up_only_its_tenants(
     make_app, redis_server
 ) -> None:
     # Before, the app did not start: every tenant was down for one backend's.
-    settings = make_settings(
-        redis_server.url,
-        f"http://127.0.0.1:{free_port()}",
-        retrieval={
-            "tenant_backends": {"big": "milvus"},
-            "milvus_uri": f"http://127.0.0.1:{free_port()}",
-            "milvus_timeout_seconds": 1.0,
-        },
-    )
+    settings = _short_timeout_settings(redis_server.url, f"http://127.0.0.1:{free_port()}")
     # The tenant was written to before Milvus went away: its searches go to Milvus.
     written = RedisVersions(redis_server.url, settings.redis.key_prefix, reload_interval_s=0.0)
     written.bump("big")
