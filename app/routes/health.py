@@ -1,5 +1,6 @@
 """Liveness (the process answers) and readiness (Redis and the model server answer; whether
-Milvus, when one is configured, has been connected to is said beside them, not counted).
+Milvus, when one is configured, is connected and answered its last call is said beside them,
+not counted: the replica serves every other tenant).
 
 Both need no key (probes and load balancers call them), so readiness is checked at most once a
 second and the answer reused: a flood of `/readyz` costs Redis and the model server nothing
@@ -47,7 +48,7 @@ async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
         milvus = services.retrieval.backends.backends.get("milvus") if services.retrieval else None
         if isinstance(milvus, LazyBackend):
             # Said, not counted: this replica still serves every tenant that is not on it.
-            checks["milvus"] = "ok" if milvus.built else "down"
+            checks["milvus"] = "ok" if milvus.answering else "down"
         ready = redis_ok and llm_ok
         body = {"status": "ready" if ready else "unready", "checks": checks}
         cached = (time.monotonic(), body, 200 if ready else 503)

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from retrieval.backends import BackendStats, BackendUnavailable, ChunkBatch, RetrievalBackend
 
@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # annotations only, as in retrieval.backends
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
+T = TypeVar("T")
 
 
 class StorelessAnswers(Protocol):
@@ -80,6 +81,7 @@ class LazyBackend:
         self._closed = False
         self._failed_at = -float("inf")
         self._failure = ""
+        self._last_failed = False
         self._lock = threading.Lock()  # held while connecting
 
     @property
@@ -143,6 +145,22 @@ class LazyBackend:
         """The backend once built (the same answers, from the same counters), else ``answers``."""
         return self._backend if self._backend is not None else self._answers
 
+    @property
+    def answering(self) -> bool:
+        """Whether it is built and the last call that reached it did not find it unavailable
+        (``/readyz`` says so)."""
+        return self._backend is not None and not self._last_failed
+
+    def _through(self, call: Callable[[RetrievalBackend], T]) -> T:
+        """``call`` on the backend (built now if need be), noting whether it was available."""
+        try:
+            result = call(self.get())
+        except BackendUnavailable:
+            self._last_failed = True
+            raise
+        self._last_failed = False
+        return result
+
     def search(
         self,
         tenant: str,
@@ -155,34 +173,36 @@ class LazyBackend:
         viewer: Viewer | None = None,
         context_terms: Sequence[tuple[str, float]] = (),
     ) -> SearchResult:
-        return self.get().search(
-            tenant,
-            query,
-            query_vector,
-            top_k=top_k,
-            filters=filters,
-            defaults=defaults,
-            viewer=viewer,
-            context_terms=context_terms,
+        return self._through(
+            lambda backend: backend.search(
+                tenant,
+                query,
+                query_vector,
+                top_k=top_k,
+                filters=filters,
+                defaults=defaults,
+                viewer=viewer,
+                context_terms=context_terms,
+            )
         )
 
     def upsert(self, tenant: str, documents: Sequence[Document]) -> IngestResult:
-        return self.get().upsert(tenant, documents)
+        return self._through(lambda backend: backend.upsert(tenant, documents))
 
     def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
-        return self.get().delete(tenant, document_ids)
+        return self._through(lambda backend: backend.delete(tenant, document_ids))
 
     def version(self, tenant: str) -> str:
         return self._storeless().version(tenant)
 
     def stats(self, tenant: str) -> BackendStats:
-        return self.get().stats(tenant)
+        return self._through(lambda backend: backend.stats(tenant))
 
     def has_index(self, tenant: str) -> bool:
         return self._storeless().has_index(tenant)
 
     def document_ids(self, tenant: str) -> set[str]:
-        return self.get().document_ids(tenant)
+        return self._through(lambda backend: backend.document_ids(tenant))
 
     def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]:
         return self._storeless().idf(tenant, viewer, query)
@@ -194,7 +214,7 @@ class LazyBackend:
         return self.get().export(tenant, batch)
 
     def import_chunks(self, tenant: str, batch: ChunkBatch) -> IngestResult:
-        return self.get().import_chunks(tenant, batch)
+        return self._through(lambda backend: backend.import_chunks(tenant, batch))
 
     def close(self) -> None:
         """Close it if it was built; a call after this is refused. A thread connecting now

@@ -182,6 +182,7 @@ async def _milvus_stops(harness) -> None:
     )
     assert_openai_error(written, 503, "service_unavailable")
     assert (await search(harness, small, "kiwi"))["data"][0]["document_id"] == "kiwi-1"
+    assert (await harness.client.get("/readyz")).json()["checks"]["milvus"] == "down"
 
 
 async def test_writes_during_a_move_are_a_503_with_retry_after_and_searches_go_on(
