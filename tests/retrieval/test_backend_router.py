@@ -190,6 +190,19 @@ def test_a_backend_that_cannot_be_reached_is_refused_then_tried_again_and_used_o
     assert lazy.built and attempts == ["tried", "tried"]
     assert lazy.document_ids("t") == set() and lazy.stats("t").backend == "milvus"
     assert lazy.get() is lazy.get() and attempts == ["tried", "tried"]  # built once
+    assert lazy.answering
+    built = lazy.get()
+    real = built.document_ids
+
+    def unavailable(tenant: str) -> set[str]:
+        raise BackendUnavailable("the store did not answer")
+
+    built.document_ids = unavailable  # type: ignore[method-assign]
+    with pytest.raises(BackendUnavailable):
+        lazy.document_ids("t")  # a call that found it unavailable: /readyz says so
+    assert not lazy.answering
+    built.document_ids = real  # type: ignore[method-assign]
+    assert lazy.document_ids("t") == set() and lazy.answering
     lazy.close()
     with pytest.raises(BackendUnavailable, match="closed"):
         lazy.document_ids("t")
