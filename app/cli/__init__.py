@@ -2,7 +2,7 @@
 
 rag keys create --tenant T --user U [--scopes chat,retrieve,ingest,admin] [--key VALUE]
               [--rpm N] [--tpm N] [--groups a,b]
-rag keys list --tenant T    (ids, users, scopes, groups, limits, created; never a key)
+rag keys list --tenant T [--rescan]   (ids, users, scopes, groups, limits, created; never a key)
 rag keys groups KEY (--set a,b | --clear)   (the groups whose documents the key may retrieve)
 rag keys revoke KEY         (its queued jobs fail with ``key_revoked``; they are never run)
 rag keys limits KEY [--rpm N|default] [--tpm N|default]      (the key's own limits)
