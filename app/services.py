@@ -352,24 +352,28 @@ def build_milvus(
 ) -> RetrievalBackend:
     """The Milvus backend of the settings (Milvus Lite for a file path), connected now; its
     index versions are counters in the settings' Redis, which the app and `rag` share."""
-    from retrieval.backends.milvus import MilvusBackend, connect
+    from retrieval.backends.milvus import MilvusBackend, close, connect
 
     config = settings.retrieval
-    client = connect(config.milvus_location(), config.milvus_timeout_seconds)
     options: dict[str, Any] = {"candidates": config.candidates} if config.candidates else {}
-    return MilvusBackend(
-        client,
-        config.milvus_collection,
-        embedder,
-        versions,
-        chunk_words=config.chunk_words,
-        overlap_words=config.overlap_words,
-        max_document_chars=config.max_document_chars,
-        timeout_s=config.milvus_timeout_seconds,
-        typed_fields=config.milvus_typed_fields,
-        tenant_collections=config.milvus_tenant_collections,
-        **options,
-    )
+    client = connect(config.milvus_location(), config.milvus_timeout_seconds)
+    try:
+        return MilvusBackend(
+            client,
+            config.milvus_collection,
+            embedder,
+            versions,
+            chunk_words=config.chunk_words,
+            overlap_words=config.overlap_words,
+            max_document_chars=config.max_document_chars,
+            timeout_s=config.milvus_timeout_seconds,
+            typed_fields=config.milvus_typed_fields,
+            tenant_collections=config.milvus_tenant_collections,
+            **options,
+        )
+    except BaseException:
+        close(client)  # its collections could not be made ready: no client (or Lite server) left
+        raise
 
 
 def build_backends(
@@ -385,8 +389,8 @@ def build_backends(
 
     Milvus is built on its first use (``retrieval.backends.lazy``), so that while it cannot be
     reached only its own tenants are refused. ``connect_now`` (the app) tries it at once, so
-    that the first request for one of its tenants does not wait for the connection; a
-    command leaves it until a tenant on it is touched."""
+    that the first request for one of its tenants does not wait for the connection, and later
+    connects in a thread of its own; a command leaves it until a tenant on it is touched."""
     config = settings.retrieval
     backends: dict[str, RetrievalBackend] = {"embedded": EmbeddedBackend(store, retriever)}
     overrides = None
@@ -403,6 +407,7 @@ def build_backends(
             lambda: build_milvus(settings, embedder, versions),
             VersionAnswers(versions),
             permanent=(MilvusNotInstalled,),
+            background=connect_now,
         )
         if connect_now:
             milvus.try_build()

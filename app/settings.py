@@ -26,7 +26,12 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from app.production import unsafe_for_production
 from pipeline.jobs.secret_box import parse_keys
 from pipeline.store.limits import MAX_PER_MINUTE
-from retrieval.backends.milvus_expr import TypedKind, check_collection, check_key
+from retrieval.backends.milvus_expr import (
+    MAX_TYPED_FIELDS,
+    TypedKind,
+    check_collection,
+    check_key,
+)
 from retrieval.embeddings import Backend
 from retrieval.relevance import DEFAULT_THRESHOLD
 from retrieval.tenants import check_tenant
@@ -383,6 +388,10 @@ class RetrievalSettings(Durations):
     @field_validator("milvus_typed_fields", mode="after")
     @classmethod
     def _typed_keys(cls, value: dict[str, TypedKind]) -> dict[str, TypedKind]:
+        if len(value) > MAX_TYPED_FIELDS:
+            raise ValueError(
+                f"at most {MAX_TYPED_FIELDS} typed fields (a Milvus collection holds 64 fields)"
+            )
         for key in value:
             check_key(key)  # a FilterError is a ValueError
         return value

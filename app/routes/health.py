@@ -49,6 +49,7 @@ async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
         if isinstance(milvus, LazyBackend):
             # Said, not counted: this replica still serves every tenant that is not on it.
             checks["milvus"] = "ok" if milvus.answering else "down"
+            milvus.reconnect()  # a Milvus back after an outage is found without a request
         ready = redis_ok and llm_ok
         body = {"status": "ready" if ready else "unready", "checks": checks}
         cached = (time.monotonic(), body, 200 if ready else 503)

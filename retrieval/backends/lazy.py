@@ -12,10 +12,12 @@ Until it is built:
 - what the backend answers without its store (the index version, for cache keys; whether a
   tenant has an index) comes from ``answers``, which the event loop may call: nothing there
   ever waits for a connection;
-- any other call builds it in the calling thread (a search or ingest pool's), and one that
-  cannot is ``BackendUnavailable`` (503, or "run it again later" in a command). It is tried
-  again at most every ``retry_s`` seconds, and while one thread is connecting the others are
-  refused at once: neither waits out a connection timeout.
+- any other call is ``BackendUnavailable`` (503, or "run it again later" in a command). In
+  the app (``background``) it starts a connection in a thread of its own and is refused at
+  once: the search and ingest pools' threads, which every tenant shares, never wait out a
+  connection timeout for Milvus. In a command it connects in the calling thread.
+- a connection is tried again at most every ``retry_s`` seconds, and one at a time: while one
+  is under way, calls are refused at once.
 An error of ``permanent`` kinds (pymilvus not installed) is raised as it is: no wait mends it,
 and the app's start fails on it as before.
 """
@@ -71,8 +73,10 @@ class LazyBackend:
         *,
         retry_s: float = RETRY_S,
         permanent: tuple[type[Exception], ...] = (),
+        background: bool = False,
     ) -> None:
         self.name = name
+        self.background = background
         self._build = build
         self._answers = answers
         self.retry_s = retry_s
@@ -89,35 +93,64 @@ class LazyBackend:
         return self._backend is not None
 
     def try_build(self) -> bool:
-        """Build it now (the app's start); False, logged, when it cannot be reached yet."""
+        """Build it now, in this thread (the app's start); False, logged, when it cannot be
+        reached yet."""
         try:
-            self.get()
+            self._build_here()
         except BackendUnavailable:
             return False
         return True
 
+    def reconnect(self) -> None:
+        """In ``background`` mode, start a connection in a thread of its own unless one is under
+        way or the last failed less than ``retry_s`` ago (``/readyz`` calls this too, so that
+        a Milvus back after an outage is found without a request for one of its tenants)."""
+        if (
+            self._backend is None
+            and not self._closed
+            and not self._lock.locked()
+            and time.monotonic() - self._failed_at >= self.retry_s
+        ):
+            name = f"{self.name}-connect"
+            threading.Thread(target=self.try_build, name=name, daemon=True).start()
+
     def get(self) -> RetrievalBackend:
-        """The backend, built now if it is not yet; ``BackendUnavailable`` when it cannot be,
-        or while another thread is connecting."""
+        """The backend; ``BackendUnavailable`` when it is not built. In ``background`` mode
+        (the app: its pools' threads are shared by every tenant) a connection is started in a
+        thread of its own and this call is refused at once; otherwise (a command) it connects
+        here."""
         backend = self._backend
         if backend is not None:
             return backend
         if self._closed:
             raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
+        if self.background:
+            self.reconnect()
+            raise BackendUnavailable(
+                self._failure
+                or f"The {self.name} retrieval backend is being connected to; try again shortly."
+            )
+        return self._build_here()
+
+    def _build_here(self) -> RetrievalBackend:
         if not self._lock.acquire(blocking=False):
             raise BackendUnavailable(
                 f"The {self.name} retrieval backend is being connected to; try again shortly."
             )
         try:
-            return self._connect()
+            backend = self._connect()
         finally:
             self._lock.release()
-            if self._closed:  # closed while this thread connected: what it built is closed
-                self.close()
+        if self._closed:  # closed while this thread connected: what it built is closed
+            self.close()
+            raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
+        return backend
 
     def _connect(self) -> RetrievalBackend:
         if self._backend is not None:
             return self._backend
+        if self._closed:
+            raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
         if time.monotonic() - self._failed_at < self.retry_s:
             raise BackendUnavailable(self._failure)
         try:

@@ -361,9 +361,9 @@ class MilvusBackend:
         collection keeps the typed columns it was created with; where they differ from
         `typed_fields` a warning says so (ranges on a key without a column read the JSON path:
         the same answer, unindexed)."""
-        if self.client.has_collection(name):
-            self.client.load_collection(name)
-            typed = _typed_columns_of(self.client.describe_collection(name))
+        if self.client.has_collection(name, timeout=self.timeout_s):
+            self.client.load_collection(name, timeout=self.timeout_s)
+            typed = _typed_columns_of(self.client.describe_collection(name, timeout=self.timeout_s))
             if typed != self.typed_fields:
                 logging.getLogger(__name__).warning(
                     "milvus: collection %s has typed columns %s, the settings ask for %s; a "
@@ -434,7 +434,9 @@ class MilvusBackend:
         index.add_index("tenant", index_type="INVERTED")
         for key in self.typed_fields:
             index.add_index(typed_column(key), index_type="INVERTED")
-        self.client.create_collection(name, schema=schema, index_params=index)
+        self.client.create_collection(
+            name, schema=schema, index_params=index, timeout=self.timeout_s
+        )
         return Collection(name, dict(self.typed_fields))
 
     # -- reading -----------------------------------------------------------------------------

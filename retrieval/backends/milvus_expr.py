@@ -130,6 +130,11 @@ def number_literal(value: int | float) -> str:
     return repr(number)
 
 
+# Milvus allows 64 fields a collection: the backend's own take 16, and a typed key takes two
+# (its column and whether a chunk has it).
+MAX_TYPED_FIELDS = 24
+
+
 def check_key(key: str) -> str:
     """`key` if it may be written into an expression as a JSON path, else FilterError."""
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):

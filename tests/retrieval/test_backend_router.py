@@ -11,6 +11,7 @@ import pytest
 from app.services import build_backends
 from app.settings import SettingsError
 from retrieval import Embedder, HybridRetriever, IndexStore
+from retrieval.access import Viewer
 from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.router import BackendRouter, RedisOverrides
@@ -178,7 +179,10 @@ def test_a_backend_that_cannot_be_reached_is_refused_then_tried_again_and_used_o
     lazy = LazyBackend("milvus", build, VersionAnswers(versions), retry_s=0.3)
     # What needs no store (the event loop asks it) is answered without connecting.
     assert (lazy.version("t"), lazy.has_index("t"), lazy.has_index("u")) == ("1", True, False)
-    assert lazy.access_scope("t", None)[0] == "1" and lazy.idf("t", None, "q") == {}
+    assert lazy.access_scope("t", None) == ("1", {"groups": [], "user": None})
+    viewer = Viewer("ann", frozenset({"b", "a"}))  # as MilvusBackend answered: the cache keys
+    assert lazy.access_scope("t", viewer) == ("1", {"groups": ["a", "b"], "user": "ann"})
+    assert lazy.idf("t", None, "q") == {}
     assert not lazy.built and attempts == []
     with pytest.raises(BackendUnavailable, match="cannot be reached") as refused:
         lazy.document_ids("t")
@@ -234,7 +238,14 @@ def test_while_one_thread_connects_the_others_are_refused_at_once_and_a_close_is
     versions = RedisVersions(redis_server.url, "w:", reload_interval_s=0.0)
     lazy = LazyBackend("milvus", slow_build, VersionAnswers(versions))
     results: list[object] = []
-    first = threading.Thread(target=lambda: results.append(lazy.document_ids("t")))
+
+    def list_documents() -> None:
+        try:
+            results.append(lazy.document_ids("t"))
+        except BackendUnavailable as exc:
+            results.append(str(exc))
+
+    first = threading.Thread(target=list_documents)
     first.start()
     assert connecting.wait(10)
     with pytest.raises(BackendUnavailable, match="being connected"):
@@ -243,7 +254,56 @@ def test_while_one_thread_connects_the_others_are_refused_at_once_and_a_close_is
     lazy.close()  # returns at once: the thread connecting closes what it builds
     connected.set()
     first.join(10)
-    assert results == [set()] and closed == ["milvus"] and not lazy.built
+    assert results == ["The milvus retrieval backend is closed."]
+    assert closed == ["milvus"] and not lazy.built  # what it built is closed, not handed out
     with pytest.raises(BackendUnavailable, match="closed"):
         lazy.get()
     versions.close()
+
+
+def test_the_apps_connection_runs_in_a_thread_of_its_own_and_a_call_is_refused_meanwhile(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    import threading
+
+    from retrieval.backends import BackendUnavailable
+    from retrieval.backends.lazy import LazyBackend
+
+    store = IndexStore(tmp_path, embedder)
+    release, threads, closed = threading.Event(), [], []
+
+    class Answers:
+        def close(self) -> None:
+            closed.append("answers")
+
+    def build() -> RetrievalBackend:
+        threads.append(threading.current_thread().name)
+        release.wait(10)
+        return Named("milvus", store)
+
+    # In the app a call never waits for the connection: the pools' threads serve every tenant.
+    lazy = LazyBackend("milvus", build, Answers(), background=True)  # type: ignore[arg-type]
+    with pytest.raises(BackendUnavailable, match="being connected"):
+        lazy.document_ids("t")
+    wait_for(lambda: threads == ["milvus-connect"], timeout=5.0, what="the connecting thread")
+    with pytest.raises(BackendUnavailable, match="being connected"):
+        lazy.stats("t")  # refused at once again, and no second connection is started
+    release.set()
+    wait_for(lambda: lazy.built, timeout=5.0, what="the connection")
+    assert lazy.document_ids("t") == set() and threads == ["milvus-connect"]
+
+    never = LazyBackend("milvus", build, Answers())  # type: ignore[arg-type]
+    never.close()  # never built: what its answers hold (a Redis poller) is closed
+    assert closed == ["answers"]
+
+
+def test_an_error_no_wait_mends_is_raised_as_it_is() -> None:
+    from retrieval.backends.lazy import LazyBackend
+    from retrieval.backends.milvus import MilvusNotInstalled
+
+    def build() -> RetrievalBackend:
+        raise MilvusNotInstalled("pymilvus is not installed")
+
+    lazy = LazyBackend("milvus", build, None, permanent=(MilvusNotInstalled,))  # type: ignore[arg-type]
+    with pytest.raises(MilvusNotInstalled):
+        lazy.try_build()  # the app's start fails on it, as before

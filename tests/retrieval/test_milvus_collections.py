@@ -242,9 +242,19 @@ def test_a_settings_file_with_a_bad_collection_or_key_does_not_start(tmp_path: P
         {"milvus_tenant_collections": {"a b": "fine"}},
         {"milvus_typed_fields": {"a.b": "number"}},
         {"milvus_typed_fields": {"year": "date"}},
+        # More than a collection's 64 fields hold: refused here, not "cannot be reached" later.
+        {"milvus_typed_fields": {f"k{i}": "number" for i in range(25)}},
     ):
         with pytest.raises(ValidationError):
             RetrievalSettings(**bad)
+    assert (
+        len(
+            RetrievalSettings(
+                milvus_typed_fields={f"k{i}": "number" for i in range(24)}
+            ).milvus_typed_fields
+        )
+        == 24
+    )
     assert RetrievalSettings().milvus_typed_fields == {
         "year": "number",
         "date": "string",
