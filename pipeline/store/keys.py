@@ -414,8 +414,8 @@ class ApiKeyStore:
         async for members in self.kv.sscan(tenant_key, count=500):  # 500 records a round trip
             batch = [m for m in members if m not in listed]  # SSCAN may give one twice
             listed.update(batch)
-            digests = {m: m.decode("ascii", "replace") for m in batch}
-            digests = {m: d for m, d in digests.items() if _DIGEST.fullmatch(d)}
+            # A member that is no hash names no record of ours: dropped unread.
+            digests = {m: m.decode() for m in batch if _DIGEST.fullmatch(m.decode("latin-1"))}
             gone = [m for m in batch if m not in digests]
             records = await self._records(list(digests.values()))
             for member, fields in zip(digests, records, strict=True):

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # annotations only, as in retrieval.backends
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
+CONNECTING = "is being connected to; try again shortly"
 T = TypeVar("T")
 
 
@@ -123,36 +124,31 @@ class LazyBackend:
         if backend is not None:
             return backend
         if self._closed:
-            raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
+            raise self._refused("is closed")
         if self.background:
             self.reconnect()
-            raise BackendUnavailable(
-                self._failure
-                or f"The {self.name} retrieval backend is being connected to; try again shortly."
-            )
+            raise self._refused(self._failure or CONNECTING)
         return self._build_here()
 
     def _build_here(self) -> RetrievalBackend:
         if not self._lock.acquire(blocking=False):
-            raise BackendUnavailable(
-                f"The {self.name} retrieval backend is being connected to; try again shortly."
-            )
+            raise self._refused(CONNECTING)
         try:
             backend = self._connect()
         finally:
             self._lock.release()
         if self._closed:  # closed while this thread connected: what it built is closed
             self.close()
-            raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
+            raise self._refused("is closed")
         return backend
 
     def _connect(self) -> RetrievalBackend:
         if self._backend is not None:
             return self._backend
         if self._closed:
-            raise BackendUnavailable(f"The {self.name} retrieval backend is closed.")
+            raise self._refused("is closed")
         if time.monotonic() - self._failed_at < self.retry_s:
-            raise BackendUnavailable(self._failure)
+            raise self._refused(self._failure)
         try:
             backend = self._build()
         except self._permanent:
@@ -160,19 +156,19 @@ class LazyBackend:
         except Exception as exc:  # whatever the client raises when it cannot connect
             self._failed_at = time.monotonic()
             # Said to API callers too: the cause (an address, a path) only in the log.
-            self._failure = (
-                f"The {self.name} retrieval backend cannot be reached "
-                f"({type(exc).__name__}); the log says why."
-            )
+            self._failure = f"cannot be reached ({type(exc).__name__}); the log says why"
             log.warning(
                 "the %s retrieval backend cannot be reached (%s: %s)",
                 self.name,
                 type(exc).__name__,
                 str(exc)[:1000],
             )
-            raise BackendUnavailable(self._failure) from exc
+            raise self._refused(self._failure) from exc
         self._backend = backend
         return backend
+
+    def _refused(self, why: str) -> BackendUnavailable:
+        return BackendUnavailable(f"The {self.name} retrieval backend {why}.")
 
     def _storeless(self) -> StorelessAnswers:
         """The backend once built (the same answers, from the same counters), else ``answers``."""

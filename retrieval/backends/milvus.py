@@ -833,9 +833,7 @@ class MilvusBackend:
         """Close the client, and stop Milvus Lite if this client started it (one process at a
         time may hold a Milvus Lite database file)."""
         close(self.client)
-        closer = getattr(self.versions, "close", None)
-        if closer is not None:
-            closer()
+        self._answers.close()  # its version counters
 
 
 def _typed_columns_of(description: Mapping[str, Any]) -> dict[str, TypedKind]:
