@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from app.http.responses import JSONResponse
+from app.http.server import REFUSED_STATUS
 from pipeline.errors import ClientClosedRequest, PipelineError, error_body
 
 log = logging.getLogger("rag.errors")
@@ -73,7 +74,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # The client went away before its body was read whole (``request.body()``,
         # ``request.form()``): a 499 for the log and metrics, as for one that leaves while its
         # request waits (``app.http.disconnect``), not a 500 with a traceback; the answer goes
-        # nowhere.
+        # nowhere. Unless the protocol refused the body (a chunk it could not read, trailers
+        # too large) and answered the client itself: then that answer's status.
+        refused = request.scope.get(REFUSED_STATUS)
+        if isinstance(refused, int):
+            message = "The request body could not be read."
+            return JSONResponse(error_body(message, "invalid_request_error"), status_code=refused)
         return await _pipeline_error(request, ClientClosedRequest())
 
     @app.exception_handler(RequestValidationError)

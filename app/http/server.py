@@ -26,7 +26,8 @@ uvicorn's protocol had these faults, each fixed here:
 - **A refusal was written at once**, into the middle of the answer before it (a 431, a 408, a
   400). Here it waits for the answers before it; a head's 10 s start once they are written. A
   refusal inside a request's body (a chunk the parser cannot read) is that request's answer:
-  the request hears its client gone, and an answer already begun is ended by closing instead.
+  the request hears its client gone (and the service records the refusal's status, not a 499),
+  and an answer already begun is ended by closing instead.
 - **A request the parser cannot read** got a plain-text 400; here it is in OpenAI's error shape.
 
 A chunked body's trailers (headers after its last chunk) are built up by the parser as a head
@@ -73,6 +74,9 @@ MAX_PIPELINED: Final = 8
 PIECE_BYTES: Final = 2048
 # The most bytes read and kept unparsed (past it, by one read at most), while requests wait.
 BACKLOG_BYTES: Final = 262_144
+# The scope key under which a request whose body the protocol refused finds the status its
+# client was answered with (it hears its client gone; the log and metrics record this status).
+REFUSED_STATUS: Final = "rag.refused_status"
 
 
 def _answer(status: bytes, reason: str) -> bytes:
@@ -323,6 +327,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self._in_head and broken is not None and broken.more_body:
             # Inside a request's body: the refusal is that request's answer. It hears that its
             # client is gone and, waiting its turn, leaves the queue.
+            broken.scope[REFUSED_STATUS] = int(answer[9:12])  # type: ignore[typeddict-unknown-key]
             broken.disconnected = True
             broken.message_event.set()
             self.pipeline = deque(entry for entry in self.pipeline if entry[0] is not broken)

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 import uvicorn
 import uvloop
+from fastapi import FastAPI, Request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.http.errors import install_error_handlers
 from app.http.server import (
     BACKLOG_BYTES,
     MAX_HEAD_BYTES,
@@ -121,7 +123,7 @@ class QuickHeads(BoundedHttpToolsProtocol):
 
 @asynccontextmanager
 async def serving(
-    app: App, protocol: type[BoundedHttpToolsProtocol] = BoundedHttpToolsProtocol
+    app: Any, protocol: type[BoundedHttpToolsProtocol] = BoundedHttpToolsProtocol
 ) -> AsyncIterator[uvicorn.Server]:
     config = uvicorn.Config(
         app,
@@ -367,6 +369,46 @@ def test_a_chunked_bodys_trailers_are_bounded_as_a_head_is(run: Any) -> None:
                 writer.write(b"a" * PIECE_BYTES)
             await refusal(reader, writer, b"431")
             assert app.ran == []
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("rest", "status"),
+    [(b"3\r\nabc\r\nZZ\r\n", 400), (b"0\r\nx-trailer: " + b"a" * 2 * MAX_HEAD_BYTES, 431)],
+    ids=["a chunk it cannot read", "trailers too large"],
+)
+def test_the_service_records_a_refused_bodys_status_not_a_client_that_left(
+    run: Any, rest: bytes, status: int
+) -> None:
+    # The request heard its client gone, so the service's handler recorded a 499
+    # (client_closed_request) in the log, the metrics and the span, though the client was
+    # answered a 400 or a 431 and had not left.
+    async def scenario() -> None:
+        service = FastAPI()
+        install_error_handlers(service)
+
+        @service.post("/echo")
+        async def echo(request: Request) -> dict[str, int]:
+            return {"bytes": len(await request.body())}
+
+        recorded: list[int] = []
+
+        async def recording(scope: Any, receive: Any, send: Any) -> None:
+            async def record(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    recorded.append(message["status"])
+                await send(message)
+
+            await service(scope, receive, record)
+
+        async with serving(recording) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
+            writer.write(CHUNKED + b"3\r\nabc\r\n" + rest)
+            await writer.drain()
+            await refusal(reader, writer, str(status).encode())
+            await wait_until(lambda: not server.server_state.tasks, "the request's task ending")
+        assert recorded == [status]
 
     run(scenario())
 
