@@ -11,21 +11,29 @@ it reads the body and looks up an *alias*: one Redis GET of a copy of the cached
 the SHA-256 of
 
 - a fingerprint of the settings (routes, defaults, tools, policies: what validation and the
-  body's defaults depend on) and the versions in the cache key (prompt layout, router, ...);
+  body's defaults depend on), the versions in the cache key (prompt layout, router, ...) and
+  the service's own code and data files (``code_digest``): the full path runs the input guard
+  and validation before its cache lookup, so a deploy that refuses more (a new guard rule, a
+  stricter schema) must not find the aliases the code before it wrote;
 - the tenant, the user where answers are personalised, the tenant's index version and the
   caller's access scope in it (``PassageSearch.access_scope``, as the cache key has them);
 - the key parts earlier stages add (the tenant's guard policy token);
 - the SHA-256 of the exact body bytes.
 
-A hit pays the rate limits a hit pays on the full path (requests per minute; a 429 in OpenAI's
-shape with its headers) and is answered with the bytes the full path gives (``x-cache: hit``,
-the ``x-ratelimit-*`` headers, a new ``chatcmpl-`` id, ``rag`` with ``cache: "hit"``). Anything
-else, a miss or any error included, falls through to the full path with the body replayed.
+A request it takes pays the rate limits first, as the full path does before reading a body
+(requests per minute; a 429 in OpenAI's shape with its headers, recorded as the full path
+records one: no cache lookup, no stage); a request it then leaves to the full path is not
+admitted twice (``ADMITTED``). A hit is answered with the bytes the full path gives
+(``x-cache: hit``, the ``x-ratelimit-*`` headers, a new ``chatcmpl-`` id, ``rag`` with
+``cache: "hit"``). Anything else, a miss or any error included, falls through to the full path
+with the body replayed.
 
 The alias is written here too, after the full path has answered a request with plain headers
 (the body kept as the full path read it): when that request was a non-streamed, unexplained 200
 whose cache lookup ran (a hit or a miss), the entry under the full path's key is copied to the
-alias (``COPY``, with its TTL; nothing when the entry was not stored). The alias is made from
+alias (``ResponseCache.copy``, with its TTL; nothing when the entry was not stored), and an answer
+stored under that key later (a ``Cache-Control: no-cache`` refresh) deletes the entry's
+copies. The alias is made from
 the principal the full path resolved, and written only when the index version and key parts it
 is made of are those the full path's key was made with, so an alias never holds an answer its
 key would not find: two tenants, two users of a personalised path, two access scopes or two
@@ -35,9 +43,11 @@ index versions never share one. Its Redis key has the tenant in its name, as the
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Final
 
@@ -46,7 +56,7 @@ from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.http.auth import bearer, refuse
-from app.http.limits import annotate_limits
+from app.http.limits import ADMITTED, annotate_limits
 from app.http.responses import chat_completion
 from app.logs import hand_to_log, handed_context
 from app.services import Services
@@ -67,13 +77,29 @@ STAGE: Final = "fast_path"
 # What RequestTracing reads of the route that ran (its template, for the span and the metrics).
 ROUTE: Final = SimpleNamespace(path=PATH)
 FAST_PATH_ATTRIBUTE: Final = "rag.cache.fast_path"
-# KEYS: the entry, the alias. A copy with the entry's TTL, or nothing when there is no entry.
-_COPY: Final = """
-if redis.call('PTTL', KEYS[1]) < 0 then return 0 end
-return redis.call('COPY', KEYS[1], KEYS[2], 'REPLACE')
-"""
 _STATUS_KEY: Final = attr.info_key(attr.CACHE_STATUS)
 _VERSION_KEY: Final = attr.info_key(attr.CACHE_INDEX_VERSION)
+# The packages whose files decide what the full path refuses or answers for a body.
+_CODE: Final = ("app", "pipeline", "retrieval")
+
+
+@functools.cache
+def code_digest() -> str:
+    """SHA-256 of the service's own files (sources and data: guard rules, schemas, exemplars):
+    any deploy that changes them changes every alias."""
+    return files_digest(Path(__file__).resolve().parents[2], _CODE)
+
+
+def files_digest(root: Path, folders: tuple[str, ...]) -> str:
+    """SHA-256 of the files under ``root``'s ``folders``, by path and content (bytecode caches
+    left out: they follow the sources)."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0")
+                digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -97,8 +123,8 @@ class AliasBook:
         versions = orjson.dumps(
             {"prompt": PROMPT_VERSION, **lookup.versions}, option=orjson.OPT_SORT_KEYS
         )
-        self.fingerprint = hashlib.sha256(settings + b"\0" + versions).hexdigest()
-        self._copy = services.kv.script(_COPY)
+        code = code_digest().encode()
+        self.fingerprint = hashlib.sha256(settings + b"\0" + versions + b"\0" + code).hexdigest()
         self._tokens: dict[str, tuple[GuardPolicy, str]] = {}
 
     def parts(self, tenant: str) -> dict[str, str]:
@@ -146,10 +172,9 @@ class AliasBook:
         info = next((r.info for r in ctx.records if r.name == "cache_lookup"), {})
         if info.get(_VERSION_KEY) != alias.version or ctx.key_parts != alias.parts:
             return
-        entry = self.lookup.cache.prefix + ctx.cache_key
         # Redis down: no alias, and the next request takes the full path again.
         with contextlib.suppress(StoreUnavailable):
-            await self.services.kv.run_script("cache_alias", self._copy, [entry, alias.key], [])
+            await self.lookup.cache.copy(ctx.cache_key, alias.key)
 
 
 class CacheFastPath:
@@ -172,8 +197,13 @@ class CacheFastPath:
         principal = book.services.keys.cached(token)
         if principal is not None and principal.can("chat"):
             started = time.perf_counter()
+            headers = await self._admit(scope, send, book, principal)
+            if headers is None:
+                return  # refused (429), before the body was read, as on the full path
             body, messages = await _read(receive, length)
-            if body is not None and await self._hit(scope, send, book, principal, body, started):
+            if body is not None and await self._hit(
+                scope, send, book, principal, body, started, headers
+            ):
                 return
         else:
             # Not ours to answer (the full path checks the key), but its body is kept as the
@@ -207,13 +237,36 @@ class CacheFastPath:
         principal: Principal,
         body: bytes,
         started: float,
+        headers: list[tuple[bytes, bytes]],
     ) -> bool:
         """Look the body's alias up and answer it (True), or leave it to the full path."""
         try:
             raw = await book.services.kv.get(book.alias(principal, body).key)
         except StoreUnavailable:
             return False
-        return raw is not None and await self._answer(scope, send, book, principal, raw, started)
+        if raw is None:
+            return False
+        return await self._answer(scope, send, book, principal, raw, started, headers)
+
+    async def _admit(
+        self, scope: Scope, send: Send, book: AliasBook, principal: Principal
+    ) -> list[tuple[bytes, bytes]] | None:
+        """The rate limits' headers for a request admitted, its decision kept in the scope
+        for the full path (``RateLimits``) in case it is not answered here; None when it was
+        refused, with the 429 sent."""
+        limiter = book.services.limits
+        if limiter is None:
+            return []
+        decision = await limiter.admit(principal)  # never raises for Redis
+        annotate_limits(decision)
+        if not decision.admitted:
+            await refuse(send, refusal(decision, limiter.config.window_seconds))
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.set_attribute(FAST_PATH_ATTRIBUTE, True)
+            return None
+        scope.setdefault("state", {})[ADMITTED] = (principal.key_id, decision)
+        return [(k.encode(), v.encode()) for k, v in decision.headers().items()]
 
     def _aliases(self, scope: Scope) -> AliasBook | None:
         """The alias book of the app's services, made when they are (by the lifespan); None
@@ -242,22 +295,13 @@ class CacheFastPath:
         principal: Principal,
         raw: bytes,
         started: float,
+        headers: list[tuple[bytes, bytes]],
     ) -> bool:
         """Answer a hit (True), or say it cannot be answered here (False: nothing was sent)."""
         try:
             completion = Completion.from_stored(raw)
         except UnreadableCompletion:
             return False  # a damaged entry: the full path takes it as a miss
-        limiter = book.services.limits
-        headers: list[tuple[bytes, bytes]] = []
-        if limiter is not None:
-            decision = await limiter.admit(principal)  # never raises for Redis
-            annotate_limits(decision)
-            if not decision.admitted:
-                await refuse(send, refusal(decision, limiter.config.window_seconds))
-                self._account(scope, book, principal, None, started)
-                return True
-            headers = [(k.encode(), v.encode()) for k, v in decision.headers().items()]
         ctx = self._account(scope, book, principal, completion, started)
         body = orjson.dumps(chat_completion(ctx, completion))
         # The headers in the order the full path's response has them (the route's, then the
@@ -281,13 +325,13 @@ class CacheFastPath:
         scope: Scope,
         book: AliasBook,
         principal: Principal,
-        completion: Completion | None,
+        completion: Completion,
         started: float,
     ) -> RequestContext:
         """The request's context for its log line and metrics (as the route hands the full
         path's), its route for the HTTP metrics, and its facts on the root span."""
         ctx = RequestContext(
-            params=ChatParams(model=completion.model if completion else "", messages=[]),
+            params=ChatParams(model=completion.model, messages=[]),
             credential=None,
             deadline=0.0,
             principal=principal,

@@ -22,6 +22,9 @@ from pipeline.context import Principal
 from pipeline.store.limits import Decision, Reservation, refusal
 
 DEGRADED: Final = "rag.ratelimit.degraded"
+# In the scope's state: (key id, Decision) of a request the cache fast path admitted and then
+# left to the full path, so that it is not admitted (counted) twice.
+ADMITTED: Final = "rag.ratelimit.admitted"
 _settling: set[asyncio.Task[None]] = set()  # charges in flight (kept from the collector)
 
 
@@ -37,8 +40,12 @@ class RateLimits:
         if principal is None or limiter is None:
             await self.app(scope, receive, send)
             return
-        decision = await limiter.admit(principal)
-        annotate_limits(decision)
+        earlier = scope["state"].pop(ADMITTED, None)
+        if earlier is not None and earlier[0] == principal.key_id:
+            decision = earlier[1]  # the fast path's, annotated there
+        else:
+            decision = await limiter.admit(principal)
+            annotate_limits(decision)
         if not decision.admitted:
             await refuse(send, refusal(decision, limiter.config.window_seconds))
             return

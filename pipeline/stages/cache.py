@@ -31,6 +31,33 @@ log = logging.getLogger(__name__)
 
 IndexVersion = Callable[[str], str]
 
+# The most copies one entry keeps (the fast path's aliases: one per distinct body that got it):
+# past it, a request of another body takes the full path. It bounds what replacing an entry
+# deletes in one command.
+MAX_COPIES = 256
+# KEYS: the entry, its copies' set. ARGV: the answer, its TTL in seconds. Returns the copies of
+# the answer it replaces, for the caller to delete.
+_PUT = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+local copies = redis.call('SMEMBERS', KEYS[2])
+if #copies > 0 then redis.call('DEL', KEYS[2]) end
+return copies
+"""
+# KEYS: the entry, the copy, the entry's copies' set. ARGV: MAX_COPIES. A copy with the entry's
+# TTL, named in the set; 0 and nothing when there is no entry or the set is full.
+_COPY = """
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then return 0 end
+if redis.call('SISMEMBER', KEYS[3], KEYS[2]) == 0
+  and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('COPY', KEYS[1], KEYS[2], 'REPLACE')
+redis.call('SADD', KEYS[3], KEYS[2])
+redis.call('PEXPIRE', KEYS[3], ttl)
+return 1
+"""
+
 
 def _normalise_content(content: Any) -> Any:
     # Text parts read as the model reads them (joined by newlines). No whitespace is dropped:
@@ -106,12 +133,19 @@ def cache_key(
 
 
 class ResponseCache:
-    """Complete answers in Redis, under ``{prefix}{tenant}:{sha256}``, with a TTL."""
+    """Complete answers in Redis, under ``{prefix}{tenant}:{sha256}``, with a TTL.
+
+    An entry may have copies under other names (``copy``: the fast path's aliases), listed in
+    ``{entry}:copies``: an answer stored under the entry's key (a ``Cache-Control: no-cache``
+    refresh, or two misses racing) deletes them, so that no copy serves the answer it replaced.
+    """
 
     def __init__(self, kv: KeyValueStore, *, ttl: int = 3600, prefix: str = "rag:cache:") -> None:
         self.kv = kv
         self.ttl = ttl
         self.prefix = prefix
+        self._put = kv.script(_PUT)
+        self._copy = kv.script(_COPY)
 
     async def get(self, key: str) -> Completion | None:
         """The stored answer; None where there is none, or where what is stored cannot be read
@@ -126,8 +160,24 @@ class ResponseCache:
             return None
 
     async def put(self, key: str, completion: Completion, *, ttl: int | None = None) -> None:
+        """Store the answer under ``key`` and delete the copies of the one it replaces."""
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
-        await self.kv.set(self.prefix + key, orjson.dumps(completion.to_dict()), ttl=lifetime)
+        entry = self.prefix + key
+        answer = orjson.dumps(completion.to_dict())
+        copies = await self.kv.run_script(
+            "cache_put", self._put, [entry, entry + ":copies"], [answer, lifetime]
+        )
+        if copies:
+            await self.kv.delete(*(bytes(c).decode() for c in copies))
+
+    async def copy(self, key: str, name: str) -> bool:
+        """Copy the entry under ``key`` to ``name``, with its TTL, until an answer replaces it
+        (see the class docstring); False when there is no entry, or it has ``MAX_COPIES``."""
+        entry = self.prefix + key
+        done = await self.kv.run_script(
+            "cache_copy", self._copy, [entry, name, entry + ":copies"], [MAX_COPIES]
+        )
+        return bool(done)
 
 
 def searched_the_keyed_version(ctx: RequestContext) -> bool:

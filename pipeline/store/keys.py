@@ -245,6 +245,9 @@ class ApiKeyStore:
         self._rechecking: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, tuple[float, Principal]] = {}
+        # Counts what was dropped from ``_seen``: a lookup whose read of Redis a drop overtook
+        # does not cache what it read (it may be the record the drop was for).
+        self._drops = 0
         self._create = kv.script(_CREATE)
         self._revoke = kv.script(_REVOKE)
         self._prune = kv.script(_PRUNE)
@@ -320,7 +323,7 @@ class ApiKeyStore:
         if found is None:
             return None
         digest, fields = found
-        self._seen.pop(digest, None)
+        self._drop(digest)
         principal = _principal(fields, checked=False)
         deleted = await self.kv.run_script(
             "apikey_revoke",
@@ -469,12 +472,24 @@ class ApiKeyStore:
 
     async def _announce(self, digest: str) -> None:
         """Tell every replica to forget its cached entry of this key."""
-        self._seen.pop(digest, None)
+        self._drop(digest)
         await self.kv.publish(self.channel, digest)
 
     def forget(self, digest: str) -> None:
-        if self._seen.pop(digest, None) is not None:
+        if self._drop(digest):
             metrics.key_invalidated("message")
+
+    def _drop(self, digest: str) -> bool:
+        """Forget one cached key (whether it was cached), and any lookup of it under way."""
+        self._drops += 1
+        return self._seen.pop(digest, None) is not None
+
+    def _forget_all(self) -> int:
+        """Forget every cached key, and every lookup under way; how many were cached."""
+        self._drops += 1
+        forgotten = len(self._seen)
+        self._seen.clear()
+        return forgotten
 
     async def listen(self, *, retry_seconds: float = 0.5, ping_seconds: float = 0.5) -> None:
         """Follow the change channel until ``stop_listening`` (a task of the app's lifespan):
@@ -530,10 +545,11 @@ class ApiKeyStore:
             if message is not None:
                 answered = now
                 kind = message.get("type")
-                if kind == "subscribe" and not self.subscribed:
-                    forgotten = len(self._seen)
-                    self._seen.clear()  # what changed while unsubscribed is unknown
-                    metrics.key_invalidated("resubscribed", forgotten)
+                if kind == "subscribe":
+                    # The first confirmation, or one after redis-py connected again and
+                    # subscribed again by itself (inside get_message or ping, raising nothing):
+                    # what changed while the channel was down is unknown either way.
+                    metrics.key_invalidated("resubscribed", self._forget_all())
                     self.subscribed = True
                 elif kind == "message":
                     data = message.get("data")
@@ -649,7 +665,10 @@ class ApiKeyStore:
         task.add_done_callback(self._tasks.discard)
 
     async def _lookup(self, digest: str) -> Principal | None:
-        """Ask Redis for the key and cache what it says (forget the key if it is gone)."""
+        """Ask Redis for the key and cache what it says (forget the key if it is gone). What
+        it read is not cached when a key was dropped meanwhile (a change message, a revoke):
+        that read may be from before the change, and would be trusted for ``cache_ttl``."""
+        drops = self._drops
         fields = await self.kv.hgetall(self.prefix + digest)
         if not fields or not hmac.compare_digest(fields.get(b"hash", b""), digest.encode()):
             self._seen.pop(digest, None)
@@ -665,6 +684,8 @@ class ApiKeyStore:
             return None
         if not KEY_ID_PATTERN.fullmatch(principal.key_id):
             principal = await self._migrate_id(digest, principal)
+        if self._drops != drops:
+            return principal  # as it was when read; asked again next time
         if len(self._seen) >= self.max_seen:
             # Forget the oldest half; a forgotten key costs one Redis lookup, nothing more.
             for old in sorted(self._seen, key=lambda d: self._seen[d][0])[: self.max_seen // 2]:

@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,10 +23,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from app.http.fastpath import FAST_PATH_ATTRIBUTE, MAX_BODY_BYTES, PATH
+from app.http import fastpath
+from app.http.fastpath import FAST_PATH_ATTRIBUTE, MAX_BODY_BYTES, PATH, files_digest
 from app.http.shutdown import Shutdown
 from app.main import create_app
 from app.settings import Settings
+from pipeline.answer.completion import Completion
+from pipeline.stages.cache import MAX_COPIES, CacheLookup
 from pipeline.store.keys import ApiKeyStore
 from retrieval import Embedder
 from tests.conftest import AppHarness, chat_request, make_settings, unique_question
@@ -401,6 +405,90 @@ async def test_an_ingest_between_two_requests_makes_the_second_a_miss(
         assert after.headers["x-cache"] == "miss" and not served_fast(h, after)
 
 
+async def test_an_answer_refreshed_with_no_cache_replaces_what_the_fast_path_answers(
+    h: AppHarness,
+) -> None:
+    # The alias is a copy of the entry: a `Cache-Control: no-cache` request stored a new answer
+    # under the entry's key, and the fast path went on answering the old one, for its TTL.
+    key = await h.key()
+    body = plain()
+    await warm(h, key, body)
+    lookup = next(s for s in h.paths.chat.steps if isinstance(s, CacheLookup))
+    aliases = lookup.cache.prefix.rstrip(":") + "-alias:acme:*"
+    assert await h.services.kv.client.keys(aliases), "the fast path's copy"
+    for _ in range(4):  # a refresh made with a stage degraded (a loaded machine) is not stored
+        refreshed = await post(h, key, body, **{"cache-control": "no-cache"})
+        assert refreshed.status_code == 200 and not served_fast(h, refreshed)
+        if not await h.services.kv.client.keys(aliases):
+            break
+    else:
+        raise AssertionError("the refreshed answer left the copy of the one it replaced")
+    after = await post(h, key, body)
+    assert after.headers["x-cache"] == "hit" and not served_fast(h, after)
+    assert answered(after) == answered(refreshed)
+    again = await post(h, key, body)
+    assert served_fast(h, again) and answered(again) == answered(refreshed)
+
+
+async def test_an_entry_keeps_a_bounded_number_of_copies(h: AppHarness) -> None:
+    cache = next(s for s in h.paths.chat.steps if isinstance(s, CacheLookup)).cache
+    kv = h.services.kv
+    completion = Completion(model="smollm2", content="Hi.", finish_reason="stop")
+    await cache.put("acme:entry", completion)
+    names = [f"{cache.prefix}copy:{n}" for n in range(MAX_COPIES)]
+    for name in names:
+        assert await cache.copy("acme:entry", name)
+    assert await cache.copy("acme:entry", names[0]), "copied again, still one of the set"
+    assert not await cache.copy("acme:entry", f"{cache.prefix}copy:one-too-many")
+    assert not await cache.copy("acme:nothing", f"{cache.prefix}copy:of-nothing")
+    assert await kv.client.exists(*names) == MAX_COPIES
+    assert 0 < await kv.client.pttl(names[0]) <= await kv.client.pttl(cache.prefix + "acme:entry")
+    await cache.put("acme:entry", completion)  # replaced: its copies go
+    assert await kv.client.exists(*names) == 0
+    assert await cache.get("acme:entry") == completion
+
+
+async def test_aliases_written_by_other_code_are_not_found(
+    make_app: Callable[..., Any],
+    live_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A deploy that refuses more (a new input guard rule, a stricter schema) with the same
+    # settings found the aliases the code before it wrote, and answered bodies it refuses.
+    before = live_settings()
+    async with make_app(before) as old:
+        key = await old.key()
+        body = plain()
+        await warm(old, key, body)
+    monkeypatch.setattr(fastpath, "code_digest", lambda: "the next release")
+    async with make_app(before) as new:  # the same settings, the same Redis
+        for _ in range(1000):  # a first subscription forgets what was cached before it
+            if new.services.keys.subscribed:
+                break
+            await asyncio.sleep(0.01)
+        known = await new.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+        assert known.status_code == 200 and new.services.keys.cached(key) is not None
+        first = await post(new, key, body)
+        assert first.headers["x-cache"] == "hit" and not served_fast(new, first)
+        assert served_fast(new, await post(new, key, body)), "its own alias"
+
+
+def test_the_code_digest_follows_every_file_but_bytecode(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "data").mkdir(parents=True)
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "rules.py").write_text("RULES = 1\n")
+    (tmp_path / "pkg" / "data" / "exemplars.jsonl").write_text("{}\n")
+    first = files_digest(tmp_path, ("pkg",))
+    (tmp_path / "pkg" / "__pycache__" / "rules.cpython-311.pyc").write_bytes(b"\0")
+    assert files_digest(tmp_path, ("pkg",)) == first
+    (tmp_path / "pkg" / "data" / "exemplars.jsonl").write_text('{"new": 1}\n')
+    second = files_digest(tmp_path, ("pkg",))
+    assert second != first
+    (tmp_path / "pkg" / "data" / "exemplars.jsonl").rename(tmp_path / "pkg" / "moved.jsonl")
+    assert files_digest(tmp_path, ("pkg",)) not in (first, second), "a path counts"
+    assert len(fastpath.code_digest()) == 64
+
+
 async def test_a_key_revoked_elsewhere_is_refused_once_the_news_arrives(h: AppHarness) -> None:
     key = await h.key()
     body = plain()
@@ -437,23 +525,72 @@ async def test_a_key_revoked_in_this_process_is_refused_at_once(h: AppHarness) -
 async def test_fast_hits_count_against_the_requests_per_minute(
     make_app: Callable[..., Any], live_settings: Callable[..., Settings]
 ) -> None:
-    async with make_app(live_settings(limits={"key_rpm": 3, "window_seconds": 60})) as h:
+    async with make_app(live_settings(limits={"key_rpm": 4, "window_seconds": 60})) as h:
         key = await h.key()
         body = plain()
         hit = await warm(h, key, body)  # two requests: a miss and a fast hit
-        assert hit.headers["x-ratelimit-remaining-requests"] == "1"
+        assert hit.headers["x-ratelimit-remaining-requests"] == "2"
+        # A request the fast path admits and leaves to the full path (another body: a miss)
+        # is admitted once, not again there.
+        other = await post(h, key, plain())
+        assert other.headers["x-cache"] == "miss" and not served_fast(h, other)
+        assert other.headers["x-ratelimit-remaining-requests"] == "1"
         last = await post(h, key, body)
         assert served_fast(h, last) and last.headers["x-ratelimit-remaining-requests"] == "0"
+        hits = cache_hits((await h.client.get("/metrics")).text)
         refused = await post(h, key, body)
         assert refused.status_code == 429 and served_fast(h, refused)
         error = refused.json()["error"]
         assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
         assert 1 <= int(refused.headers["retry-after"]) <= 60
         assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        # Recorded as the full path records a 429: no cache lookup, no stage (it was counted
+        # as a hit, and logged with cache "hit" and the fast path's stage).
+        assert cache_hits((await h.client.get("/metrics")).text) == hits
+        # Refused before its body is read, as on the full path (it waited for the whole body,
+        # with no time limit, and with `Expect: 100-continue` invited it).
+        sent: list[Any] = []
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": PATH,
+            "raw_path": PATH.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"host", b"service"),
+                (b"authorization", f"Bearer {key}".encode()),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("service", 80),
+        }
+        never = asyncio.Event()
+
+        async def no_body() -> Any:
+            await never.wait()
+
+        async def record(message: Any) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(h.app(scope, no_body, record), 10.0)
+        assert sent[0]["status"] == 429
         # The full path refuses the same way (a key check, then the limits, then nothing).
         models = await h.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
         assert models.status_code == 429
         assert models.json()["error"]["code"] == error["code"]
+
+
+def cache_hits(scrape: str) -> float:
+    """``rag_cache_lookups_total{outcome="hit"}`` in a scrape of /metrics (0 before any)."""
+    for line in scrape.splitlines():
+        if line.startswith('rag_cache_lookups_total{outcome="hit"}'):
+            return float(line.split()[-1])
+    return 0.0
 
 
 # --- hostile bodies -------------------------------------------------------------------------

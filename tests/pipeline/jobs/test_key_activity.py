@@ -4,8 +4,11 @@ and ApiKeyStore.is_active (how a queued job learns that its key was revoked)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import string
+import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -405,3 +408,63 @@ async def test_a_tenant_with_many_keys_is_listed_whole_and_once(keys: ApiKeyStor
         await keys.create("big", f"u{n}")
     listed = await keys.keys_of("big")
     assert len(listed) == 1_200 == len({k.principal.key_id for k in listed})
+
+
+async def test_a_lookup_overtaken_by_a_change_does_not_cache_what_it_read(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    # The record was read, then revoked (by another replica, whose message reached this one)
+    # before the read's answer was cached: the key was then trusted for 30 s more.
+    raw = await keys.create("acme", "alice")
+    other = ApiKeyStore(kv, prefix=keys.prefix)  # another replica
+    read = kv.hgetall
+    overtaken = False
+
+    async def read_then_revoked(name: str) -> dict[bytes, bytes]:
+        nonlocal overtaken
+        fields = await read(name)
+        if not overtaken:
+            overtaken = True
+            assert await other.revoke(raw) is not None
+            keys.forget(hash_key(raw))  # the change message, while this lookup waits
+        return fields
+
+    kv.hgetall = read_then_revoked  # type: ignore[method-assign]
+    try:
+        principal = await keys.resolve(raw)
+    finally:
+        kv.hgetall = read  # type: ignore[method-assign]
+    assert principal is not None, "read before the revoke: this request is served"
+    assert keys.cached(raw) is None, "what the overtaken lookup read was cached"
+    assert await keys.resolve(raw) is None
+
+
+async def test_a_change_missed_while_the_channel_reconnected_by_itself_is_not_trusted(
+    keys: ApiKeyStore, kv: KeyValueStore
+) -> None:
+    # redis-py connects again and subscribes again inside get_message, raising nothing: a
+    # revocation published while the connection was down was lost, and the key cache, never
+    # cleared, kept the revoked key for 30 s.
+    listener = asyncio.create_task(keys.listen(retry_seconds=0.1, ping_seconds=0.5))
+    try:
+        await until(lambda: keys.subscribed, "subscribed")
+        raw = await keys.create("acme", "alice")
+        assert await keys.resolve(raw) is not None and keys.cached(raw) is not None
+        # The subscriber's connection is dropped and the change published at once, in one
+        # round trip: nobody receives it.
+        async with kv.client.pipeline(transaction=False) as pipe:
+            pipe.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            pipe.publish(keys.channel, hash_key(raw))
+            _, receivers = await pipe.execute()
+        assert receivers == 0
+        await until(lambda: keys.cached(raw) is None, "the key forgotten once subscribed again")
+        assert keys.subscribed, "subscribed again"
+    finally:
+        await keys.stop_listening(listener)
+
+
+async def until(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        await asyncio.sleep(0.02)
