@@ -310,6 +310,7 @@ class CacheFastPath:
             "type": "http.response.start",
             "status": 200,
             "headers": [
+                (b"x-request-id", ctx.request_id.encode()),
                 (b"x-cache", b"hit"),
                 (b"content-length", str(len(body)).encode()),
                 (b"content-type", b"application/json"),

@@ -84,7 +84,11 @@ class RequestTracing:
                     span.set_attribute(http_attributes.HTTP_RESPONSE_STATUS_CODE, facts.status)
                     if facts.status >= 500:
                         mark_failed(span, kind=str(facts.status))
-                    message["headers"] = [*message.get("headers", []), (b"x-trace-id", trace_id)]
+                    added = [(b"x-trace-id", trace_id)]
+                    if facts.status >= 400:
+                        # What OpenAI's SDKs show of an error (an answer has its own: its id).
+                        added.append((b"x-request-id", b"req_" + trace_id))
+                    message["headers"] = [*message.get("headers", []), *added]
             await send(message)
 
         try:

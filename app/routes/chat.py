@@ -77,7 +77,7 @@ async def create_chat_completion(
         charge(services, principal, spend.tokens, held)  # a call that ended without an answer
         raise
     hit = ctx.cache_status == "hit"
-    headers = {"x-cache": "hit" if hit else "miss"}
+    headers = {"x-request-id": ctx.request_id, "x-cache": "hit" if hit else "miss"}
     if hit:
         charge(services, principal, 0, held)  # a cache hit costs no tokens
     if ctx.params.stream and ctx.answer is not None:

@@ -149,7 +149,8 @@ async def _forced_call(
                 )
                 first = False
             elif isinstance(event, Finish):
-                yield Finish("tool_calls")
+                # Cut short (``length``): the arguments are not whole, and the caller must see it.
+                yield Finish("tool_calls") if event.reason == "stop" else event
             else:
                 yield event
     if first:  # no text at all: still a call, with empty arguments (the tool will say so)
@@ -214,8 +215,10 @@ class ToolLoop:
                     ToolRun(c.name, c.id, "skipped", "not run: the client's calls came first")
                     for c in calls
                 )
-            if current.clients or not calls or self.invoker is None or "tools" not in request:
-                yield Finish("tool_calls" if current.clients else current.finish)
+            cut = current.finish == "length"  # a call's arguments may be cut: none is run
+            done = cut or current.clients or not calls or self.invoker is None
+            if done or "tools" not in request:
+                yield Finish("tool_calls" if current.clients and not cut else current.finish)
                 yield usage
                 return
             calls, blocked = self._guarded(calls)

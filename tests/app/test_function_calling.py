@@ -78,6 +78,28 @@ async def test_a_forced_client_function_streams_as_tool_call_deltas(harness) -> 
     assert [f for f in finishes if f] == ["tool_calls"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_call_cut_short_by_max_tokens_ends_with_length(harness, stream: bool) -> None:
+    # It ended with `tool_calls` (vLLM itself says `length`), so an agent loop took `{"ci` for
+    # a whole call's arguments.
+    key = await harness.key()
+    request = body(
+        unique_question(), tools=[WEATHER], tool_choice=FORCE_WEATHER, max_tokens=3, stream=stream
+    )
+    response = await harness.chat(key, request)
+    assert response.status_code == 200, response.text
+    if stream:
+        chunks = [e for e in sse_events(response.text) if isinstance(e, dict)]
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        assert [f for f in finishes if f] == ["length"]
+    else:
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "length"
+        (call,) = choice["message"]["tool_calls"]
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(call["function"]["arguments"])
+
+
 def test_the_openai_sdk_reads_tool_calls_and_sends_the_result_back(redis_server, vllm) -> None:
     app = create_app(make_settings(redis_server.url, vllm.url))
     with LiveService(app) as live:

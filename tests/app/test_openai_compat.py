@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -19,10 +20,12 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsBas
 
 from app.http import schemas
 from app.http.schemas import IGNORED, REFUSED, ChatCompletionRequest
+from app.main import create_app
 from pipeline.context import Principal
 from pipeline.stages.cache import cache_key
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import chat_request, make_settings, unique_question
+from tests.support.servers import LiveService
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "openai-compatibility.md"
 ROW = re.compile(r"^\| `([a-z_.]+)` \| (\w+) \|", re.MULTILINE)
@@ -246,3 +249,27 @@ async def test_the_response_carries_what_the_table_says(harness) -> None:
         if name in ("message.tool_calls",):  # only when the model calls a client function
             continue
         assert (field in parts[group]) is (status == "present"), name
+
+
+def test_the_sdk_reads_every_answers_and_errors_request_id(redis_server, vllm) -> None:
+    # The table said `id` was also the `x-request-id` header; no response had it, so the SDK's
+    # `_request_id` and `APIStatusError.request_id` were always None.
+    app = create_app(make_settings(redis_server.url, vllm.url))
+    with LiveService(app) as live:
+        key = live.run(app.state.services.keys.create("sdk-ids", "dan"))
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key=key, max_retries=0)
+        question = [{"role": "user", "content": unique_question()}]
+        extra = {"rag": {"enabled": False}}
+        asked = {"model": "smollm2", "messages": question, "max_tokens": 4, "extra_body": extra}
+        for _ in range(3):  # a miss, then hits (the fast path's among them)
+            completion = client.chat.completions.create(**asked)  # type: ignore[call-overload]
+            assert completion._request_id == completion.id
+        with client.chat.completions.with_streaming_response.create(
+            **asked, stream=True
+        ) as streamed:
+            chunks = list(streamed.parse())
+            assert {c.id for c in chunks} == {streamed.headers["x-request-id"]}
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.chat.completions.create(**{**asked, "model": "no-such-model"})
+        trace_id = refused.value.response.headers["x-trace-id"]
+        assert refused.value.request_id == f"req_{trace_id}"

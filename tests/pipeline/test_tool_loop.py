@@ -227,3 +227,27 @@ async def test_a_forced_client_function_goes_back_to_the_client() -> None:
     )
     assert out[0].name == "get_weather" and out[0].arguments == '{"city": "Porto"}'
     assert out[1:] == [Finish("tool_calls"), Usage(3, 3)]
+
+
+async def test_a_call_cut_short_by_max_tokens_ends_with_length_and_is_not_run() -> None:
+    # It ended with `tool_calls`, so a client took arguments cut mid-way for a whole call
+    # (`{"ci`), and the server ran its own tools with them.
+    cut = [ToolCallDelta(0, "c-1", "get_weather", '{"ci'), Finish("length"), Usage(3, 4)]
+    out = await collect(
+        loop(Script(cut), Invoker(), [], client={"get_weather"}).events({"messages": [], **TOOLS})
+    )
+    assert out[0] == ToolCallDelta(0, "c-1", "get_weather", '{"ci')
+    assert out[1:] == [Finish("length"), Usage(3, 4)]
+    invoker = Invoker()
+    script = Script([calc_call()[0], Finish("length"), Usage(3, 4)])
+    out = await collect(loop(script, invoker, []).events({"messages": [], **TOOLS}))
+    assert out == [Finish("length"), Usage(3, 4)]
+    assert invoker.calls == [] and len(script.requests) == 1
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    script = Script([ContentDelta('{"ci'), Finish("length"), Usage(3, 4)])
+    out = await collect(
+        loop(script, Invoker(), [], client={"get_weather"}).events(
+            {"messages": [], **TOOLS, "tool_choice": forced}
+        )
+    )
+    assert out[1:] == [Finish("length"), Usage(3, 4)]
