@@ -10,18 +10,23 @@ deadline by more than that (the deadline itself bounds the upstream reads, ``pip
 chat``; the grace lets the error event that says so go out). However the response ends
 (finished, stalled, the client gone), the chunk source is closed at once rather than left to the
 garbage collector, so the upstream request is closed and its slot freed.
+
+Except for others: when the client leaves an answer that other requests follow (request
+coalescing, ``followed``), it is read on to its end (or the deadline) for them, its chunks
+sent nowhere, instead of stopped midway under them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 import anyio.lowlevel
+from starlette._utils import create_collapsing_task_group
 from starlette.responses import StreamingResponse
-from starlette.types import Message, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from pipeline.telemetry import metrics
 from pipeline.watchdog import Watchdog
@@ -43,13 +48,34 @@ class EventStreamResponse(StreamingResponse):
         deadline: float,
         write_stall_s: float,
         headers: Mapping[str, str] | None = None,
+        followed: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         """``deadline``: the request's, in event-loop time; ``write_stall_s``: the longest one
-        send may wait for the client."""
+        send may wait for the client; ``followed``: whether others read this answer now."""
         super().__init__(content, headers=headers, media_type=self.media_type)
         self.deadline = deadline
         self.write_stall_s = write_stall_s
         self.stalled = False
+        self.followed = followed
+        self.client_gone = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # As Starlette's (ASGI before 2.4): the response is cancelled when its client leaves,
+        # unless others follow the answer: then it is read on, and its sends skipped.
+        async with create_collapsing_task_group() as task_group:
+
+            async def respond() -> None:
+                await self.stream_response(send)
+                task_group.cancel_scope.cancel()
+
+            task_group.start_soon(respond)
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if self.followed is not None and await self.followed():
+                self.client_gone = True
+                metrics.stream_finished_for_followers()
+                return
+            task_group.cancel_scope.cancel()
 
     async def stream_response(self, send: Send) -> None:
         # One timer for all of the response's sends, not one per chunk (``pipeline.watchdog``).
@@ -85,6 +111,8 @@ class EventStreamResponse(StreamingResponse):
                 await _aclose(self.body_iterator)
 
     async def _send(self, send: Send, message: Message, watchdog: Watchdog) -> None:
+        if self.client_gone:
+            return  # read on for the followers of the answer: nobody to send to
         now = anyio.current_time()
         try:
             with watchdog.until(min(now, self.deadline) + self.write_stall_s):

@@ -46,6 +46,11 @@ class StreamTap(Protocol):
 
     def ended(self, completion: Completion | None, error: BaseException | None) -> None: ...
 
+    async def followed(self) -> bool:
+        """Whether others read what it publishes now (the stream is then finished for them
+        when its own reader leaves)."""
+        ...
+
 
 class StreamFilter(Protocol):
     """Transforms answer events in flight (output guardrails, for one)."""
@@ -169,6 +174,14 @@ class AnswerStream:
     def _ended(self, completion: Completion | None, error: BaseException | None) -> None:
         for tap in self._taps:
             tap.ended(completion, error)
+
+    async def followed(self) -> bool:
+        """Whether a tap's readers read this answer now: its reader's leaving should then not
+        end it (``app.http.streaming``)."""
+        for tap in self._taps:
+            if await tap.followed():
+                return True
+        return False
 
     async def prime(self) -> None:
         """Wait for the first upstream event, so that a failure before any output is raised

@@ -25,8 +25,12 @@ answer the cache would serve it a moment later). It never leads its key's own fl
 A follower that has sent nothing to its caller yet recovers from a leader that let go: it joins
 again (one of them takes the lock over and leads); from a leader that died without a word (a
 replica killed) the same way once the lock has expired (followers check it while the stream is
-idle). A streamed follower that has sent part of the answer cannot start again: it ends with an
-error. Redis trouble turns coalescing off (the request generates alone), never an error.
+idle). A streamed leader whose client leaves while others follow it (here, or on a replica
+whose reader of its stream counts itself in ``{stream}:readers``) finishes the answer for them
+(``Leader.followed``, ``app.http.streaming``); one nobody follows stops at once. A streamed
+follower that has sent part of the answer cannot start again (a leader that stopped anyway:
+its deadline, a failure): it ends with an error. Redis trouble turns coalescing off (the
+request generates alone), never an error.
 """
 
 from __future__ import annotations
@@ -174,6 +178,10 @@ class SingleFlight:
 
     def stream_key(self, key: str, token: str) -> str:
         return f"{self.prefix}{key}:{token}"
+
+    def readers_key(self, key: str, token: str) -> str:
+        """How many replicas read the stream of the flight (each one's reader, once)."""
+        return f"{self.stream_key(key, token)}:readers"
 
     async def share(self, key: str, *, stream: bool, deadline: float, variant: str = "") -> Shared:
         """Lead the key's flight, or follow it to the leader's answer (see ``Shared``).
@@ -495,6 +503,21 @@ class Leader:
             detail = "the leader's caller left" if error is None else type(error).__name__
             self._end(Entry("gone", detail=detail))
 
+    async def followed(self) -> bool:
+        """Whether requests follow this flight now: here, or on a replica that reads its
+        stream (Redis failing: none can)."""
+        if self.flight.readers > 0:
+            return True
+        flights = self.flights
+        try:
+            count = await flights.kv.get(flights.readers_key(self.flight.key, self.flight.token))
+        except StoreUnavailable:
+            return False
+        try:
+            return count is not None and int(count) > 0
+        except ValueError:
+            return False
+
     def _end(self, entry: Entry) -> None:
         if self._last is None:
             self._last = entry
@@ -564,10 +587,13 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
     local request reads it any more, or until the lock is found gone with the stream idle."""
     stream = flights.stream_key(flight.key, token)
     lock = flights.lock_key(flight.key)
+    readers = flights.readers_key(flight.key, token)
     position = "0"
     idle_since = time.monotonic()
     check_every = flights.lock_ttl_ms / 2000.0
+    counted = False
     try:
+        counted = await _count_reader(flights, readers, 1)
         while not flight.ended:
             if flight.readers <= 0:
                 return  # every follower has what it needs, or has gone
@@ -591,7 +617,26 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
         flight.append(Entry("off", detail=f"an entry of the flight cannot be read ({exc})"))
     finally:
         flight.append(Entry("gone", detail="no reader"))
-        flights.forget(flight)
+        try:
+            if counted:
+                await _count_reader(flights, readers, -1)
+        finally:
+            flights.forget(flight)
+
+
+async def _count_reader(flights: SingleFlight, readers: str, step: int) -> bool:
+    """Count this replica's reader of a flight's stream in or out (the leader asks when its
+    client leaves); False when Redis could not be told."""
+
+    async def queue(pipe: Any) -> None:
+        pipe.incrby(readers, step)
+        pipe.pexpire(readers, flights.stream_ttl_ms)
+
+    try:
+        await flights.kv.pipeline("flight_readers", queue, transaction=True)
+    except StoreUnavailable:
+        return False
+    return True
 
 
 def _text(value: object) -> str:

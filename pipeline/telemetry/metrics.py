@@ -210,6 +210,11 @@ STREAM_WRITE_STALLS: Final = Counter(
     "rag_stream_write_stalls_total",
     "Streamed answers ended because a send to the client did not complete within the limit.",
 )
+STREAMS_FINISHED_FOR_FOLLOWERS: Final = Counter(
+    "rag_stream_finished_for_followers_total",
+    "Streamed answers whose client left while other requests followed them (request "
+    "coalescing): read on to their end for those.",
+)
 
 
 class RouteSlotMetrics:
@@ -238,6 +243,10 @@ def adapted(step: str) -> None:
 
 def stream_write_stalled() -> None:
     STREAM_WRITE_STALLS.inc()
+
+
+def stream_finished_for_followers() -> None:
+    STREAMS_FINISHED_FOR_FOLLOWERS.inc()
 
 
 CACHE_STATUS_KEY: Final = attr.info_key(attr.CACHE_STATUS)

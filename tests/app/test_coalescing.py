@@ -129,9 +129,13 @@ def sse_content(lines: list[str]) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("leader", ["reads on", "leaves"])
 def test_streamed_followers_get_every_chunk_from_the_first(
-    redis_server, vllm, shared_embedder
+    redis_server, vllm, shared_embedder, leader: str
 ) -> None:
+    # "leaves": the leader's client closes its connection once the followers have joined. Its
+    # answer was then stopped midway, and every follower, which had sent part of it, ended with
+    # an error event (coalesced_leader_gone); now it is read on to its end for them.
     exporter = InMemorySpanExporter()
     with FaultProxy(vllm.url) as llm:
         app = create_app(
@@ -154,7 +158,10 @@ def test_streamed_followers_get_every_chunk_from_the_first(
                 await asyncio.sleep(0.05)
 
         async def streams(url: str, headers: dict[str, str]) -> tuple[list[str], list[Any]]:
-            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            async with (
+                httpx.AsyncClient(base_url=url, timeout=120) as client,
+                httpx.AsyncClient(base_url=url, timeout=120) as leaving,
+            ):
 
                 async def follow() -> tuple[str, list[str]]:
                     async with client.stream(
@@ -163,11 +170,11 @@ def test_streamed_followers_get_every_chunk_from_the_first(
                         lines = [x async for x in response.aiter_lines()]
                         return response.headers["x-cache"], lines
 
-                async with client.stream(
+                got: list[str] = []
+                async with leaving.stream(
                     "POST", "/v1/chat/completions", json=body, headers=headers
-                ) as leader:
-                    lines = leader.aiter_lines()
-                    got: list[str] = []
+                ) as led:
+                    lines = led.aiter_lines()
                     while len(sse_content(got)) < 2:  # the leader has sent two chunks
                         got.append(await anext(lines))
                     assert llm.holding_requests(b"/v1/chat/completions", 1, timeout=60)
@@ -175,8 +182,14 @@ def test_streamed_followers_get_every_chunk_from_the_first(
                     try:
                         await joined(4, within=120)
                     finally:
-                        llm.release()
-                    got.extend([line async for line in lines])
+                        if leader == "reads on":
+                            llm.release()
+                    if leader == "reads on":
+                        got.extend([line async for line in lines])
+                if leader == "leaves":
+                    await leaving.aclose()  # its connection closed, the answer unread
+                    await asyncio.sleep(0.5)  # the service has seen it go
+                    llm.release()
                 return got, [await task for task in followers]
 
         with LiveService(app) as live:
@@ -185,10 +198,15 @@ def test_streamed_followers_get_every_chunk_from_the_first(
 
     assert roles(exporter) == Counter({"leader": 1, "follower": 3})
     assert generations(exporter) == 1
-    chunks = sse_content(led)
+    chunks = sse_content(followed[0][1])
     assert len(chunks) >= 8 and "".join(chunks).strip()
+    if leader == "reads on":
+        assert sse_content(led) == chunks
+    else:
+        assert sse_content(led) == chunks[: len(sse_content(led))], "its first chunks"
     for cache, lines in followed:
         assert cache == "miss"  # joined while the answer was being made, not from the cache
+        assert not [line for line in lines if '"error"' in line], lines
         assert sse_content(lines) == chunks  # every chunk, from the first, in the same pieces
         assert [line for line in lines if line][-1] == "data: [DONE]"
 

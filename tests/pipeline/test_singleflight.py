@@ -179,6 +179,34 @@ async def test_a_streamed_follower_that_joins_late_gets_every_event_from_the_fir
     assert local.final is not None and local.final() == ANSWER
 
 
+async def test_a_leader_knows_whether_it_is_followed_here_or_on_another_replica(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    # What a streamed leader whose client leaves asks: followed, it finishes the answer for
+    # its followers (app.http.streaming) instead of stopping it midway under them.
+    here, there = flights(kv), flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=True, deadline=until)
+    assert leading.leader is not None
+    publish(leading.leader, EVENTS[:1], None)
+    assert not await leading.leader.followed(), "nobody follows yet"
+    remote = await there.share(the_key, stream=True, deadline=until)
+    assert remote.role == "follower" and await leading.leader.followed()
+    local = await here.share(the_key, stream=True, deadline=until)
+    reading = [asyncio.create_task(drain(local)), asyncio.create_task(drain(remote))]
+    for event in EVENTS[1:]:
+        leading.leader.event(event)
+    leading.leader.ended(ANSWER, None)
+    for task in reading:
+        assert await task == EVENTS
+    # Once they have read it, neither replica counts a reader any more.
+    readers = here.readers_key(the_key, leading.leader.flight.token)
+    await settled(lambda: not there._flights)
+    assert int(await kv.get(readers) or 0) == 0
+    assert not await leading.leader.followed()
+
+
 async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
     kv: KeyValueStore,
     flights: Callable[..., SingleFlight],
