@@ -465,6 +465,15 @@ class ChatCompletionRequest(BaseModel):
             raise PydanticCustomError("invalid_value", "top_logprobs needs logprobs: true")
         return top
 
+    @field_validator("stream_options")
+    @classmethod
+    def _when_streamed(cls, options: StreamOptions | None, info: ValidationInfo) -> Any:
+        if options is not None and not info.data.get("stream"):  # as OpenAI refuses it
+            raise PydanticCustomError(
+                "invalid_value", "stream_options is only allowed when stream is true"
+            )
+        return options
+
     @model_validator(mode="after")
     def _note_ignored(self) -> ChatCompletionRequest:
         _log_ignored({name for name in self.ignored if getattr(self, name) is not None})

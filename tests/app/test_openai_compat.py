@@ -133,6 +133,7 @@ async def test_each_refused_field_is_a_400_that_names_it_in_chat_and_in_jobs(har
         ("response_format", {"type": "xml"}, "response_format", None),
         ("response_format", {"type": "json_schema"}, "response_format", None),
         ("stream_options", {"include_usage": True, "extra": 1}, "stream_options.extra", None),
+        ("stream_options", {"include_usage": True}, "stream_options", "invalid_value"),
         (
             "response_format",
             {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": 12}}},
