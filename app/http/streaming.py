@@ -12,8 +12,9 @@ chat``; the grace lets the error event that says so go out). However the respons
 garbage collector, so the upstream request is closed and its slot freed.
 
 Except for others: when the client leaves an answer that other requests follow (request
-coalescing, ``followed``), it is read on to its end (or the deadline) for them, its chunks
-sent nowhere, instead of stopped midway under them.
+coalescing, ``followed``), or stops reading it, it is read on for them, its chunks sent nowhere,
+instead of stopped midway under them: to its end, the deadline, or until nobody follows it
+(asked again every ``FOLLOWED_CHECK_S`` while it is read on).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pipeline.telemetry import metrics
 from pipeline.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
+
+FOLLOWED_CHECK_S = 0.5
 
 
 class WriteStalled(Exception):
@@ -71,11 +74,18 @@ class EventStreamResponse(StreamingResponse):
             task_group.start_soon(respond)
             while (await receive())["type"] != "http.disconnect":
                 pass
-            if self.followed is not None and await self.followed():
-                self.client_gone = True
-                metrics.stream_finished_for_followers()
-                return
+            if self.client_gone or await self._read_on():
+                return  # read on for others (already, after a stall; or from now)
             task_group.cancel_scope.cancel()
+
+    async def _read_on(self) -> bool:
+        """Whether the answer is read on, sends skipped, now that its client is gone or stalled
+        (others follow it); sets ``client_gone`` when it is."""
+        if self.followed is None or not await self.followed():
+            return False
+        self.client_gone = True
+        metrics.stream_finished_for_followers()
+        return True
 
     async def stream_response(self, send: Send) -> None:
         # One timer for all of the response's sends, not one per chunk (``pipeline.watchdog``).
@@ -90,25 +100,40 @@ class EventStreamResponse(StreamingResponse):
                 },
                 watchdog,
             )
+            checked = anyio.current_time()
             async for chunk in self.body_iterator:
+                if self.client_gone:  # read on for others while they follow
+                    if anyio.current_time() - checked >= FOLLOWED_CHECK_S:
+                        checked = anyio.current_time()
+                        if self.followed is None or not await self.followed():
+                            return
+                    continue
                 body = (
                     chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
                 )
-                await self._send(
-                    send, {"type": "http.response.body", "body": body, "more_body": True}, watchdog
-                )
+                message = {"type": "http.response.body", "body": body, "more_body": True}
+                try:
+                    await self._send(send, message, watchdog)
+                except WriteStalled:
+                    self._stalled()
+                    if not await self._read_on():
+                        return
+                    checked = anyio.current_time()
             end = {"type": "http.response.body", "body": b"", "more_body": False}
             await self._send(send, end, watchdog)
         except WriteStalled:
-            # The response stays incomplete: the server closes the connection.
-            self.stalled = True
-            metrics.stream_write_stalled()
-            logger.warning("a streamed answer was ended: its client stopped reading")
+            self._stalled()
         finally:
             watchdog.close()
             # Even when cancelled (the client went away): closing frees the route's slot.
             with anyio.CancelScope(shield=True):
                 await _aclose(self.body_iterator)
+
+    def _stalled(self) -> None:
+        # The response stays incomplete: the server closes the connection.
+        self.stalled = True
+        metrics.stream_write_stalled()
+        logger.warning("a streamed answer was ended: its client stopped reading")
 
     async def _send(self, send: Send, message: Message, watchdog: Watchdog) -> None:
         if self.client_gone:

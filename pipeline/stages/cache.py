@@ -33,15 +33,18 @@ IndexVersion = Callable[[str], str]
 
 # The most copies one entry keeps (the fast path's aliases: one per distinct body that got it):
 # past it, a request of another body takes the full path. It bounds what replacing an entry
-# deletes in one command.
+# deletes in one script.
 MAX_COPIES = 256
-# KEYS: the entry, its copies' set. ARGV: the answer, its TTL in seconds. Returns the copies of
-# the answer it replaces, for the caller to delete.
+# KEYS: the entry, its copies' set. ARGV: the answer, its TTL in seconds. The answer replaces
+# the entry and its copies go with it, together: a copy deleted apart could outlive a failed
+# delete, unnamed, and answer the replaced answer for its TTL. (The copies are keys the script
+# is not given: on Redis Cluster they need the entry's hash slot, docs/scaling.md.)
 _PUT = """
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local copies = redis.call('SMEMBERS', KEYS[2])
+for _, copy in ipairs(copies) do redis.call('DEL', copy) end
 if #copies > 0 then redis.call('DEL', KEYS[2]) end
-return copies
+return #copies
 """
 # KEYS: the entry, the copy, the entry's copies' set. ARGV: MAX_COPIES. A copy with the entry's
 # TTL, named in the set; 0 and nothing when there is no entry or the set is full.
@@ -164,11 +167,9 @@ class ResponseCache:
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
         entry = self.prefix + key
         answer = orjson.dumps(completion.to_dict())
-        copies = await self.kv.run_script(
+        await self.kv.run_script(
             "cache_put", self._put, [entry, entry + ":copies"], [answer, lifetime]
         )
-        if copies:
-            await self.kv.delete(*(bytes(c).decode() for c in copies))
 
     async def copy(self, key: str, name: str) -> bool:
         """Copy the entry under ``key`` to ``name``, with its TTL, until an answer replaces it

@@ -73,6 +73,12 @@ RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# KEYS: a flight's readers count. ARGV: the step (1, -1), the count's TTL in ms.
+COUNT: Final = """
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return n
+"""
 
 
 # --- the flight as this process sees it ---
@@ -172,6 +178,7 @@ class SingleFlight:
         self._acquire = kv.script(ACQUIRE)
         self.renew_script = kv.script(RENEW)
         self.release_script = kv.script(RELEASE)
+        self.count_script = kv.script(COUNT)
 
     def lock_key(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -505,7 +512,9 @@ class Leader:
 
     async def followed(self) -> bool:
         """Whether requests follow this flight now: here, or on a replica that reads its
-        stream (Redis failing: none can)."""
+        stream (Redis failing: none can). None once the flight has ended for them."""
+        if self._last is not None:
+            return False
         if self.flight.readers > 0:
             return True
         flights = self.flights
@@ -597,7 +606,9 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
         while not flight.ended:
             if flight.readers <= 0:
                 return  # every follower has what it needs, or has gone
-            reply = await flights.kv.pipeline("flight_read", _xread(stream, position, flights))
+            # The count lives while this replica reads (a stream may outlast its TTL).
+            read = _xread(stream, position, flights, readers if counted else None)
+            reply = await flights.kv.pipeline("flight_read", read)
             entries = _stream_entries(reply[0])
             position = _take(flight, entries, position)
             now = time.monotonic()
@@ -625,15 +636,13 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
 
 
 async def _count_reader(flights: SingleFlight, readers: str, step: int) -> bool:
-    """Count this replica's reader of a flight's stream in or out (the leader asks when its
-    client leaves); False when Redis could not be told."""
-
-    async def queue(pipe: Any) -> None:
-        pipe.incrby(readers, step)
-        pipe.pexpire(readers, flights.stream_ttl_ms)
-
+    """Count this replica's reader of a flight's stream in (1) or out (-1; the count is deleted
+    at 0, never left below it, as after it expired); the leader asks when its client leaves.
+    False when Redis could not be told."""
     try:
-        await flights.kv.pipeline("flight_readers", queue, transaction=True)
+        await flights.kv.run_script(
+            "flight_readers", flights.count_script, [readers], [step, flights.stream_ttl_ms]
+        )
     except StoreUnavailable:
         return False
     return True
@@ -645,9 +654,13 @@ def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _xread(stream: str, position: str, flights: SingleFlight) -> Callable[[Any], Awaitable[None]]:
+def _xread(
+    stream: str, position: str, flights: SingleFlight, readers: str | None
+) -> Callable[[Any], Awaitable[None]]:
     async def queue(pipe: Any) -> None:
         pipe.xread({stream: position}, count=1000, block=flights.poll_ms)
+        if readers is not None:
+            pipe.pexpire(readers, flights.stream_ttl_ms)
 
     return queue
 

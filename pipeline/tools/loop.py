@@ -216,6 +216,11 @@ class ToolLoop:
                     for c in calls
                 )
             cut = current.finish == "length"  # a call's arguments may be cut: none is run
+            if cut and calls and not current.clients:
+                self.runs.extend(
+                    ToolRun(c.name[:_SHOWN_NAME], c.id, "skipped", "not run: cut by max_tokens")
+                    for c in calls
+                )
             done = cut or current.clients or not calls or self.invoker is None
             if done or "tools" not in request:
                 yield Finish("tool_calls" if current.clients and not cut else current.finish)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import pytest
 
 from app.http.streaming import EventStreamResponse
 from pipeline.model.slots import SlotPool
@@ -141,3 +142,104 @@ async def test_a_disconnect_in_the_same_turn_as_the_stall_limit_is_not_taken_for
         loop.call_at(watchdog._timer.when(), group.cancel_scope.cancel)
     watchdog.close()
     assert seen == ["CancelledError"] and stalls() == before
+
+
+class Followers:
+    """What ``followed`` answers (request coalescing's leader: whether others read its answer),
+    and how often it was asked."""
+
+    def __init__(self, following: bool) -> None:
+        self.following = following
+        self.asked = 0
+
+    async def __call__(self) -> bool:
+        self.asked += 1
+        return self.following
+
+
+def counted_stream(
+    made: list[int], closed: asyncio.Event, begun: asyncio.Event, chunks: int
+) -> AsyncIterator[bytes]:
+    """An answer of ``chunks`` chunks, 20 ms apart, counting those made (``begun`` at 5)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            for n in range(chunks):
+                made.append(n)
+                if n == 5:
+                    begun.set()
+                yield b"data: {}\n\n"
+                await asyncio.sleep(0.02)
+        finally:
+            closed.set()
+
+    return body()
+
+
+@pytest.mark.parametrize("stop", ["leaves", "stalls"])
+async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_goes(
+    stop: str,
+) -> None:
+    # The leader's client leaving (or no longer reading) stopped a shared answer under its
+    # followers (each ended with an error); now it is read on, sends skipped, until they have
+    # all gone.
+    loop = asyncio.get_running_loop()
+    made: list[int] = []
+    closed, begun, gone, never = (asyncio.Event() for _ in range(4))
+    followers = Followers(following=True)
+    response = EventStreamResponse(
+        counted_stream(made, closed, begun, 200),
+        deadline=loop.time() + 60,
+        write_stall_s=0.2,
+        followed=followers,
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if stop == "stalls" and len(sent) > 3:
+            await never.wait()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    served = asyncio.create_task(response(SCOPE, receive, send))
+    await asyncio.wait_for(begun.wait(), 5)
+    if stop == "leaves":
+        gone.set()
+    at_leaving = len(sent)
+    await asyncio.sleep(1.0)
+    assert not closed.is_set() and response.client_gone
+    assert len(made) > 20, "read on for its followers"
+    assert len(sent) <= at_leaving + 1, "nothing more sent"
+    followers.following = False  # the last follower has its answer, or has gone
+    await asyncio.wait_for(served, 5)
+    assert closed.is_set() and len(made) < 200, "stopped once nobody followed"
+    assert followers.asked >= 2
+
+
+async def test_an_answer_nobody_follows_stops_at_once_when_its_client_leaves() -> None:
+    loop = asyncio.get_running_loop()
+    made: list[int] = []
+    closed, begun, gone = (asyncio.Event() for _ in range(3))
+    followers = Followers(following=False)
+    response = EventStreamResponse(
+        counted_stream(made, closed, begun, 200),
+        deadline=loop.time() + 60,
+        write_stall_s=5,
+        followed=followers,
+    )
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    served = asyncio.create_task(response(SCOPE, receive, send))
+    await asyncio.wait_for(begun.wait(), 5)
+    gone.set()
+    await asyncio.wait_for(served, 5)
+    assert closed.is_set() and len(made) < 12 and followers.asked == 1

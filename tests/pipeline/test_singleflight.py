@@ -200,11 +200,37 @@ async def test_a_leader_knows_whether_it_is_followed_here_or_on_another_replica(
     leading.leader.ended(ANSWER, None)
     for task in reading:
         assert await task == EVENTS
-    # Once they have read it, neither replica counts a reader any more.
+    assert not await leading.leader.followed(), "ended: nobody reads it any more"
+    # Once they have read it, no replica counts a reader: the count is gone, not left below 0.
     readers = here.readers_key(the_key, leading.leader.flight.token)
     await settled(lambda: not there._flights)
-    assert int(await kv.get(readers) or 0) == 0
-    assert not await leading.leader.followed()
+    assert await kv.get(readers) is None
+
+
+async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_than_its_ttl(
+    kv: KeyValueStore,
+    flights: Callable[..., SingleFlight],
+) -> None:
+    # The count expired a stream's TTL after the reader began, so a leader whose client left
+    # then stopped the answer under a remote follower still reading it; and the reader's
+    # leaving then set it to -1.
+    here, there = flights(kv, stream_ttl_ms=600), flights(kv, stream_ttl_ms=600)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=True, deadline=until)
+    assert leading.leader is not None
+    publish(leading.leader, EVENTS[:1], None)
+    remote = await there.share(the_key, stream=True, deadline=until)
+    assert remote.events is not None
+    assert await anext(remote.events) == EVENTS[0]
+    for _ in range(12):  # 1.2 s of an answer, twice the count's TTL
+        leading.leader.event(ContentDelta("more"))
+        assert await anext(remote.events) == ContentDelta("more")
+        await asyncio.sleep(0.1)
+    assert await leading.leader.followed(), "the remote reader was forgotten"
+    await remote.events.aclose()
+    readers = here.readers_key(the_key, leading.leader.flight.token)
+    await settled(lambda: not there._flights)
+    assert await kv.get(readers) is None
 
 
 async def test_the_leaders_error_reaches_its_followers_as_the_same_error(

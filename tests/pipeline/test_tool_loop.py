@@ -240,9 +240,11 @@ async def test_a_call_cut_short_by_max_tokens_ends_with_length_and_is_not_run() 
     assert out[1:] == [Finish("length"), Usage(3, 4)]
     invoker = Invoker()
     script = Script([calc_call()[0], Finish("length"), Usage(3, 4)])
-    out = await collect(loop(script, invoker, []).events({"messages": [], **TOOLS}))
+    runs: list[ToolRun] = []
+    out = await collect(loop(script, invoker, runs).events({"messages": [], **TOOLS}))
     assert out == [Finish("length"), Usage(3, 4)]
     assert invoker.calls == [] and len(script.requests) == 1
+    assert [(r.name, r.status) for r in runs] == [("calculator", "skipped")]
     forced = {"type": "function", "function": {"name": "get_weather"}}
     script = Script([ContentDelta('{"ci'), Finish("length"), Usage(3, 4)])
     out = await collect(
