@@ -6,7 +6,7 @@ connection's buffers are full (the process-level case is ``test_upstream_fairnes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -157,6 +157,16 @@ class Followers:
         return self.following
 
 
+def leaving(gone: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """An ASGI ``receive`` whose client leaves once ``gone`` is set."""
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 def counted_stream(
     made: list[int], closed: asyncio.Event, begun: asyncio.Event, chunks: int
 ) -> AsyncIterator[bytes]:
@@ -176,6 +186,22 @@ def counted_stream(
     return body()
 
 
+def followed_answer(
+    followers: Followers, write_stall_s: float
+) -> tuple[EventStreamResponse, list[int], asyncio.Event, asyncio.Event]:
+    """The response of a 200-chunk answer asking ``followers``; the chunks made, and events
+    set when its source is closed and once 5 chunks are made."""
+    made: list[int] = []
+    closed, begun = asyncio.Event(), asyncio.Event()
+    response = EventStreamResponse(
+        counted_stream(made, closed, begun, 200),
+        deadline=asyncio.get_running_loop().time() + 60,
+        write_stall_s=write_stall_s,
+        followed=followers,
+    )
+    return response, made, closed, begun
+
+
 @pytest.mark.parametrize("stop", ["leaves", "stalls"])
 async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_goes(
     stop: str,
@@ -183,16 +209,8 @@ async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_
     # The leader's client leaving (or no longer reading) stopped a shared answer under its
     # followers (each ended with an error); now it is read on, sends skipped, until they have
     # all gone.
-    loop = asyncio.get_running_loop()
-    made: list[int] = []
-    closed, begun, gone, never = (asyncio.Event() for _ in range(4))
-    followers = Followers(following=True)
-    response = EventStreamResponse(
-        counted_stream(made, closed, begun, 200),
-        deadline=loop.time() + 60,
-        write_stall_s=0.2,
-        followed=followers,
-    )
+    followers, gone, never = Followers(following=True), asyncio.Event(), asyncio.Event()
+    response, made, closed, begun = followed_answer(followers, write_stall_s=0.2)
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -200,11 +218,7 @@ async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_
         if stop == "stalls" and len(sent) > 3:
             await never.wait()
 
-    async def receive() -> dict[str, Any]:
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    served = asyncio.create_task(response(SCOPE, receive, send))
+    served = asyncio.create_task(response(SCOPE, leaving(gone), send))
     await asyncio.wait_for(begun.wait(), 5)
     if stop == "leaves":
         gone.set()
@@ -220,25 +234,13 @@ async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_
 
 
 async def test_an_answer_nobody_follows_stops_at_once_when_its_client_leaves() -> None:
-    loop = asyncio.get_running_loop()
-    made: list[int] = []
-    closed, begun, gone = (asyncio.Event() for _ in range(3))
-    followers = Followers(following=False)
-    response = EventStreamResponse(
-        counted_stream(made, closed, begun, 200),
-        deadline=loop.time() + 60,
-        write_stall_s=5,
-        followed=followers,
-    )
+    followers, gone = Followers(following=False), asyncio.Event()
+    response, made, closed, begun = followed_answer(followers, write_stall_s=5)
 
     async def send(message: dict[str, Any]) -> None:
         pass
 
-    async def receive() -> dict[str, Any]:
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    served = asyncio.create_task(response(SCOPE, receive, send))
+    served = asyncio.create_task(response(SCOPE, leaving(gone), send))
     await asyncio.wait_for(begun.wait(), 5)
     gone.set()
     await asyncio.wait_for(served, 5)

@@ -106,6 +106,22 @@ def publish(leader: Leader, events: list[AnswerEvent], completion: Completion | 
         leader.ended(completion, None)
 
 
+async def streamed_leader(
+    replica: SingleFlight, the_key: str, until: float, published: list[AnswerEvent]
+) -> Leader:
+    """The leader of a new streamed flight of ``the_key``, with ``published`` out already."""
+    leading = await replica.share(the_key, stream=True, deadline=until)
+    assert leading.leader is not None
+    publish(leading.leader, published, None)
+    return leading.leader
+
+
+async def no_reader_counted(kv: KeyValueStore, leader: Leader, *replicas: SingleFlight) -> None:
+    """Once the replicas' readers have gone, the flight's count of them is gone (not below 0)."""
+    await settled(lambda: not any(replica._flights for replica in replicas))
+    assert await kv.get(leader.flights.readers_key(leader.flight.key, leader.flight.token)) is None
+
+
 async def drain(shared: Shared) -> list[AnswerEvent]:
     assert shared.events is not None
     return [event async for event in shared.events]
@@ -162,9 +178,7 @@ async def test_a_streamed_follower_that_joins_late_gets_every_event_from_the_fir
 ) -> None:
     here, there = flights(kv), flights(kv)
     the_key, until = key(), await deadline()
-    leading = await here.share(the_key, stream=True, deadline=until)
-    assert leading.leader is not None
-    publish(leading.leader, EVENTS[:2], None)  # two events out before anyone follows
+    leader = await streamed_leader(here, the_key, until, EVENTS[:2])  # before anyone follows
     local = await here.share(the_key, stream=True, deadline=until)
     remote = await there.share(the_key, stream=True, deadline=until)
     assert local.role == remote.role == "follower"
@@ -172,8 +186,8 @@ async def test_a_streamed_follower_that_joins_late_gets_every_event_from_the_fir
     await asyncio.sleep(0.3)
     assert not any(task.done() for task in reading)  # they follow the answer as it comes
     for event in EVENTS[2:]:
-        leading.leader.event(event)
-    leading.leader.ended(ANSWER, None)
+        leader.event(event)
+    leader.ended(ANSWER, None)
     for task in reading:
         assert await task == EVENTS
     assert local.final is not None and local.final() == ANSWER
@@ -187,24 +201,19 @@ async def test_a_leader_knows_whether_it_is_followed_here_or_on_another_replica(
     # its followers (app.http.streaming) instead of stopping it midway under them.
     here, there = flights(kv), flights(kv)
     the_key, until = key(), await deadline()
-    leading = await here.share(the_key, stream=True, deadline=until)
-    assert leading.leader is not None
-    publish(leading.leader, EVENTS[:1], None)
-    assert not await leading.leader.followed(), "nobody follows yet"
+    leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+    assert not await leader.followed(), "nobody follows yet"
     remote = await there.share(the_key, stream=True, deadline=until)
-    assert remote.role == "follower" and await leading.leader.followed()
+    assert remote.role == "follower" and await leader.followed()
     local = await here.share(the_key, stream=True, deadline=until)
     reading = [asyncio.create_task(drain(local)), asyncio.create_task(drain(remote))]
     for event in EVENTS[1:]:
-        leading.leader.event(event)
-    leading.leader.ended(ANSWER, None)
+        leader.event(event)
+    leader.ended(ANSWER, None)
     for task in reading:
         assert await task == EVENTS
-    assert not await leading.leader.followed(), "ended: nobody reads it any more"
-    # Once they have read it, no replica counts a reader: the count is gone, not left below 0.
-    readers = here.readers_key(the_key, leading.leader.flight.token)
-    await settled(lambda: not there._flights)
-    assert await kv.get(readers) is None
+    assert not await leader.followed(), "ended: nobody reads it any more"
+    await no_reader_counted(kv, leader, there)
 
 
 async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_than_its_ttl(
@@ -216,21 +225,17 @@ async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_th
     # leaving then set it to -1.
     here, there = flights(kv, stream_ttl_ms=600), flights(kv, stream_ttl_ms=600)
     the_key, until = key(), await deadline()
-    leading = await here.share(the_key, stream=True, deadline=until)
-    assert leading.leader is not None
-    publish(leading.leader, EVENTS[:1], None)
+    leader = await streamed_leader(here, the_key, until, EVENTS[:1])
     remote = await there.share(the_key, stream=True, deadline=until)
     assert remote.events is not None
     assert await anext(remote.events) == EVENTS[0]
     for _ in range(12):  # 1.2 s of an answer, twice the count's TTL
-        leading.leader.event(ContentDelta("more"))
+        leader.event(ContentDelta("more"))
         assert await anext(remote.events) == ContentDelta("more")
         await asyncio.sleep(0.1)
-    assert await leading.leader.followed(), "the remote reader was forgotten"
+    assert await leader.followed(), "the remote reader was forgotten"
     await remote.events.aclose()
-    readers = here.readers_key(the_key, leading.leader.flight.token)
-    await settled(lambda: not there._flights)
-    assert await kv.get(readers) is None
+    await no_reader_counted(kv, leader, there)
 
 
 async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
