@@ -68,6 +68,9 @@ def create_app(
         app.state.lag_probe = probe
         # Key revocations and limit changes from any replica reach this one's key cache.
         key_changes = asyncio.get_running_loop().create_task(services.keys.listen())
+        # Served once it is subscribed (a second at most: Redis may be down): the first
+        # subscription forgets every key cached before it, and a lookup overlapping it.
+        await services.keys.wait_subscribed(1.0)
         try:
             yield
         finally:

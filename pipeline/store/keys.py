@@ -248,6 +248,7 @@ class ApiKeyStore:
         # Counts what was dropped from ``_seen``: a lookup whose read of Redis a drop overtook
         # does not cache what it read (it may be the record the drop was for).
         self._drops = 0
+        self._subscribed = asyncio.Event()  # set at each subscription, cleared when it is lost
         self._create = kv.script(_CREATE)
         self._revoke = kv.script(_REVOKE)
         self._prune = kv.script(_PRUNE)
@@ -514,6 +515,7 @@ class ApiKeyStore:
                     await asyncio.sleep(retry_seconds)
         finally:
             self.subscribed = False
+            self._subscribed.clear()
 
     async def stop_listening(self, task: asyncio.Task[None], *, wait: float = 2.0) -> None:
         """End ``task`` (running ``listen``): at once if it takes its cancellation, else at its
@@ -528,6 +530,18 @@ class ApiKeyStore:
                 await self._listen_on(pubsub, ping_seconds)
         finally:
             self.subscribed = False
+            self._subscribed.clear()
+
+    async def wait_subscribed(self, within: float) -> bool:
+        """Whether the change channel is subscribed within ``within`` seconds (``listen``
+        running): the app serves once it is, so that no key looked up before is lost to the
+        first subscription's forgetting."""
+        try:
+            async with asyncio.timeout(within):
+                await self._subscribed.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _listen_on(self, pubsub: PubSub, ping_seconds: float) -> None:
         # Each call on the pub/sub connection has a bound of its own, as a command's: its
@@ -551,6 +565,7 @@ class ApiKeyStore:
                     # what changed while the channel was down is unknown either way.
                     metrics.key_invalidated("resubscribed", self._forget_all())
                     self.subscribed = True
+                    self._subscribed.set()
                 elif kind == "message":
                     data = message.get("data")
                     if isinstance(data, bytes):

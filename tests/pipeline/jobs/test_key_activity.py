@@ -445,9 +445,10 @@ async def test_a_change_missed_while_the_channel_reconnected_by_itself_is_not_tr
     # redis-py connects again and subscribes again inside get_message, raising nothing: a
     # revocation published while the connection was down was lost, and the key cache, never
     # cleared, kept the revoked key for 30 s.
+    assert not await keys.wait_subscribed(0.05), "nobody listens yet"
     listener = asyncio.create_task(keys.listen(retry_seconds=0.1, ping_seconds=0.5))
     try:
-        await until(lambda: keys.subscribed, "subscribed")
+        assert await keys.wait_subscribed(10.0) and keys.subscribed
         raw = await keys.create("acme", "alice")
         assert await keys.resolve(raw) is not None and keys.cached(raw) is not None
         # The subscriber's connection is dropped and the change published at once, in one
