@@ -78,10 +78,13 @@ class EventStreamResponse(StreamingResponse):
                 return  # read on for others (already, after a stall; or from now)
             task_group.cancel_scope.cancel()
 
+    async def _followed(self) -> bool:
+        return self.followed is not None and await self.followed()
+
     async def _read_on(self) -> bool:
         """Whether the answer is read on, sends skipped, now that its client is gone or stalled
         (others follow it); sets ``client_gone`` when it is."""
-        if self.followed is None or not await self.followed():
+        if not await self._followed():
             return False
         self.client_gone = True
         metrics.stream_finished_for_followers()
@@ -105,7 +108,7 @@ class EventStreamResponse(StreamingResponse):
                 if self.client_gone:  # read on for others while they follow
                     if anyio.current_time() - checked >= FOLLOWED_CHECK_S:
                         checked = anyio.current_time()
-                        if self.followed is None or not await self.followed():
+                        if not await self._followed():
                             return
                     continue
                 body = (

@@ -240,7 +240,6 @@ class ApiKeyStore:
         self.legacy_id_grace = legacy_id_grace
         self.unsubscribed_ttl = unsubscribed_ttl
         self.channel = f"{prefix}changed"
-        self.subscribed = False
         self._listening = False
         self._rechecking: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -514,7 +513,6 @@ class ApiKeyStore:
                 if self._listening:
                     await asyncio.sleep(retry_seconds)
         finally:
-            self.subscribed = False
             self._subscribed.clear()
 
     async def stop_listening(self, task: asyncio.Task[None], *, wait: float = 2.0) -> None:
@@ -529,8 +527,12 @@ class ApiKeyStore:
             async with self.kv.subscription() as pubsub:
                 await self._listen_on(pubsub, ping_seconds)
         finally:
-            self.subscribed = False
             self._subscribed.clear()
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether the change channel is subscribed now (``listen``)."""
+        return self._subscribed.is_set()
 
     async def wait_subscribed(self, within: float) -> bool:
         """Whether the change channel is subscribed within ``within`` seconds (``listen``
@@ -564,7 +566,6 @@ class ApiKeyStore:
                     # subscribed again by itself (inside get_message or ping, raising nothing):
                     # what changed while the channel was down is unknown either way.
                     metrics.key_invalidated("resubscribed", self._forget_all())
-                    self.subscribed = True
                     self._subscribed.set()
                 elif kind == "message":
                     data = message.get("data")

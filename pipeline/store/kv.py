@@ -235,8 +235,8 @@ class KeyValueStore:
         receivers: int = await self._call("PUBLISH", lambda: self.client.publish(channel, message))
         return receivers
 
-    async def delete(self, *keys: str) -> int:
-        count: int = await self._call("DEL", lambda: self.client.delete(*keys))
+    async def delete(self, key: str) -> int:
+        count: int = await self._call("DEL", lambda: self.client.delete(key))
         return count
 
     # --- scripts and streams (the job queue) ---
