@@ -87,7 +87,6 @@ class EventStreamResponse(StreamingResponse):
         if not await self._followed():
             return False
         self.client_gone = True
-        metrics.stream_finished_for_followers()
         return True
 
     async def stream_response(self, send: Send) -> None:
@@ -122,6 +121,8 @@ class EventStreamResponse(StreamingResponse):
                     if not await self._read_on():
                         return
                     checked = anyio.current_time()
+            if self.client_gone:  # the answer's end, reached for its followers
+                metrics.stream_finished_for_followers()
             end = {"type": "http.response.body", "body": b"", "more_body": False}
             await self._send(send, end, watchdog)
         except WriteStalled:

@@ -237,15 +237,17 @@ class AnswerStream:
         if self._read:
             raise RuntimeError("an answer stream can be read only once")
         self._read = True
-        try:
-            async with aclosing(self._events()) as events:
+        async with aclosing(self._events()) as events:
+            try:
                 async for event in events:
                     for tap in self._taps:
                         tap.event(event)
                     yield event
-        except BaseException as exc:  # the reader let go (GeneratorExit) or the answer failed
-            self._ended(None, None if isinstance(exc, GeneratorExit) else exc)
-            raise
+            except BaseException as exc:  # the reader let go (GeneratorExit) or the answer failed
+                # Said before the upstream is closed (that awaits the network): a leader's
+                # flight is closed to new followers at once (``pipeline.store.singleflight``).
+                self._ended(None, None if isinstance(exc, GeneratorExit) else exc)
+                raise
         self._ended(self.completion, None)
 
     async def _events(self) -> AsyncGenerator[AnswerEvent, None]:

@@ -507,9 +507,8 @@ class ApiKeyStore:
                     await self._follow(ping_seconds)
                 except asyncio.CancelledError:
                     raise
-                except (*UNREACHABLE, Exception) as exc:  # any loss: subscribe again
-                    if self.subscribed:
-                        log.warning("key change channel lost (%s); retrying", type(exc).__name__)
+                except (*UNREACHABLE, Exception):  # any loss: subscribe again
+                    pass
                 if self._listening:
                     await asyncio.sleep(retry_seconds)
         finally:
@@ -523,11 +522,20 @@ class ApiKeyStore:
         await asyncio.wait({task}, timeout=wait)
 
     async def _follow(self, ping_seconds: float) -> None:
+        subscribed = False
         try:
             async with self.kv.subscription() as pubsub:
-                await self._listen_on(pubsub, ping_seconds)
-        finally:
-            self._subscribed.clear()
+                try:
+                    await self._listen_on(pubsub, ping_seconds)
+                finally:
+                    # At once, not after the connection's close: the cache falls back now.
+                    subscribed = self.subscribed
+                    self._subscribed.clear()
+        except (*UNREACHABLE, Exception) as exc:
+            # Said once per loss: while it lasts, each try to subscribe again fails unsaid.
+            if subscribed:
+                log.warning("key change channel lost (%s); retrying", type(exc).__name__)
+            raise
 
     @property
     def subscribed(self) -> bool:

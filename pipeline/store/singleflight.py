@@ -95,6 +95,8 @@ class Flight:
         self.detail = ""
         self.decided = asyncio.Event()
         self.readers = 0
+        # Its leader has gone: its last entry, "gone", is on its way (after Redis has it).
+        self.abandoned = False
         self._wake = asyncio.Event()
 
     def decide(self, role: Literal["leader", "remote", "off"], detail: str = "") -> None:
@@ -252,6 +254,12 @@ class SingleFlight:
         """Follow ``flight``: its answer (a plain request's completion, a streamed one's
         events), its error, or nothing to share ("off"); None when its leader let go before
         its answer (join again)."""
+        if flight.abandoned:
+            # Following it would relay what it has and then fail midway (its leader's client
+            # left a moment ago, and nobody followed): join again once it has ended.
+            async for _ in flight.read():
+                pass
+            return None
         flight.readers += 1
         entries = flight.read()
         try:
@@ -512,7 +520,11 @@ class Leader:
 
     async def followed(self) -> bool:
         """Whether requests follow this flight now: here, or on a replica that reads its
-        stream (Redis failing: none can). None once the flight has ended for them."""
+        stream (Redis failing: none can). None once the flight has ended for them.
+
+        This process's readers are counted again once Redis has answered: a request of the
+        key may have joined here meanwhile (no Redis needed), and it would be cut off midway
+        if the answer were stopped on the count read before."""
         if self._last is not None:
             return False
         if self.flight.readers > 0:
@@ -521,15 +533,15 @@ class Leader:
         try:
             count = await flights.kv.get(flights.readers_key(self.flight.key, self.flight.token))
         except StoreUnavailable:
+            count = None
+        if self._last is not None:
             return False
-        try:
-            return count is not None and int(count) > 0
-        except ValueError:
-            return False
+        return self.flight.readers > 0 or _positive(count)
 
     def _end(self, entry: Entry) -> None:
         if self._last is None:
             self._last = entry
+            self.flight.abandoned = entry.kind == "gone"
             self._wake.set()
 
     async def _publish(self) -> None:
@@ -589,6 +601,14 @@ class Leader:
         except StoreUnavailable:
             return False  # remote followers see the lock expire; local ones are unaffected
         return True
+
+
+def _positive(count: bytes | None) -> bool:
+    """Whether a count read from Redis is above 0 (None, or not a number: no)."""
+    try:
+        return count is not None and int(count) > 0
+    except ValueError:
+        return False
 
 
 async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:

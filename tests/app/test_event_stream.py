@@ -39,6 +39,10 @@ def stalls() -> float:
     return metrics.STREAM_WRITE_STALLS._value.get()
 
 
+def finished_for_followers() -> float:
+    return metrics.STREAMS_FINISHED_FOR_FOLLOWERS._value.get()
+
+
 async def test_a_client_that_stops_reading_ends_the_stream_and_frees_the_slot() -> None:
     pool, closed, never = SlotPool(1), asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -187,14 +191,14 @@ def counted_stream(
 
 
 def followed_answer(
-    followers: Followers, write_stall_s: float
+    followers: Followers, write_stall_s: float, chunks: int = 200
 ) -> tuple[EventStreamResponse, list[int], asyncio.Event, asyncio.Event]:
-    """The response of a 200-chunk answer asking ``followers``; the chunks made, and events
-    set when its source is closed and once 5 chunks are made."""
+    """The response of an answer of ``chunks`` chunks asking ``followers``; the chunks made,
+    and events set when its source is closed and once 5 chunks are made."""
     made: list[int] = []
     closed, begun = asyncio.Event(), asyncio.Event()
     response = EventStreamResponse(
-        counted_stream(made, closed, begun, 200),
+        counted_stream(made, closed, begun, chunks),
         deadline=asyncio.get_running_loop().time() + 60,
         write_stall_s=write_stall_s,
         followed=followers,
@@ -212,6 +216,7 @@ async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_
     followers, gone, never = Followers(following=True), asyncio.Event(), asyncio.Event()
     response, made, closed, begun = followed_answer(followers, write_stall_s=0.2)
     sent: list[dict[str, Any]] = []
+    finished = finished_for_followers()
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -231,6 +236,23 @@ async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_
     await asyncio.wait_for(served, 5)
     assert closed.is_set() and len(made) < 200, "stopped once nobody followed"
     assert followers.asked >= 2
+    assert finished_for_followers() == finished, "stopped midway: not finished for anyone"
+
+
+async def test_an_answer_read_on_to_its_end_for_its_followers_is_counted_once() -> None:
+    followers, gone = Followers(following=True), asyncio.Event()
+    response, made, closed, begun = followed_answer(followers, write_stall_s=5, chunks=40)
+    finished = finished_for_followers()
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    served = asyncio.create_task(response(SCOPE, leaving(gone), send))
+    await asyncio.wait_for(begun.wait(), 5)
+    gone.set()
+    await asyncio.wait_for(served, 5)
+    assert closed.is_set() and len(made) == 40, "read on to its end"
+    assert finished_for_followers() == finished + 1
 
 
 async def test_an_answer_nobody_follows_stops_at_once_when_its_client_leaves() -> None:

@@ -582,6 +582,34 @@ async def test_fast_hits_count_against_the_requests_per_minute(
         assert models.json()["error"]["code"] == error["code"]
 
 
+async def test_a_key_whose_token_window_is_spent_is_refused_a_hit_as_on_the_full_path(
+    make_app: Callable[..., Any], live_settings: Callable[..., Settings]
+) -> None:
+    # The full path holds a request's estimated tokens before its cache lookup, refused while
+    # the window is spent, hit or not. A review suspected the fast path answered such a hit:
+    # it does not, since admission itself is refused while a token window is spent.
+    async with make_app(live_settings()) as h:
+        body = plain()
+        roomy = await h.key()
+        await warm(h, roomy, body)  # the answer and its alias, for the tenant
+        raw = await h.services.keys.create("acme", "alice", frozenset({"chat"}), tpm=10)
+        spender = await post(h, raw, plain())  # a miss: its tokens spend the key's window
+        assert spender.status_code == 200 and spender.headers["x-cache"] == "miss"
+        for _ in range(100):  # the tokens are charged once the answer is out
+            probe = await h.client.get("/v1/models", headers={"authorization": f"Bearer {raw}"})
+            if probe.headers.get("x-ratelimit-remaining-tokens") == "0":
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the key's token window was never spent")
+        refused = await post(h, raw, body)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+        # The same bytes from a key with room are a fast hit.
+        assert served_fast(h, await post(h, roomy, body))
+
+
 def cache_hits(scrape: str) -> float:
     """``rag_cache_lookups_total{outcome="hit"}`` in a scrape of /metrics (0 before any)."""
     for line in scrape.splitlines():

@@ -3,6 +3,7 @@ from what came out, callbacks only on a normal end."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -202,6 +203,50 @@ async def test_a_reader_that_stops_early_runs_no_callback() -> None:
     assert await anext(events) == ContentDelta("The capital ")
     await events.aclose()  # the client went away
     assert stored == [] and closed == [True]
+
+
+class Ends:
+    """A tap that notes how the answer ended, and what its source had done by then."""
+
+    def __init__(self, closing: asyncio.Event) -> None:
+        self.closing = closing
+        self.endings: list[tuple[Completion | None, BaseException | None, bool]] = []
+
+    def event(self, event: StreamEvent) -> None:
+        pass
+
+    def ended(self, completion: Completion | None, error: BaseException | None) -> None:
+        self.endings.append((completion, error, self.closing.is_set()))
+
+    async def followed(self) -> bool:
+        return False
+
+
+async def test_a_tap_is_told_the_reader_let_go_before_the_upstream_is_closed() -> None:
+    # Closing the model call awaits the network: a coalesced flight's leader learnt that its
+    # reader had gone only after it, and a request joining meanwhile followed an answer
+    # about to stop (``pipeline.store.singleflight``).
+    closing, closed = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_close() -> AsyncIterator[StreamEvent]:
+        try:
+            for event in ANSWER:
+                yield event
+        finally:
+            closing.set()
+            await closed.wait()
+
+    answer = AnswerStream(slow_to_close(), base)
+    tap = Ends(closing)
+    answer.tap(tap)
+    events = answer.events()
+    assert await anext(events) == ANSWER[0]
+    letting_go = asyncio.create_task(events.aclose())  # the client went away
+    await asyncio.wait_for(closing.wait(), 5)
+    assert tap.endings == [(None, None, False)], "told before the upstream began to close"
+    closed.set()
+    await letting_go
+    assert tap.endings == [(None, None, False)], "told once"
 
 
 async def test_prime_surfaces_an_error_before_any_output() -> None:

@@ -35,7 +35,8 @@ from pipeline.errors import (
 from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.singleflight import Leader, Shared, SingleFlight
-from tests.support.servers import free_port
+from tests.support.faultproxy import FaultProxy
+from tests.support.servers import RedisServer, free_port
 
 TRACER = trace.get_tracer("test")
 EVENTS: list[AnswerEvent] = [
@@ -214,6 +215,50 @@ async def test_a_leader_knows_whether_it_is_followed_here_or_on_another_replica(
         assert await task == EVENTS
     assert not await leader.followed(), "ended: nobody reads it any more"
     await no_reader_counted(kv, leader, there)
+
+
+async def test_a_request_that_joins_here_while_the_leader_asks_redis_counts_as_following(
+    redis_server: RedisServer, flights: Callable[..., SingleFlight]
+) -> None:
+    # The leader's client has left and its response asks whether the answer is followed: the
+    # local count first, then Redis for a replica's reader. A request of the key joining here
+    # while Redis answers (no Redis needed to join) was not counted, so the answer was
+    # stopped under it midway (a review's reproducer: coalesced_leader_gone after 30 events).
+    with FaultProxy(redis_server.url) as proxy:
+        slow = KeyValueStore.from_url(proxy.url, TRACER, timeout=10.0)
+        try:
+            here = flights(slow)
+            the_key, until = key(), await deadline()
+            leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+            proxy.pause()  # Redis is slow to answer (a fork, a slow command, the network)
+            asking = asyncio.create_task(leader.followed())
+            await asyncio.sleep(0.2)
+            assert not asking.done(), "followed() should be waiting for Redis's count"
+            joined = await here.share(the_key, stream=True, deadline=until)
+            assert joined.role == "follower"
+            proxy.resume()
+            assert await asking, "a follower joined before the answer came: it is followed"
+            reading = asyncio.create_task(drain(joined))
+            publish(leader, EVENTS[1:], ANSWER)
+            assert await reading == EVENTS
+        finally:
+            await slow.aclose()
+
+
+async def test_a_request_that_comes_as_its_leader_goes_leads_anew_rather_than_fail_midway(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    # The leader's client left and nobody followed: the answer stops, and the flight's last
+    # entry ("gone") reaches this process's followers once Redis has it. A request joining
+    # in between followed the answer so far, then ended midway with coalesced_leader_gone.
+    here = flights(kv)
+    the_key, until = key(), await deadline()
+    leader = await streamed_leader(here, the_key, until, EVENTS[:2])
+    leader.ended(None, None)  # its reader let go
+    joined = await here.share(the_key, stream=True, deadline=until)
+    assert joined.role == "leader", "it waited for the end, then led the key's next flight"
+    assert joined.leader is not None
+    publish(joined.leader, EVENTS, ANSWER)
 
 
 async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_than_its_ttl(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import string
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from opentelemetry import trace
 
 from pipeline.store.keys import (
     KEY_ID_PATTERN,
@@ -22,7 +24,9 @@ from pipeline.store.keys import (
     weak_key_reason,
 )
 from pipeline.store.kv import KeyValueStore
+from tests.support.faultproxy import FaultProxy
 from tests.support.fuzzing import examples
+from tests.support.servers import RedisServer
 
 STRONG = "Zq7-vP2mL9xK4tR8wB1nC6yH3jF5sD0gA"  # 33 characters, no pattern
 ANOTHER = "Mx4kT9pQ2wZ7rL1vB8nJ5cH3yF6gD0sAe"
@@ -462,6 +466,29 @@ async def test_a_change_missed_while_the_channel_reconnected_by_itself_is_not_tr
         assert keys.subscribed, "subscribed again"
     finally:
         await keys.stop_listening(listener)
+
+
+async def test_a_lost_key_change_channel_is_said_once_and_the_cache_falls_back(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The warning was never logged: the flag it was guarded by was cleared before it was read.
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.5)
+        keys = ApiKeyStore(kv, prefix=f"{prefix}apikey:")
+        listener = asyncio.create_task(keys.listen(retry_seconds=0.1, ping_seconds=0.2))
+        try:
+            assert await keys.wait_subscribed(10.0)
+            with caplog.at_level(logging.WARNING, logger="pipeline.store.keys"):
+                proxy.pause()  # Redis stops answering: the pings go unanswered
+                await until(lambda: not keys.subscribed, "the channel counted as lost")
+                await asyncio.sleep(1.0)  # tries to subscribe again, failing
+                proxy.resume()
+                await until(lambda: keys.subscribed, "subscribed again")
+            lost = [r for r in caplog.records if "key change channel lost" in r.getMessage()]
+            assert len(lost) == 1, [r.getMessage() for r in caplog.records]
+        finally:
+            await keys.stop_listening(listener)
+            await kv.aclose()
 
 
 async def until(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
