@@ -239,10 +239,11 @@ async def test_an_answer_others_follow_is_read_on_while_they_do_when_its_client_
     assert finished_for_followers() == finished, "stopped midway: not finished for anyone"
 
 
-async def test_an_answer_read_on_to_its_end_for_its_followers_is_counted_once() -> None:
-    followers, gone = Followers(following=True), asyncio.Event()
-    response, made, closed, begun = followed_answer(followers, write_stall_s=5, chunks=40)
-    finished = finished_for_followers()
+async def served_to_a_client_that_leaves(
+    response: EventStreamResponse, begun: asyncio.Event
+) -> None:
+    """Serve ``response`` to a client that leaves once ``begun``; return when it has ended."""
+    gone = asyncio.Event()
 
     async def send(message: dict[str, Any]) -> None:
         pass
@@ -251,19 +252,19 @@ async def test_an_answer_read_on_to_its_end_for_its_followers_is_counted_once() 
     await asyncio.wait_for(begun.wait(), 5)
     gone.set()
     await asyncio.wait_for(served, 5)
+
+
+async def test_an_answer_read_on_to_its_end_for_its_followers_is_counted_once() -> None:
+    followers = Followers(following=True)
+    response, made, closed, begun = followed_answer(followers, write_stall_s=5, chunks=40)
+    finished = finished_for_followers()
+    await served_to_a_client_that_leaves(response, begun)
     assert closed.is_set() and len(made) == 40, "read on to its end"
     assert finished_for_followers() == finished + 1
 
 
 async def test_an_answer_nobody_follows_stops_at_once_when_its_client_leaves() -> None:
-    followers, gone = Followers(following=False), asyncio.Event()
+    followers = Followers(following=False)
     response, made, closed, begun = followed_answer(followers, write_stall_s=5)
-
-    async def send(message: dict[str, Any]) -> None:
-        pass
-
-    served = asyncio.create_task(response(SCOPE, leaving(gone), send))
-    await asyncio.wait_for(begun.wait(), 5)
-    gone.set()
-    await asyncio.wait_for(served, 5)
+    await served_to_a_client_that_leaves(response, begun)
     assert closed.is_set() and len(made) < 12 and followers.asked == 1
