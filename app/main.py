@@ -45,6 +45,7 @@ def create_app(
     (`rag serve`'s ``DrainingServer``) drives when it is told to stop."""
     settings = settings or get_settings()
     configure_logging(settings.log, settings.environment)
+    settings.warn_development()
     provider = build_tracer_provider(settings, span_processors)
     tracer = tracer_from(provider)
 

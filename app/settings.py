@@ -789,15 +789,20 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
-        # As the FastAPI template's _enforce_non_default_secrets: tolerated (loudly) in
-        # development, refused in production; tests set what they need and are not told.
+        # As the FastAPI template's _enforce_non_default_secrets: refused in production,
+        # tolerated in development (loudly, by the server: ``warn_development``).
         problems = unsafe_for_production(self)
         if problems and self.environment == "production":
             raise ValueError("refusing to start in production: " + "; ".join(problems))
-        if self.environment == "development":
-            for problem in problems:
-                logger.warning("%s: allowed in development, refused in production", problem)
         return self
+
+    def warn_development(self) -> None:
+        """Log what production would refuse, in development (the app calls it once as it is
+        made; a ``rag`` command, which serves nothing, does not: three warnings on every
+        command buried its output). Tests set what they need and are not told."""
+        if self.environment == "development":
+            for problem in unsafe_for_production(self):
+                logger.warning("%s: allowed in development, refused in production", problem)
 
 
 @lru_cache

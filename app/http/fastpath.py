@@ -339,7 +339,7 @@ class CacheFastPath:
             cache_status="hit",
             completion=completion,
         )
-        record = StageRecord(STAGE, 0.0, (time.perf_counter() - started) * 1000.0)
+        record = StageRecord(STAGE, 0.0, round((time.perf_counter() - started) * 1000.0, 3))
         record.info[_STATUS_KEY] = "hit"
         record.ended = True
         ctx.records.append(record)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final
 
@@ -49,6 +50,9 @@ ScriptArg = str | int | float | bytes
 # redis-py's exceptions, converted here and nowhere else: those that mean Redis cannot be
 # reached open the circuit; any other Redis error fails the one command.
 UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+# Set (``KeyValueStore.untraced``) in a task whose many round trips one span of its own sums
+# up (a coalesced flight's publisher and reader): no span per command there.
+_UNTRACED: ContextVar[bool] = ContextVar("rag_kv_untraced", default=False)
 
 # redis-py's own bound on a connect, behind the store's bound on the whole command.
 CONNECT_BACKSTOP_S: Final = 5.0
@@ -129,7 +133,7 @@ class KeyValueStore:
         # a cache hit's ~200 µs).
         spanned: AbstractContextManager[trace.Span] = (
             nullcontext(trace.INVALID_SPAN)
-            if in_unsampled_trace()
+            if _UNTRACED.get() or in_unsampled_trace()
             else self.tracer.start_as_current_span(
                 f"redis {command}",
                 kind=SpanKind.CLIENT,
@@ -159,6 +163,17 @@ class KeyValueStore:
             finally:
                 self._give_slot()
             return result
+
+    @staticmethod
+    @contextlib.contextmanager
+    def untraced() -> Iterator[None]:
+        """No span for the commands run within (in this task), where the caller's own span
+        sums them up; failures are still counted in the metrics."""
+        token = _UNTRACED.set(True)
+        try:
+            yield
+        finally:
+            _UNTRACED.reset(token)
 
     @contextlib.asynccontextmanager
     async def subscription(self) -> AsyncIterator[PubSub]:

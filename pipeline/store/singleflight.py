@@ -43,6 +43,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from opentelemetry.trace import Span
+
 from pipeline.answer.completion import Completion
 from pipeline.answer.events import AnswerEvent
 from pipeline.errors import (
@@ -54,6 +56,8 @@ from pipeline.errors import (
 )
 from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
+from pipeline.telemetry import attributes as attr
+from pipeline.telemetry.spans import current_span
 
 Role = Literal["leader", "follower", "off"]
 
@@ -477,6 +481,7 @@ class Leader:
         self._outbox: list[Entry] = []
         self._last: Entry | None = None
         self._wake = asyncio.Event()
+        self._batches = self._published = 0  # what the publisher sent Redis
         self.flights._start(self._publish())
         # However the request ends (an error before its answer is read, a path that never
         # reads it), the flight ends with it: followers join again rather than wait.
@@ -545,6 +550,18 @@ class Leader:
             self._wake.set()
 
     async def _publish(self) -> None:
+        """Publish the flight (``_publish_batches``) under one span for all its round trips:
+        one a batch, about one a token of a slow model, each a span of its own buried the
+        request's trace (40 of 70 spans of a short answer)."""
+        kv = self.flights.kv
+        with current_span(kv.tracer, "flight publish") as span, kv.untraced():
+            try:
+                await self._publish_batches(span)
+            finally:
+                span.set_attribute(attr.FLIGHT_ROUND_TRIPS, self._batches)
+                span.set_attribute(attr.FLIGHT_EVENTS, self._published)
+
+    async def _publish_batches(self, span: Span) -> None:
         flights, flight = self.flights, self.flight
         lock = flights.lock_key(flight.key)
         stream = flights.stream_key(flight.key, flight.token)
@@ -563,6 +580,10 @@ class Leader:
                 events = tuple(event for entry in batch for event in entry.events)
                 if store_ok:
                     store_ok = await self._send(lock, stream, events, last)
+                    self._batches += 1
+                    self._published += len(events)
+                    if not store_ok:
+                        span.set_attribute(attr.FLIGHT_STORE_FAILED, True)
                 if last is not None:
                     released = store_ok
                     return
@@ -612,6 +633,21 @@ def _positive(count: bytes | None) -> bool:
 
 
 async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
+    """Copy a remote leader's stream into the local flight (``_copy_remote``) under one span
+    for all its round trips (a read every ``poll_ms`` while the leader is silent)."""
+    kv = flights.kv
+    with current_span(kv.tracer, "flight read") as span, kv.untraced():
+        tally = [0, 0]  # round trips, events copied
+        try:
+            await _copy_remote(flights, flight, token, span, tally)
+        finally:
+            span.set_attribute(attr.FLIGHT_ROUND_TRIPS, tally[0])
+            span.set_attribute(attr.FLIGHT_EVENTS, tally[1])
+
+
+async def _copy_remote(
+    flights: SingleFlight, flight: _Led, token: str, span: Span, tally: list[int]
+) -> None:
     """Copy a remote leader's stream into the local flight until its last entry, until no
     local request reads it any more, or until the lock is found gone with the stream idle."""
     stream = flights.stream_key(flight.key, token)
@@ -630,7 +666,10 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
             read = _xread(stream, position, flights, readers if counted else None)
             reply = await flights.kv.pipeline("flight_read", read)
             entries = _stream_entries(reply[0])
+            taken = len(flight.entries)
             position = _take(flight, entries, position)
+            tally[0] += 1
+            tally[1] += sum(len(entry.events) for entry in flight.entries[taken:])
             now = time.monotonic()
             if entries:
                 idle_since = now
@@ -642,6 +681,7 @@ async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
                     position = _take(flight, [_stream_entry(item) for item in late], position)
                     flight.append(Entry("gone", detail="the leader's lock expired"))
     except StoreUnavailable as exc:
+        span.set_attribute(attr.FLIGHT_STORE_FAILED, True)
         flight.append(Entry("off", detail=f"store: {exc.detail}"))
     except MalformedEntry as exc:
         # Another version's leader, or not a flight's stream: its followers here go on alone.

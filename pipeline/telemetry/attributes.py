@@ -96,6 +96,12 @@ ADAPT_ROUTE: Final = "rag.adapt.route"
 # how (a follower answered from the cache its flight had just filled: "cached").
 COALESCED: Final = "rag.coalesced"
 COALESCE_DETAIL: Final = "rag.coalesce.detail"
+# On a coalesced flight's "flight publish" (its leader's) and "flight read" (a replica's reader
+# of another's) spans: their round trips to Redis, the answer events they carried, and whether
+# Redis failed one (coalescing then goes on without Redis, or stops).
+FLIGHT_ROUND_TRIPS: Final = "rag.flight.round_trips"
+FLIGHT_EVENTS: Final = "rag.flight.events"
+FLIGHT_STORE_FAILED: Final = "rag.flight.store_failed"
 
 
 def info_key(attribute: str) -> str:

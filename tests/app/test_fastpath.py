@@ -184,6 +184,8 @@ async def test_a_fast_hit_is_traced_logged_and_counted(
     fields = line.__dict__["rag"]
     assert (fields["route"], fields["status"], fields["cache"]) == (PATH, 200, "hit")
     assert list(fields["stages"]) == ["fast_path"]
+    took = fields["stages"]["fast_path"]
+    assert took > 0 and round(took, 3) == took, "in ms to the µs, as the full path's stages"
     scrape = (await h.client.get("/metrics")).text
     assert f'route="{PATH}",status="200"' in scrape.replace('method="POST",', "")
     assert 'rag_stage_duration_seconds_count{stage="fast_path",status="ok"}' in scrape

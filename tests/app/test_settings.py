@@ -12,6 +12,7 @@ import pytest
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
+from app.main import create_app
 from app.services import Services, build_policies
 from app.settings import Settings, SettingsError
 
@@ -349,6 +350,9 @@ def test_development_warns_about_what_production_would_refuse(
     monkeypatch.setenv("RAG_TELEMETRY__CAPTURE_CONTENT", "true")
     with caplog.at_level("WARNING", logger="app.settings"):
         settings = Settings(_env_file=None)
+        # Made, they say nothing (a `rag` command's); the app, made of them, says it once.
+        assert not [r for r in caplog.records if r.name == "app.settings"]
+        create_app(settings)
     assert settings.dev_api_key is not None
     assert settings.dev_api_key.get_secret_value() == "rag-dev.s3cret-value"
     warnings = [r.getMessage() for r in caplog.records if r.name == "app.settings"]

@@ -35,8 +35,10 @@ from pipeline.errors import (
 from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.singleflight import Leader, Shared, SingleFlight
+from pipeline.telemetry import attributes as attr
 from tests.support.faultproxy import FaultProxy
 from tests.support.servers import RedisServer, free_port
+from tests.support.tracing import memory_tracing
 
 TRACER = trace.get_tracer("test")
 EVENTS: list[AnswerEvent] = [
@@ -259,6 +261,40 @@ async def test_a_request_that_comes_as_its_leader_goes_leads_anew_rather_than_fa
     assert joined.role == "leader", "it waited for the end, then led the key's next flight"
     assert joined.leader is not None
     publish(joined.leader, EVENTS, ANSWER)
+
+
+async def test_a_flights_round_trips_are_one_span_each_side_not_one_per_batch(
+    redis_server: RedisServer, flights: Callable[..., SingleFlight]
+) -> None:
+    # The publisher made a span per batch (about one per token of a slow model: 40 of the 70
+    # spans of a short answer's trace), and a replica's reader one per poll.
+    provider, exporter = memory_tracing()
+    traced = KeyValueStore.from_url(redis_server.url, provider.get_tracer("t"), timeout=10.0)
+    try:
+        here, there = flights(traced), flights(traced)
+        the_key, until = key(), await deadline()
+        with provider.get_tracer("t").start_as_current_span("request"):
+            leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+        remote = await there.share(the_key, stream=True, deadline=until)
+        reading = asyncio.create_task(drain(remote))
+        for event in EVENTS[1:]:
+            leader.event(event)
+            await asyncio.sleep(0.05)  # a batch each
+        leader.ended(ANSWER, None)
+        assert await reading == EVENTS
+        await no_reader_counted(traced, leader, here, there)
+    finally:
+        await traced.aclose()
+    spans = exporter.get_finished_spans()
+    names = [span.name for span in spans]
+    assert "redis flight_publish" not in names and "redis flight_read" not in names, names
+    (published,) = [span for span in spans if span.name == "flight publish"]
+    (read,) = [span for span in spans if span.name == "flight read"]
+    attributes = published.attributes or {}
+    assert attributes[attr.FLIGHT_ROUND_TRIPS] >= 2 and attributes[attr.FLIGHT_EVENTS] == 6
+    assert (read.attributes or {})[attr.FLIGHT_EVENTS] == 6
+    request = next(span for span in spans if span.name == "request")
+    assert published.parent is not None and published.parent.span_id == request.context.span_id
 
 
 async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_than_its_ttl(
