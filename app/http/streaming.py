@@ -52,14 +52,17 @@ class EventStreamResponse(StreamingResponse):
         write_stall_s: float,
         headers: Mapping[str, str] | None = None,
         followed: Callable[[], Awaitable[bool]] | None = None,
+        let_go: Callable[[], None] | None = None,
     ) -> None:
         """``deadline``: the request's, in event-loop time; ``write_stall_s``: the longest one
-        send may wait for the client; ``followed``: whether others read this answer now."""
+        send may wait for the client; ``followed``: whether others read this answer now;
+        ``let_go``: told, when nobody does, that the answer stops (before it is cancelled)."""
         super().__init__(content, headers=headers, media_type=self.media_type)
         self.deadline = deadline
         self.write_stall_s = write_stall_s
         self.stalled = False
         self.followed = followed
+        self.let_go = let_go
         self.client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,7 +82,17 @@ class EventStreamResponse(StreamingResponse):
             task_group.cancel_scope.cancel()
 
     async def _followed(self) -> bool:
-        return self.followed is not None and await self.followed()
+        """Whether others follow the answer. When not, the answer stops, and ``let_go`` says
+        so at once: its cancellation reaches the answer's source only after the model call's
+        close (which awaits the network), and a request of the key joining meanwhile would
+        follow an answer about to stop (a review's reproducer)."""
+        if self.followed is None:
+            return False
+        if await self.followed():
+            return True
+        if self.let_go is not None:
+            self.let_go()
+        return False
 
     async def _read_on(self) -> bool:
         """Whether the answer is read on, sends skipped, now that its client is gone or stalled

@@ -133,6 +133,7 @@ class AnswerStream:
         self._citer: SentenceCiter | None = None
         self._callbacks: list[CompletionCallback] = []
         self._taps: list[StreamTap] = []
+        self._told = False  # the taps know how it ended
         self._read = False
         self.filters: list[StreamFilter] = []
         self.completion: Completion | None = None
@@ -172,8 +173,16 @@ class AnswerStream:
         self._taps.append(tap)
 
     def _ended(self, completion: Completion | None, error: BaseException | None) -> None:
+        if self._told:
+            return
+        self._told = True
         for tap in self._taps:
             tap.ended(completion, error)
+
+    def let_go(self) -> None:
+        """Its reader lets it go (its client left, nobody follows): the taps are told now,
+        before the stream is cancelled or closed (``app.http.streaming``)."""
+        self._ended(None, None)
 
     async def followed(self) -> bool:
         """Whether a tap's readers read this answer now: its reader's leaving should then not

@@ -99,7 +99,8 @@ class Flight:
         self.detail = ""
         self.decided = asyncio.Event()
         self.readers = 0
-        # Its leader has gone: its last entry, "gone", is on its way (after Redis has it).
+        # Its leader has stopped (gone, or unshared): its last entry is on its way (after
+        # Redis has it), and nobody can follow it to an answer.
         self.abandoned = False
         self._wake = asyncio.Event()
 
@@ -260,7 +261,8 @@ class SingleFlight:
         its answer (join again)."""
         if flight.abandoned:
             # Following it would relay what it has and then fail midway (its leader's client
-            # left a moment ago, and nobody followed): join again once it has ended.
+            # left a moment ago and nobody followed, or it stopped being shared): join again
+            # once it has ended.
             async for _ in flight.read():
                 pass
             return None
@@ -546,7 +548,8 @@ class Leader:
     def _end(self, entry: Entry) -> None:
         if self._last is None:
             self._last = entry
-            self.flight.abandoned = entry.kind == "gone"
+            # Nobody can follow it to an answer any more (not "done", not "failed").
+            self.flight.abandoned = entry.kind in ("gone", "unshared")
             self._wake.set()
 
     async def _publish(self) -> None:
@@ -581,8 +584,9 @@ class Leader:
                 if store_ok:
                     store_ok = await self._send(lock, stream, events, last)
                     self._batches += 1
-                    self._published += len(events)
-                    if not store_ok:
+                    if store_ok:
+                        self._published += len(events)
+                    else:
                         span.set_attribute(attr.FLIGHT_STORE_FAILED, True)
                 if last is not None:
                     released = store_ok

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
+import anyio
 import orjson
 import pytest
 from opentelemetry import trace
 from starlette.responses import JSONResponse
 
+from app.http.streaming import EventStreamResponse
 from pipeline.answer.completion import Completion
 from pipeline.answer.events import (
     AnswerEvent,
@@ -25,6 +28,7 @@ from pipeline.answer.events import (
     ToolCallDelta,
     Usage,
 )
+from pipeline.answer.stream import AnswerStream
 from pipeline.errors import (
     ClientClosedRequest,
     ContextTooLong,
@@ -247,16 +251,22 @@ async def test_a_request_that_joins_here_while_the_leader_asks_redis_counts_as_f
             await slow.aclose()
 
 
-async def test_a_request_that_comes_as_its_leader_goes_leads_anew_rather_than_fail_midway(
-    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+@pytest.mark.parametrize("how", ["gone", "unshared"])
+async def test_a_request_that_comes_as_its_leader_stops_leads_anew_rather_than_fail_midway(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], how: str
 ) -> None:
-    # The leader's client left and nobody followed: the answer stops, and the flight's last
-    # entry ("gone") reaches this process's followers once Redis has it. A request joining
-    # in between followed the answer so far, then ended midway with coalesced_leader_gone.
+    # The leader's client left and nobody followed (or a search of the answer saw another
+    # index version): the answer stops for its followers, and the flight's last entry reaches
+    # this process's followers once Redis has it. A request joining in between followed the
+    # answer so far, then ended midway with coalesced_leader_gone.
     here = flights(kv)
     the_key, until = key(), await deadline()
     leader = await streamed_leader(here, the_key, until, EVENTS[:2])
-    leader.ended(None, None)  # its reader let go
+    if how == "gone":
+        leader.ended(None, None)  # its reader let go
+    else:
+        leader.still_shared = lambda: False
+        leader.event(EVENTS[2])
     joined = await here.share(the_key, stream=True, deadline=until)
     assert joined.role == "leader", "it waited for the end, then led the key's next flight"
     assert joined.leader is not None
@@ -295,6 +305,65 @@ async def test_a_flights_round_trips_are_one_span_each_side_not_one_per_batch(
     assert (read.attributes or {})[attr.FLIGHT_EVENTS] == 6
     request = next(span for span in spans if span.name == "request")
     assert published.parent is not None and published.parent.span_id == request.context.span_id
+
+
+async def test_a_request_that_comes_while_the_leaders_model_call_closes_leads_anew(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    # The leader's client leaves and nobody follows: its response is cancelled, and the
+    # cancellation reaches the answer only after the model call's close, which awaits the
+    # network. A request of the key joining meanwhile followed the answer so far, then ended
+    # midway (a review's reproducer); the response now lets the answer go before it cancels.
+    here = flights(kv)
+    the_key, until = key(), await deadline()
+    leading = await here.share(the_key, stream=True, deadline=until)
+    assert leading.leader is not None
+    leading.leader.lead(still_shared=lambda: True, storable=lambda c: True)
+    begun, closing, closed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def model() -> AsyncIterator[AnswerEvent]:
+        try:
+            for event in EVENTS[:2]:
+                yield event
+            begun.set()
+            await asyncio.sleep(60)
+        finally:
+            closing.set()
+            with anyio.CancelScope(shield=True):  # as httpcore's close of its connection
+                await closed.wait()
+
+    answer = AnswerStream(model(), lambda: ANSWER)
+    answer.tap(leading.leader)
+
+    async def body() -> AsyncIterator[bytes]:
+        async with aclosing(answer.events()) as events:
+            async for _ in events:
+                yield b"data: {}\n\n"
+
+    response = EventStreamResponse(
+        body(), deadline=until, write_stall_s=5, followed=answer.followed, let_go=answer.let_go
+    )
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, str]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: object) -> None:
+        pass
+
+    served = asyncio.create_task(response({"type": "http"}, receive, send))
+    await asyncio.wait_for(begun.wait(), 5)
+    gone.set()  # the leader's client leaves; nobody follows
+    await asyncio.wait_for(closing.wait(), 5)  # the model call is being closed
+    joining = asyncio.create_task(here.share(the_key, stream=True, deadline=until))
+    await asyncio.sleep(0.1)
+    closed.set()
+    joined = await joining
+    await asyncio.wait_for(served, 5)
+    assert joined.role == "leader", "it waited for the end, then led the key's next flight"
+    assert joined.leader is not None
+    publish(joined.leader, EVENTS, ANSWER)
 
 
 async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_than_its_ttl(
