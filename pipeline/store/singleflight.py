@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -483,7 +483,6 @@ class Leader:
         self._outbox: list[Entry] = []
         self._last: Entry | None = None
         self._wake = asyncio.Event()
-        self._batches = self._published = 0  # what the publisher sent Redis
         self.flights._start(self._publish())
         # However the request ends (an error before its answer is read, a path that never
         # reads it), the flight ends with it: followers join again rather than wait.
@@ -553,18 +552,12 @@ class Leader:
             self._wake.set()
 
     async def _publish(self) -> None:
-        """Publish the flight (``_publish_batches``) under one span for all its round trips:
-        one a batch, about one a token of a slow model, each a span of its own buried the
-        request's trace (40 of 70 spans of a short answer)."""
-        kv = self.flights.kv
-        with current_span(kv.tracer, "flight publish") as span, kv.untraced():
-            try:
-                await self._publish_batches(span)
-            finally:
-                span.set_attribute(attr.FLIGHT_ROUND_TRIPS, self._batches)
-                span.set_attribute(attr.FLIGHT_EVENTS, self._published)
+        # One span for all its round trips: one a batch, about one a token of a slow model,
+        # each a span of its own buried the request's trace (40 of 70 spans of a short answer).
+        with _round_trips(self.flights.kv, "flight publish") as trips:
+            await self._publish_batches(trips)
 
-    async def _publish_batches(self, span: Span) -> None:
+    async def _publish_batches(self, trips: _RoundTrips) -> None:
         flights, flight = self.flights, self.flight
         lock = flights.lock_key(flight.key)
         stream = flights.stream_key(flight.key, flight.token)
@@ -583,11 +576,9 @@ class Leader:
                 events = tuple(event for entry in batch for event in entry.events)
                 if store_ok:
                     store_ok = await self._send(lock, stream, events, last)
-                    self._batches += 1
-                    if store_ok:
-                        self._published += len(events)
-                    else:
-                        span.set_attribute(attr.FLIGHT_STORE_FAILED, True)
+                    trips.made(len(events) if store_ok else 0)
+                    if not store_ok:
+                        trips.failed()
                 if last is not None:
                     released = store_ok
                     return
@@ -636,22 +627,43 @@ def _positive(count: bytes | None) -> bool:
         return False
 
 
-async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
-    """Copy a remote leader's stream into the local flight (``_copy_remote``) under one span
-    for all its round trips (a read every ``poll_ms`` while the leader is silent)."""
-    kv = flights.kv
-    with current_span(kv.tracer, "flight read") as span, kv.untraced():
-        tally = [0, 0]  # round trips, events copied
+class _RoundTrips:
+    """A flight task's round trips to Redis and the answer events they carried, for its span."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.count = 0
+        self.events = 0
+
+    def made(self, events: int) -> None:
+        self.count += 1
+        self.events += events
+
+    def failed(self) -> None:
+        """Redis failed one: coalescing goes on without it, or stops (not the request's error)."""
+        self.span.set_attribute(attr.FLIGHT_STORE_FAILED, True)
+
+
+@contextlib.contextmanager
+def _round_trips(kv: KeyValueStore, name: str) -> Iterator[_RoundTrips]:
+    """One span ``name`` for a flight task's round trips to Redis, with none of its own for
+    each (``KeyValueStore.untraced``); their count and events on it when the task ends."""
+    with current_span(kv.tracer, name) as span, kv.untraced():
+        trips = _RoundTrips(span)
         try:
-            await _copy_remote(flights, flight, token, span, tally)
+            yield trips
         finally:
-            span.set_attribute(attr.FLIGHT_ROUND_TRIPS, tally[0])
-            span.set_attribute(attr.FLIGHT_EVENTS, tally[1])
+            span.set_attribute(attr.FLIGHT_ROUND_TRIPS, trips.count)
+            span.set_attribute(attr.FLIGHT_EVENTS, trips.events)
 
 
-async def _copy_remote(
-    flights: SingleFlight, flight: _Led, token: str, span: Span, tally: list[int]
-) -> None:
+async def _read_remote(flights: SingleFlight, flight: _Led, token: str) -> None:
+    # One span for all its round trips: a read every ``poll_ms`` while the leader is silent.
+    with _round_trips(flights.kv, "flight read") as trips:
+        await _copy_remote(flights, flight, token, trips)
+
+
+async def _copy_remote(flights: SingleFlight, flight: _Led, token: str, trips: _RoundTrips) -> None:
     """Copy a remote leader's stream into the local flight until its last entry, until no
     local request reads it any more, or until the lock is found gone with the stream idle."""
     stream = flights.stream_key(flight.key, token)
@@ -672,8 +684,7 @@ async def _copy_remote(
             entries = _stream_entries(reply[0])
             taken = len(flight.entries)
             position = _take(flight, entries, position)
-            tally[0] += 1
-            tally[1] += sum(len(entry.events) for entry in flight.entries[taken:])
+            trips.made(sum(len(entry.events) for entry in flight.entries[taken:]))
             now = time.monotonic()
             if entries:
                 idle_since = now
@@ -685,7 +696,7 @@ async def _copy_remote(
                     position = _take(flight, [_stream_entry(item) for item in late], position)
                     flight.append(Entry("gone", detail="the leader's lock expired"))
     except StoreUnavailable as exc:
-        span.set_attribute(attr.FLIGHT_STORE_FAILED, True)
+        trips.failed()
         flight.append(Entry("off", detail=f"store: {exc.detail}"))
     except MalformedEntry as exc:
         # Another version's leader, or not a flight's stream: its followers here go on alone.
