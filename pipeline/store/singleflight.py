@@ -27,7 +27,8 @@ again (one of them takes the lock over and leads); from a leader that died witho
 replica killed) the same way once the lock has expired (followers check it while the stream is
 idle). A streamed leader whose client leaves while others follow it (here, or on a replica
 whose reader of its stream counts itself in ``{stream}:readers``) finishes the answer for them
-(``Leader.followed``, ``app.http.streaming``); one nobody follows stops at once. A streamed
+(``Leader.followed``, ``app.http.streaming``); one nobody follows stops at once (asked and
+ended on Redis in one script, so a replica cannot join in between). A streamed
 follower that has sent part of the answer cannot start again (a leader that stopped anyway:
 its deadline, a failure): it ends with an error. Redis trouble turns coalescing off (the
 request generates alone), never an error.
@@ -55,7 +56,7 @@ from pipeline.errors import (
     StoreUnavailable,
 )
 from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
-from pipeline.store.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore, ScriptArg
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import current_span
 
@@ -75,6 +76,21 @@ return 0
 """
 RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# A leader whose reader left asks whether another replica reads its stream, and if none does,
+# ends the flight there in the same step: a replica that counts its reader in afterwards finds
+# the stream holding only that end (trimmed to it: what it held before is for nobody), so its
+# requests join again rather than relay part of an answer that stops. Asked in two steps (the
+# count, then the end), a replica joining in between was cut off midway.
+# KEYS: the readers count, the stream, the lock. ARGV: the token, the end's entry, the stream's
+# TTL in ms. Returns 1 when read there (nothing changed), 0 when ended.
+STOP_UNLESS_READ: Final = """
+local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+if n and n > 0 then return 1 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '1', '*', 'e', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
 return 0
 """
 # KEYS: a flight's readers count. ARGV: the step (1, -1), the count's TTL in ms.
@@ -186,6 +202,7 @@ class SingleFlight:
         self.renew_script = kv.script(RENEW)
         self.release_script = kv.script(RELEASE)
         self.count_script = kv.script(COUNT)
+        self.stop_script = kv.script(STOP_UNLESS_READ)
 
     def lock_key(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -482,6 +499,8 @@ class Leader:
         self.storable: Callable[[Completion], bool] = lambda completion: True
         self._outbox: list[Entry] = []
         self._last: Entry | None = None
+        # The flight was ended on Redis (``followed``): nothing more is sent there.
+        self._ended_on_redis = False
         self._wake = asyncio.Event()
         self.flights._start(self._publish())
         # However the request ends (an error before its answer is read, a path that never
@@ -526,23 +545,45 @@ class Leader:
 
     async def followed(self) -> bool:
         """Whether requests follow this flight now: here, or on a replica that reads its
-        stream (Redis failing: none can). None once the flight has ended for them.
+        stream. Asked when the leader's reader leaves; False ends the flight for followers
+        (the caller stops the answer), and always once it has ended.
 
-        This process's readers are counted again once Redis has answered: a request of the
-        key may have joined here meanwhile (no Redis needed), and it would be cut off midway
-        if the answer were stopped on the count read before."""
+        Another replica is asked through Redis, and the flight is ended there in the same
+        script when none reads it (``STOP_UNLESS_READ``); Redis failing, none can read it.
+        This process's readers are counted again once Redis has answered: a request of the key
+        may have joined here meanwhile (no Redis needed), and it would be cut off midway if the
+        answer were stopped on the count read before. It is then read on for them alone."""
         if self._last is not None:
             return False
         if self.flight.readers > 0:
             return True
-        flights = self.flights
-        try:
-            count = await flights.kv.get(flights.readers_key(self.flight.key, self.flight.token))
-        except StoreUnavailable:
-            count = None
+        if not self._ended_on_redis and await self._read_on_another_replica():
+            return True
         if self._last is not None:
             return False
-        return self.flight.readers > 0 or _positive(count)
+        if self.flight.readers > 0:
+            return True
+        self._end(Entry("gone", detail="the leader's caller left"))
+        return False
+
+    async def _read_on_another_replica(self) -> bool:
+        """Whether a replica reads the flight's stream; the flight is ended on Redis if not."""
+        flights, flight = self.flights, self.flight
+        keys = [
+            flights.readers_key(flight.key, flight.token),
+            flights.stream_key(flight.key, flight.token),
+            flights.lock_key(flight.key),
+        ]
+        gone = entry_wire(Entry("gone", detail="the leader's caller left"))
+        args: list[ScriptArg] = [flight.token, gone, min(flights.stream_ttl_ms, 10_000)]
+        try:
+            read = await flights.kv.run_script("flight_stop", flights.stop_script, keys, args)
+        except StoreUnavailable:
+            return False  # nor can any replica read it; the publisher still tries to end it
+        if read:
+            return True
+        self._ended_on_redis = True
+        return False
 
     def _end(self, entry: Entry) -> None:
         if self._last is None:
@@ -574,13 +615,13 @@ class Leader:
                 last = self._last
                 batch, self._outbox = self._outbox, []
                 events = tuple(event for entry in batch for event in entry.events)
-                if store_ok:
+                if store_ok and not self._ended_on_redis:
                     store_ok = await self._send(lock, stream, events, last)
                     trips.made(len(events) if store_ok else 0)
                     if not store_ok:
                         trips.failed()
                 if last is not None:
-                    released = store_ok
+                    released = store_ok or self._ended_on_redis
                     return
         finally:
             if not released:  # the lock lasts until it expires: nobody here waits on it
@@ -617,14 +658,6 @@ class Leader:
         except StoreUnavailable:
             return False  # remote followers see the lock expire; local ones are unaffected
         return True
-
-
-def _positive(count: bytes | None) -> bool:
-    """Whether a count read from Redis is above 0 (None, or not a number: no)."""
-    try:
-        return count is not None and int(count) > 0
-    except ValueError:
-        return False
 
 
 class _RoundTrips:

@@ -38,7 +38,7 @@ from pipeline.errors import (
 )
 from pipeline.store.flight_entries import Entry, MalformedEntry, entry_from_wire, entry_wire
 from pipeline.store.kv import KeyValueStore
-from pipeline.store.singleflight import Leader, Shared, SingleFlight
+from pipeline.store.singleflight import Leader, Shared, SingleFlight, _Led
 from pipeline.telemetry import attributes as attr
 from tests.support.faultproxy import FaultProxy
 from tests.support.servers import RedisServer, free_port
@@ -209,7 +209,7 @@ async def test_a_leader_knows_whether_it_is_followed_here_or_on_another_replica(
     here, there = flights(kv), flights(kv)
     the_key, until = key(), await deadline()
     leader = await streamed_leader(here, the_key, until, EVENTS[:1])
-    assert not await leader.followed(), "nobody follows yet"
+    # (Nobody following, the answer ends when asked: the test below.)
     remote = await there.share(the_key, stream=True, deadline=until)
     assert remote.role == "follower" and await leader.followed()
     local = await here.share(the_key, stream=True, deadline=until)
@@ -221,6 +221,50 @@ async def test_a_leader_knows_whether_it_is_followed_here_or_on_another_replica(
         assert await task == EVENTS
     assert not await leader.followed(), "ended: nobody reads it any more"
     await no_reader_counted(kv, leader, there)
+
+
+async def on_redis(kv: KeyValueStore, leader: Leader, entries: int) -> list[Entry]:
+    """The flight's stream on Redis, once it holds ``entries`` entries (the publisher sends
+    in batches of its own)."""
+    stream = leader.flights.stream_key(leader.flight.key, leader.flight.token)
+    for _ in range(750):
+        held = [entry_from_wire(fields[b"e"]) for _, fields in await kv.xrange(stream)]
+        if len(held) >= entries:
+            return held
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the stream never held {entries} entries: {held}")
+
+
+@pytest.mark.parametrize("saw_the_lock", ["after", "before"])
+async def test_a_request_on_another_replica_that_comes_as_its_leader_stops_leads_anew(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight], saw_the_lock: str
+) -> None:
+    # The leader's client has left and no replica reads its stream: the answer stops. The
+    # leader read the count of readers, and the flight's end reached Redis a round trip or
+    # more later: a request on another replica joining in between followed the answer so far,
+    # then ended midway with coalesced_leader_gone. Now one script reads the count and, when
+    # it is 0, ends the flight there: the lock is released, and a replica that saw it held
+    # just before ("before": it decided to read the stream, and counts its reader in after
+    # the script) reads only the end from the stream, so its request joins again.
+    here, there = flights(kv), flights(kv)
+    the_key, until = key(), await deadline()
+    leader = await streamed_leader(here, the_key, until, EVENTS[:2])
+    assert [entry.kind for entry in await on_redis(kv, leader, 1)] == ["events"]
+    if saw_the_lock == "before":  # as there._remote() does when it finds the lock held
+        seen = _Led(there, the_key, uuid.uuid4().hex)
+        there._flights[the_key] = seen
+    assert not await leader.followed(), "nobody follows it, here or there"
+    assert await kv.get(here.lock_key(the_key)) is None, "the lock is released with the end"
+    if saw_the_lock == "before":
+        there._read_from(seen, leader.flight.token.encode())
+    joined = await there.share(the_key, stream=True, deadline=until)
+    assert joined.role == "leader", "it led the key's next flight, having relayed nothing"
+    assert joined.leader is not None
+    publish(joined.leader, EVENTS, ANSWER)
+    assert [entry.kind for entry in await on_redis(kv, leader, 1)] == ["gone"]
+    leader.ended(None, None)  # the stopped answer's own end changes nothing on Redis
+    await settled(lambda: not here._flights)
+    assert [entry.kind for entry in await on_redis(kv, leader, 1)] == ["gone"]
 
 
 async def test_a_request_that_joins_here_while_the_leader_asks_redis_counts_as_following(
@@ -247,6 +291,8 @@ async def test_a_request_that_joins_here_while_the_leader_asks_redis_counts_as_f
             reading = asyncio.create_task(drain(joined))
             publish(leader, EVENTS[1:], ANSWER)
             assert await reading == EVENTS
+            # No replica read it, so it was ended on Redis: it is read on for this one alone.
+            assert [entry.kind for entry in await on_redis(slow, leader, 1)] == ["gone"]
         finally:
             await slow.aclose()
 
