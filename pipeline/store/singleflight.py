@@ -86,18 +86,26 @@ return 0
 # KEYS: the readers count, the stream, the lock. ARGV: the token, the end's entry, the stream's
 # TTL in ms. Returns 1 when read there (nothing changed), 0 when ended.
 STOP_UNLESS_READ: Final = """
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-if n and n > 0 then return 1 end
+local now = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now[1] * 1000 + math.floor(now[2] / 1000))
+if redis.call('ZCARD', KEYS[1]) > 0 then return 1 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '1', '*', 'e', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
 return 0
 """
-# KEYS: a flight's readers count. ARGV: the step (1, -1), the count's TTL in ms.
-COUNT: Final = """
-local n = redis.call('INCRBY', KEYS[1], ARGV[1])
-if n <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return n
+# A replica's reader of a flight's stream counts itself in, and again with each read: a sorted
+# set of the readers, each scored by when it is taken for dead unless it reads again (Redis's
+# clock, so the replicas' own clocks do not matter). A replica that dies while it reads is no
+# longer counted a TTL later, whoever else still reads (a count it could not take itself out
+# of stayed up while another replica read, then a minute).
+# KEYS: the flight's readers. ARGV: this reader, its TTL in ms.
+READING: Final = """
+local now = redis.call('TIME')
+local expiry = now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], expiry, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
 """
 
 
@@ -201,7 +209,7 @@ class SingleFlight:
         self._acquire = kv.script(ACQUIRE)
         self.renew_script = kv.script(RENEW)
         self.release_script = kv.script(RELEASE)
-        self.count_script = kv.script(COUNT)
+        self.reading_script = kv.script(READING)
         self.stop_script = kv.script(STOP_UNLESS_READ)
 
     def lock_key(self, key: str) -> str:
@@ -211,7 +219,7 @@ class SingleFlight:
         return f"{self.prefix}{key}:{token}"
 
     def readers_key(self, key: str, token: str) -> str:
-        """How many replicas read the stream of the flight (each one's reader, once)."""
+        """The replicas that read the stream of the flight (each one's reader, once)."""
         return f"{self.stream_key(key, token)}:readers"
 
     async def share(self, key: str, *, stream: bool, deadline: float, variant: str = "") -> Shared:
@@ -707,12 +715,14 @@ async def _copy_remote(flights: SingleFlight, flight: _Led, token: str, trips: _
     check_every = flights.lock_ttl_ms / 2000.0
     counted = False
     try:
-        counted = await _count_reader(flights, readers, 1)
+        counted = await _count_reader(flights, readers, flight.token)
         while not flight.ended:
             if flight.readers <= 0:
                 return  # every follower has what it needs, or has gone
-            # The count lives while this replica reads (a stream may outlast its TTL).
-            read = _xread(stream, position, flights, readers if counted else None)
+            # Counted in again with each read: it stays counted while it reads, and no longer
+            # than its TTL once it cannot (this replica killed, cut off from Redis).
+            reading = (readers, flight.token) if counted else None
+            read = _xread(stream, position, flights, reading)
             reply = await flights.kv.pipeline("flight_read", read)
             entries = _stream_entries(reply[0])
             taken = len(flight.entries)
@@ -738,19 +748,26 @@ async def _copy_remote(flights: SingleFlight, flight: _Led, token: str, trips: _
         flight.append(Entry("gone", detail="no reader"))
         try:
             if counted:
-                await _count_reader(flights, readers, -1)
+                await _count_reader(flights, readers, flight.token, counted=False)
         finally:
             flights.forget(flight)
 
 
-async def _count_reader(flights: SingleFlight, readers: str, step: int) -> bool:
-    """Count this replica's reader of a flight's stream in (1) or out (-1; the count is deleted
-    at 0, never left below it, as after it expired); the leader asks when its client leaves.
-    False when Redis could not be told."""
+async def _count_reader(
+    flights: SingleFlight, readers: str, reader: str, *, counted: bool = True
+) -> bool:
+    """Count this replica's ``reader`` of a flight's stream in, or out (``counted=False``);
+    the leader asks when its client leaves. False when Redis could not be told."""
+
+    async def queue(pipe: Any) -> None:
+        if counted:
+            args: list[ScriptArg] = [reader, flights.lock_ttl_ms]
+            await flights.reading_script(keys=[readers], args=args, client=pipe)
+        else:
+            pipe.zrem(readers, reader)
+
     try:
-        await flights.kv.run_script(
-            "flight_readers", flights.count_script, [readers], [step, flights.stream_ttl_ms]
-        )
+        await flights.kv.pipeline("flight_readers", queue)
     except StoreUnavailable:
         return False
     return True
@@ -763,12 +780,17 @@ def _text(value: object) -> str:
 
 
 def _xread(
-    stream: str, position: str, flights: SingleFlight, readers: str | None
+    stream: str, position: str, flights: SingleFlight, reading: tuple[str, str] | None
 ) -> Callable[[Any], Awaitable[None]]:
+    """One read of the stream and, ``reading`` (the readers, this one) given, this replica's
+    reader counted in again."""
+
     async def queue(pipe: Any) -> None:
         pipe.xread({stream: position}, count=1000, block=flights.poll_ms)
-        if readers is not None:
-            pipe.pexpire(readers, flights.stream_ttl_ms)
+        if reading is not None:
+            readers, reader = reading
+            args: list[ScriptArg] = [reader, flights.lock_ttl_ms]
+            await flights.reading_script(keys=[readers], args=args, client=pipe)
 
     return queue
 

@@ -418,8 +418,9 @@ async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_th
 ) -> None:
     # The count expired a stream's TTL after the reader began, so a leader whose client left
     # then stopped the answer under a remote follower still reading it; and the reader's
-    # leaving then set it to -1.
-    here, there = flights(kv, stream_ttl_ms=600), flights(kv, stream_ttl_ms=600)
+    # leaving then set it to -1. Each reader now lives a lock's TTL unless it reads again.
+    here = flights(kv, stream_ttl_ms=600, lock_ttl_ms=600)
+    there = flights(kv, stream_ttl_ms=600, lock_ttl_ms=600)
     the_key, until = key(), await deadline()
     leader = await streamed_leader(here, the_key, until, EVENTS[:1])
     remote = await there.share(the_key, stream=True, deadline=until)
@@ -432,6 +433,41 @@ async def test_a_replicas_reader_stays_counted_while_it_reads_a_stream_longer_th
     assert await leader.followed(), "the remote reader was forgotten"
     await remote.events.aclose()
     await no_reader_counted(kv, leader, there)
+
+
+async def test_a_replica_that_dies_while_it_reads_is_not_counted_once_its_ttl_has_passed(
+    redis_server: RedisServer, kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    # A replica killed while it reads a flight never counts its reader out. The count was one
+    # number for all the replicas, kept alive by any that still read and then for a minute:
+    # a leader whose client left read on all that time for nobody.
+    with FaultProxy(redis_server.url) as proxy:
+        cut_off = KeyValueStore.from_url(proxy.url, TRACER, timeout=0.5)
+        try:
+            here, doomed, alive = (flights(store, lock_ttl_ms=1000) for store in (kv, cut_off, kv))
+            the_key, until = key(), await deadline()
+            leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+            dying = await doomed.share(the_key, stream=True, deadline=until)
+            living = await alive.share(the_key, stream=True, deadline=until)
+            assert dying.events is not None and living.events is not None
+            assert await anext(living.events) == EVENTS[0]
+            proxy.pause()  # the doomed replica can no longer reach Redis: as if killed
+            for _ in range(15):  # 1.5 s of the answer: the doomed reader's TTL has passed
+                leader.event(ContentDelta("more"))
+                assert await anext(living.events) == ContentDelta("more")
+                await asyncio.sleep(0.1)
+            assert await leader.followed(), "the replica still alive reads it"
+            await living.events.aclose()  # its reader counts itself out
+            for _ in range(100):
+                if not await leader.followed():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("a dead replica's reader is still counted after 5 s")
+            await dying.events.aclose()
+        finally:
+            proxy.resume()
+            await cut_off.aclose()
 
 
 async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
