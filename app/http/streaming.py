@@ -12,7 +12,7 @@ chat``; the grace lets the error event that says so go out). However the respons
 garbage collector, so the upstream request is closed and its slot freed.
 
 Except for others: when the client leaves an answer that other requests follow (request
-coalescing, ``followed``), or stops reading it, it is read on for them, its chunks sent nowhere,
+coalescing, ``SharedAnswer``), or stops reading it, it is read on for them, its chunks sent nowhere,
 instead of stopped midway under them: to its end, the deadline, or until nobody follows it
 (asked again every ``FOLLOWED_CHECK_S`` while it is read on).
 """
@@ -20,8 +20,8 @@ instead of stopped midway under them: to its end, the deadline, or until nobody 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -29,6 +29,7 @@ from starlette._utils import create_collapsing_task_group
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from pipeline.answer.completion import Completion
 from pipeline.telemetry import metrics
 from pipeline.watchdog import Watchdog
 
@@ -41,6 +42,21 @@ class WriteStalled(Exception):
     """A send to the client did not complete within the limit."""
 
 
+class SharedAnswer(Protocol):
+    """An answer other requests may follow (request coalescing): ``pipeline.answer.stream.
+    AnswerStream``."""
+
+    @property
+    def completion(self) -> Completion | None:
+        """The whole answer, once it has ended well (None before, or when it failed)."""
+
+    async def followed(self) -> bool:
+        """Whether others read it now (False: it stops for them)."""
+
+    def let_go(self) -> None:
+        """Nobody follows it and its reader leaves: told before it is cancelled."""
+
+
 class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
@@ -51,18 +67,15 @@ class EventStreamResponse(StreamingResponse):
         deadline: float,
         write_stall_s: float,
         headers: Mapping[str, str] | None = None,
-        followed: Callable[[], Awaitable[bool]] | None = None,
-        let_go: Callable[[], None] | None = None,
+        shared: SharedAnswer | None = None,
     ) -> None:
         """``deadline``: the request's, in event-loop time; ``write_stall_s``: the longest one
-        send may wait for the client; ``followed``: whether others read this answer now;
-        ``let_go``: told, when nobody does, that the answer stops (before it is cancelled)."""
+        send may wait for the client; ``shared``: the answer, where others may follow it."""
         super().__init__(content, headers=headers, media_type=self.media_type)
         self.deadline = deadline
         self.write_stall_s = write_stall_s
         self.stalled = False
-        self.followed = followed
-        self.let_go = let_go
+        self.shared = shared
         self.client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -86,12 +99,11 @@ class EventStreamResponse(StreamingResponse):
         so at once: its cancellation reaches the answer's source only after the model call's
         close (which awaits the network), and a request of the key joining meanwhile would
         follow an answer about to stop (a review's reproducer)."""
-        if self.followed is None:
+        if self.shared is None:
             return False
-        if await self.followed():
+        if await self.shared.followed():
             return True
-        if self.let_go is not None:
-            self.let_go()
+        self.shared.let_go()
         return False
 
     async def _read_on(self) -> bool:
@@ -134,7 +146,9 @@ class EventStreamResponse(StreamingResponse):
                     if not await self._read_on():
                         return
                     checked = anyio.current_time()
-            if self.client_gone:  # the answer's end, reached for its followers
+            if self.client_gone and self.shared is not None and self.shared.completion is not None:
+                # Read on to its end for its followers (one that failed ended with an error
+                # event: a body that ends like any other).
                 metrics.stream_finished_for_followers()
             end = {"type": "http.response.body", "body": b"", "more_body": False}
             await self._send(send, end, watchdog)

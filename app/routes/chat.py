@@ -87,8 +87,7 @@ async def create_chat_completion(
             deadline=ctx.deadline,
             write_stall_s=settings.server.stream_write_stall_seconds,
             headers={**headers, "cache-control": "no-cache"},
-            followed=None if hit else ctx.answer.followed,
-            let_go=None if hit else ctx.answer.let_go,
+            shared=None if hit else ctx.answer,
         )
     if ctx.completion is None:
         raise RuntimeError("the path ended without an answer")

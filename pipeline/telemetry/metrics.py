@@ -213,7 +213,7 @@ STREAM_WRITE_STALLS: Final = Counter(
 STREAMS_FINISHED_FOR_FOLLOWERS: Final = Counter(
     "rag_stream_finished_for_followers_total",
     "Streamed answers whose client left while other requests followed them (request "
-    "coalescing): read on to their end for those.",
+    "coalescing): read on to their end for those, and answered (not one that failed).",
 )
 
 

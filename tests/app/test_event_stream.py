@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from app.http.streaming import EventStreamResponse
+from pipeline.answer.completion import Completion
 from pipeline.model.slots import SlotPool
 from pipeline.telemetry import metrics
 from pipeline.watchdog import Watchdog
@@ -149,16 +150,29 @@ async def test_a_disconnect_in_the_same_turn_as_the_stall_limit_is_not_taken_for
 
 
 class Followers:
-    """What ``followed`` answers (request coalescing's leader: whether others read its answer),
-    and how often it was asked."""
+    """A shared answer (``SharedAnswer``, request coalescing's leader): what ``followed``
+    answers (whether others read it), how often it was asked, whether it was let go, and
+    whether it ends ``answered`` (its completion, once its source has ended) or failed."""
 
-    def __init__(self, following: bool) -> None:
+    def __init__(self, following: bool, answered: bool = True) -> None:
         self.following = following
+        self.answered = answered
         self.asked = 0
+        self.let_go_told = False
+        self.ended = False
 
-    async def __call__(self) -> bool:
+    @property
+    def completion(self) -> Completion | None:
+        if self.ended and self.answered:
+            return Completion(content="done", finish_reason="stop", model="m")
+        return None
+
+    async def followed(self) -> bool:
         self.asked += 1
         return self.following
+
+    def let_go(self) -> None:
+        self.let_go_told = True
 
 
 def leaving(gone: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
@@ -172,9 +186,10 @@ def leaving(gone: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
 
 
 def counted_stream(
-    made: list[int], closed: asyncio.Event, begun: asyncio.Event, chunks: int
+    made: list[int], closed: asyncio.Event, begun: asyncio.Event, chunks: int, answer: Followers
 ) -> AsyncIterator[bytes]:
-    """An answer of ``chunks`` chunks, 20 ms apart, counting those made (``begun`` at 5)."""
+    """An answer of ``chunks`` chunks, 20 ms apart, counting those made (``begun`` at 5);
+    ``answer`` ends with its last one."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -184,6 +199,7 @@ def counted_stream(
                     begun.set()
                 yield b"data: {}\n\n"
                 await asyncio.sleep(0.02)
+            answer.ended = True
         finally:
             closed.set()
 
@@ -198,10 +214,10 @@ def followed_answer(
     made: list[int] = []
     closed, begun = asyncio.Event(), asyncio.Event()
     response = EventStreamResponse(
-        counted_stream(made, closed, begun, chunks),
+        counted_stream(made, closed, begun, chunks, followers),
         deadline=asyncio.get_running_loop().time() + 60,
         write_stall_s=write_stall_s,
-        followed=followers,
+        shared=followers,
     )
     return response, made, closed, begun
 
@@ -254,13 +270,19 @@ async def served_to_a_client_that_leaves(
     await asyncio.wait_for(served, 5)
 
 
-async def test_an_answer_read_on_to_its_end_for_its_followers_is_counted_once() -> None:
-    followers = Followers(following=True)
+@pytest.mark.parametrize("answered", [True, False])
+async def test_an_answer_read_on_to_its_end_for_its_followers_is_counted_once_if_it_answered(
+    answered: bool,
+) -> None:
+    # One that failed on the way (its error sent as an event: the body ends as any other)
+    # was counted as finished for its followers.
+    followers = Followers(following=True, answered=answered)
     response, made, closed, begun = followed_answer(followers, write_stall_s=5, chunks=40)
     finished = finished_for_followers()
     await served_to_a_client_that_leaves(response, begun)
     assert closed.is_set() and len(made) == 40, "read on to its end"
-    assert finished_for_followers() == finished + 1
+    assert finished_for_followers() == finished + answered
+    assert not followers.let_go_told
 
 
 async def test_an_answer_nobody_follows_stops_at_once_when_its_client_leaves() -> None:
@@ -268,3 +290,4 @@ async def test_an_answer_nobody_follows_stops_at_once_when_its_client_leaves() -
     response, made, closed, begun = followed_answer(followers, write_stall_s=5)
     await served_to_a_client_that_leaves(response, begun)
     assert closed.is_set() and len(made) < 12 and followers.asked == 1
+    assert followers.let_go_told, "told it stops before it is cancelled"

@@ -386,9 +386,7 @@ async def test_a_request_that_comes_while_the_leaders_model_call_closes_leads_an
             async for _ in events:
                 yield b"data: {}\n\n"
 
-    response = EventStreamResponse(
-        body(), deadline=until, write_stall_s=5, followed=answer.followed, let_go=answer.let_go
-    )
+    response = EventStreamResponse(body(), deadline=until, write_stall_s=5, shared=answer)
     gone = asyncio.Event()
 
     async def receive() -> dict[str, str]:
