@@ -33,6 +33,7 @@ from pipeline.sources.search import PassageSearch
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.limits import LimitConfig, RateLimiter
+from pipeline.telemetry import metrics
 from pipeline.telemetry.metrics import StageMetrics
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool, ToolError
@@ -321,7 +322,7 @@ def build_limiter(settings: Settings, kv: KeyValueStore) -> RateLimiter | None:
 
 
 def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexStore:
-    return IndexStore(
+    store = IndexStore(
         config.index_dir,
         embedder,
         chunk_words=config.chunk_words,
@@ -329,7 +330,11 @@ def build_index_store(config: RetrievalSettings, embedder: Embedder) -> IndexSto
         max_document_chars=config.max_document_chars,
         approximate_above=config.approximate_above,
         lock_wait_s=config.write_lock_wait_seconds,
+        loaded_bytes=config.loaded_indexes_mb * 2**20 or None,
     )
+    store.on_let_go = metrics.index_let_go
+    metrics.INDEX_LOADED_BYTES.set_function(lambda: store.loaded_bytes)
+    return store
 
 
 def build_converter(settings: Settings) -> ConverterPool:

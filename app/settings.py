@@ -315,6 +315,13 @@ class RetrievalSettings(Durations):
         "another's, `rag ingest`) holds its index without progress (a writer touches the lock "
         "while it works): then a 503 index_busy, nothing written.",
     )
+    loaded_indexes_mb: int = Field(
+        1024,
+        ge=0,
+        description="How much of the tenants' index snapshots (their size on disk) one replica "
+        "keeps loaded: past it the least recently searched are let go, and loaded again from "
+        "disk on their next search (rag_index_let_go_total counts them). 0: no bound.",
+    )
     embeddings: Backend = Field(
         "onnx-int8",
         description="Embedding runtime: onnx-int8 (ONNX Runtime, int8 weights), onnx (ONNX "

@@ -28,6 +28,7 @@ import fcntl
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -155,6 +156,46 @@ class _Loaded:
         self.checked = time.monotonic()
 
 
+class _Kept:
+    """The tenants whose snapshots this process holds loaded, least recently searched first,
+    each with its snapshot's size on disk. Past ``budget`` bytes (None: no limit) the least
+    recent are let go: loaded again from disk on their next search. The one just loaded is
+    never let go, however large."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.sizes: OrderedDict[str, int] = OrderedDict()
+        self.total = 0
+        self._lock = threading.Lock()
+
+    def searched(self, tenant: str) -> None:
+        if self.budget is None:
+            return
+        with self._lock:
+            if tenant in self.sizes:
+                self.sizes.move_to_end(tenant)
+
+    def loaded(self, tenant: str, size: int) -> list[str]:
+        """``tenant``'s snapshot of ``size`` bytes is loaded now: the tenants to let go."""
+        with self._lock:
+            self.total += size - self.sizes.pop(tenant, 0)
+            self.sizes[tenant] = size
+            gone: list[str] = []
+            while self.budget is not None and self.total > self.budget and len(self.sizes) > 1:
+                name, freed = self.sizes.popitem(last=False)
+                self.total -= freed
+                gone.append(name)
+            return gone
+
+
+def _size_on_disk(directory: Path) -> int:
+    """The bytes of a snapshot's files (what loading it costs, near enough)."""
+    try:
+        return sum(path.stat().st_size for path in directory.iterdir() if path.is_file())
+    except OSError:
+        return 0
+
+
 def _published(directory: Path, pointer: str) -> TenantIndex:
     """The snapshot ``pointer`` names, in ``directory``: ValueError where the pointer names no
     version (it is never followed out of the tenant's directory) or the snapshot another."""
@@ -174,7 +215,9 @@ class IndexStore:
     too_large). Above `approximate_above` chunks a tenant also gets an HNSW index for dense-only
     search. `reload_interval_s` bounds how often `current()` looks at the CURRENT pointer.
     A write waits for another writer of the tenant while it shows progress, and gives up after
-    `lock_wait_s` without any (None: waits for ever).
+    `lock_wait_s` without any (None: waits for ever). `loaded_bytes` bounds the snapshots this
+    process keeps loaded, by their size on disk (None: no bound): past it the least recently
+    searched tenants' are let go, and loaded again on their next search.
     """
 
     def __init__(
@@ -189,6 +232,7 @@ class IndexStore:
         reload_interval_s: float = 0.2,
         sort_for_embedding: bool = True,
         lock_wait_s: float | None = 30.0,
+        loaded_bytes: int | None = None,
     ) -> None:
         self.root = Path(root)
         self.sort_for_embedding = sort_for_embedding  # False: document order (the bench's
@@ -203,8 +247,11 @@ class IndexStore:
         # Test hook: called with the temp directory once the snapshot is written, just before
         # it is published. Lets a test kill a writer at the worst moment.
         self.before_publish: Callable[[Path], None] | None = None
+        # Told the tenant whose snapshot is let go for the budget (the app counts them).
+        self.on_let_go: Callable[[str], None] | None = None
         self._loaded: dict[str, _Loaded] = {}
         self._guard = threading.Lock()
+        self._kept = _Kept(loaded_bytes)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -258,8 +305,11 @@ class IndexStore:
         entry = self._entry(tenant)
         pointer = self._pointer(entry, tenant)
         index = entry.index
-        if pointer == NO_VERSION or (index is not None and index.version == pointer):
-            return index if pointer != NO_VERSION else None
+        if pointer == NO_VERSION:
+            return None
+        if index is not None and index.version == pointer:
+            self._kept.searched(tenant)
+            return index
         with entry.lock:
             index = entry.index
             if index is None or index.version != entry.pointer:
@@ -279,6 +329,7 @@ class IndexStore:
                 failed = entry.failed = (entry.pointer, now + UNREADABLE_RETRY_S, exc)
             else:
                 entry.index, entry.pointer, entry.failed = index, index.version, None
+                self._loaded_now(tenant, index)
                 return index
         if entry.index is not None:
             return entry.index
@@ -460,6 +511,7 @@ class IndexStore:
                     continue
                 point(directory, name)
                 self._entry(tenant).published(index)
+                self._loaded_now(tenant, index)
                 return Restored(pointer, name, index.documents, len(index))
         if candidates is None:
             return None
@@ -520,7 +572,25 @@ class IndexStore:
         publish(directory, version)
         prune(directory, current=version, previous=old.version if old else None)
         self._entry(tenant).published(index)
+        self._loaded_now(tenant, index)
         return index
+
+    def _loaded_now(self, tenant: str, index: TenantIndex) -> None:
+        """``index`` is the tenant's loaded snapshot now: let the least recently searched
+        others go while the loaded ones exceed ``loaded_bytes``. (Not under their locks: a
+        search that holds a snapshot keeps it; the next loads it again.)"""
+        size = _size_on_disk(self._dir(tenant) / index.version)
+        for name in self._kept.loaded(tenant, size):
+            entry = self._loaded.get(name)
+            if entry is not None:
+                entry.index = None
+            if self.on_let_go is not None:
+                self.on_let_go(name)
+
+    @property
+    def loaded_bytes(self) -> int:
+        """The loaded snapshots' size on disk, as the budget counts it."""
+        return self._kept.total
 
 
 def _candidates(directory: Path, pointer: str, version: str | None) -> list[str] | None:

@@ -206,6 +206,16 @@ COALESCED: Final = Counter(
     "leader (generated), follower (answered with a leader's answer), off (generated alone).",
     ["role"],
 )
+INDEX_LOADED_BYTES: Final = Gauge(
+    "rag_index_loaded_bytes",
+    "Tenants' index snapshots this process holds loaded, by their size on disk "
+    "(RAG_RETRIEVAL__LOADED_INDEXES_MB bounds it).",
+)
+INDEX_LET_GO: Final = Counter(
+    "rag_index_let_go_total",
+    "Tenants' index snapshots let go for the loaded snapshots' budget (loaded again from disk "
+    "on their next search): a steady rate means the budget is smaller than the tenants searched.",
+)
 STREAM_WRITE_STALLS: Final = Counter(
     "rag_stream_write_stalls_total",
     "Streamed answers ended because a send to the client did not complete within the limit.",
@@ -243,6 +253,11 @@ def adapted(step: str) -> None:
 
 def stream_write_stalled() -> None:
     STREAM_WRITE_STALLS.inc()
+
+
+def index_let_go(tenant: str) -> None:
+    # Not labelled by tenant: tenants are unbounded, a label each would grow the registry.
+    INDEX_LET_GO.inc()
 
 
 def stream_finished_for_followers() -> None:

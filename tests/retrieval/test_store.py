@@ -14,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 import retrieval.store as store_module
+from app.services import build_index_store
+from app.settings import RetrievalSettings
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.hybrid import HybridRetriever, SearchResult
@@ -511,3 +514,60 @@ def test_a_writer_waits_for_one_that_makes_progress_and_gives_up_on_one_that_sta
             assert holder.is_alive(), "the write waited for the stalled holder to end"
     finally:
         holder.join()
+
+
+def _snapshot_bytes(store: IndexStore, tenant: str) -> int:
+    directory = store.root / tenant / store.version(tenant)
+    return sum(path.stat().st_size for path in directory.iterdir())
+
+
+def test_snapshots_past_the_loaded_budget_are_let_go_least_recently_searched_first(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    # A replica kept every tenant's snapshot it had searched loaded for ever: its memory grew
+    # with the tenants it served (SciFact alone is about 60 MB resident).
+    writer = IndexStore(tmp_path / "indexes", embedder)
+    for tenant in ("a", "b", "c"):
+        writer.upsert(tenant, CORPUS)
+    budget = int(_snapshot_bytes(writer, "a") * 2.5)  # room for two
+    replica = IndexStore(tmp_path / "indexes", embedder, loaded_bytes=budget, reload_interval_s=0)
+    let_go: list[str] = []
+    replica.on_let_go = let_go.append
+    question = "what causes ocean tides"
+    before = {t: _search(replica, embedder, question, t).hits for t in ("a", "b")}
+    _search(replica, embedder, question, "a")  # b is now the least recently searched
+    _search(replica, embedder, question, "c")
+    assert let_go == ["b"]
+    assert replica._loaded["b"].index is None and replica._loaded["a"].index is not None
+    assert 0 < replica.loaded_bytes <= budget
+    again = _search(replica, embedder, question, "b")  # loaded again from disk
+    assert again.hits == before["b"] and again.version == writer.version("b")
+    assert let_go == ["b", "a"]
+    writer.upsert("c", CORPUS[:2])  # another replica's write: the next search loads it
+    found = _search(replica, embedder, question, "c")
+    assert found.version == writer.version("c") and let_go == ["b", "a"]
+    assert replica.loaded_bytes == _snapshot_bytes(writer, "b") + _snapshot_bytes(writer, "c")
+
+
+def test_a_snapshot_larger_than_the_whole_budget_is_still_served(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    replica = IndexStore(tmp_path / "indexes", embedder, loaded_bytes=1)
+    replica.upsert("a", CORPUS)
+    replica.upsert("b", CORPUS)  # a is let go, b is kept however large
+    assert replica._loaded["a"].index is None and replica._loaded["b"].index is not None
+    assert _search(replica, embedder, "what causes ocean tides", "a").hits[0].document_id == "tides"
+    assert replica._loaded["b"].index is None
+    assert replica.loaded_bytes == _snapshot_bytes(replica, "a")
+
+
+@pytest.mark.parametrize(("megabytes", "budget"), [(1, 2**20), (0, None)])
+def test_the_loaded_budget_is_a_setting_in_megabytes_and_0_is_no_bound(
+    tmp_path: Path, embedder: Embedder, megabytes: int, budget: int | None
+) -> None:
+    config = RetrievalSettings(index_dir=tmp_path, loaded_indexes_mb=megabytes)
+    store = build_index_store(config, embedder)
+    assert store._kept.budget == budget
+    store.upsert("a", CORPUS[:2])
+    loaded = REGISTRY.get_sample_value("rag_index_loaded_bytes")
+    assert loaded == store.loaded_bytes == _snapshot_bytes(store, "a")
