@@ -219,8 +219,10 @@ class SingleFlight:
         return f"{self.prefix}{key}:{token}"
 
     def readers_key(self, key: str, token: str) -> str:
-        """The replicas that read the stream of the flight (each one's reader, once)."""
-        return f"{self.stream_key(key, token)}:readers"
+        """The replicas that read the stream of the flight (each one's reader, once). Not
+        ``:readers``, the count an earlier version kept there: a key of another type would
+        refuse either version's commands."""
+        return f"{self.stream_key(key, token)}:reading"
 
     async def share(self, key: str, *, stream: bool, deadline: float, variant: str = "") -> Shared:
         """Lead the key's flight, or follow it to the leader's answer (see ``Shared``).
@@ -587,7 +589,10 @@ class Leader:
         try:
             read = await flights.kv.run_script("flight_stop", flights.stop_script, keys, args)
         except StoreUnavailable:
-            return False  # nor can any replica read it; the publisher still tries to end it
+            # Redis down (the circuit open): no replica can read it either. Refused while
+            # Redis is up (this process's commands backlogged, StoreBusy): a replica may read
+            # it, so it is read on and asked again at the next check.
+            return flights.kv.available
         if read:
             return True
         self._ended_on_redis = True
@@ -713,18 +718,24 @@ async def _copy_remote(flights: SingleFlight, flight: _Led, token: str, trips: _
     position = "0"
     idle_since = time.monotonic()
     check_every = flights.lock_ttl_ms / 2000.0
-    counted = False
+    # Counted in with the first read, before it, and again every third of its TTL: it stays
+    # counted while it reads, and no longer than its TTL once it cannot (this replica killed,
+    # cut off from Redis). A read that cannot count it in is not made: Redis failing ends the
+    # reading ("off") rather than leave a reader the leader does not know of.
+    count_every = flights.lock_ttl_ms / 3000.0
+    counted_at, counting = -count_every, False
     try:
-        counted = await _count_reader(flights, readers, flight.token)
         while not flight.ended:
             if flight.readers <= 0:
                 return  # every follower has what it needs, or has gone
-            # Counted in again with each read: it stays counted while it reads, and no longer
-            # than its TTL once it cannot (this replica killed, cut off from Redis).
-            reading = (readers, flight.token) if counted else None
-            read = _xread(stream, position, flights, reading)
+            now = time.monotonic()
+            count = now - counted_at >= count_every
+            counting = counting or count
+            read = _xread(stream, position, flights, (readers, flight.token) if count else None)
             reply = await flights.kv.pipeline("flight_read", read)
-            entries = _stream_entries(reply[0])
+            if count:
+                counted_at = now
+            entries = _stream_entries(reply[-1])
             taken = len(flight.entries)
             position = _take(flight, entries, position)
             trips.made(sum(len(entry.events) for entry in flight.entries[taken:]))
@@ -747,30 +758,18 @@ async def _copy_remote(flights: SingleFlight, flight: _Led, token: str, trips: _
     finally:
         flight.append(Entry("gone", detail="no reader"))
         try:
-            if counted:
-                await _count_reader(flights, readers, flight.token, counted=False)
+            if counting:
+                with contextlib.suppress(StoreUnavailable):
+                    await flights.kv.pipeline("flight_readers", _not_reading(readers, flight.token))
         finally:
             flights.forget(flight)
 
 
-async def _count_reader(
-    flights: SingleFlight, readers: str, reader: str, *, counted: bool = True
-) -> bool:
-    """Count this replica's ``reader`` of a flight's stream in, or out (``counted=False``);
-    the leader asks when its client leaves. False when Redis could not be told."""
-
+def _not_reading(readers: str, reader: str) -> Callable[[Any], Awaitable[None]]:
     async def queue(pipe: Any) -> None:
-        if counted:
-            args: list[ScriptArg] = [reader, flights.lock_ttl_ms]
-            await flights.reading_script(keys=[readers], args=args, client=pipe)
-        else:
-            pipe.zrem(readers, reader)
+        pipe.zrem(readers, reader)
 
-    try:
-        await flights.kv.pipeline("flight_readers", queue)
-    except StoreUnavailable:
-        return False
-    return True
+    return queue
 
 
 def _text(value: object) -> str:
@@ -782,15 +781,16 @@ def _text(value: object) -> str:
 def _xread(
     stream: str, position: str, flights: SingleFlight, reading: tuple[str, str] | None
 ) -> Callable[[Any], Awaitable[None]]:
-    """One read of the stream and, ``reading`` (the readers, this one) given, this replica's
-    reader counted in again."""
+    """One read of the stream (the last reply) and, ``reading`` (the readers, this one) given,
+    this replica's reader counted in first. (A script makes redis-py ask Redis whether it has
+    it, a round trip more: so only every third of the TTL, not with every poll.)"""
 
     async def queue(pipe: Any) -> None:
-        pipe.xread({stream: position}, count=1000, block=flights.poll_ms)
         if reading is not None:
             readers, reader = reading
             args: list[ScriptArg] = [reader, flights.lock_ttl_ms]
             await flights.reading_script(keys=[readers], args=args, client=pipe)
+        pipe.xread({stream: position}, count=1000, block=flights.poll_ms)
 
     return queue
 

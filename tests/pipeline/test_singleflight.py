@@ -7,9 +7,11 @@ and Redis trouble turning coalescing off. The whole service is in tests/app/test
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from typing import Any
 
 import anyio
 import orjson
@@ -33,6 +35,7 @@ from pipeline.errors import (
     ClientClosedRequest,
     ContextTooLong,
     DeadlineExceeded,
+    StoreBusy,
     StoreUnavailable,
     UpstreamBusy,
 )
@@ -466,6 +469,101 @@ async def test_a_replica_that_dies_while_it_reads_is_not_counted_once_its_ttl_ha
         finally:
             proxy.resume()
             await cut_off.aclose()
+
+
+# Found by a review of the readers' set (2026-12-06, sixth session), each reproduced first.
+
+
+async def test_a_replica_whose_reader_cannot_count_itself_in_relays_nothing(
+    redis_server: RedisServer, kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    # The reader's first count-in was refused once (StoreBusy: this process's commands
+    # backlogged, Redis fine) and never tried again, yet it read the stream: the leader, its
+    # client gone, saw no reader and stopped, and the follower was cut off after 6 events.
+    # Now the count-in goes with the read: a read that cannot count the reader in is not made.
+    busy = KeyValueStore.from_url(redis_server.url, TRACER, timeout=10.0)
+    real, refused = busy.pipeline, []
+
+    async def first_refused(name: str, queue: Any, **options: bool) -> list[Any]:
+        if not refused:
+            refused.append(name)
+            raise StoreBusy("all connections busy", retry_after_s=1.0)
+        return await real(name, queue, **options)
+
+    busy.pipeline = first_refused  # type: ignore[method-assign]
+    try:
+        here, there = flights(kv), flights(busy)
+        the_key, until = key(), await deadline()
+        leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+        remote = await there.share(the_key, stream=True, deadline=until)
+        assert refused, "the replica's first round trip for the flight was refused"
+        assert remote.role == "off", "it generates alone rather than follow uncounted"
+        assert not await leader.followed()
+    finally:
+        await busy.aclose()
+
+
+@pytest.mark.parametrize("redis", ["busy", "down"])
+async def test_a_leader_whose_question_is_refused_reads_on_unless_redis_is_down(
+    redis_server: RedisServer, kv: KeyValueStore, flights: Callable[..., SingleFlight], redis: str
+) -> None:
+    # The stop script refused while Redis is up (StoreBusy) was taken for "no replica reads
+    # it": the flight ended there and a counted remote follower was cut off after 4 events.
+    # Now it is read on and asked again at the next check; with Redis down (the circuit
+    # open) no replica can read it, and it stops as before.
+    asking = KeyValueStore.from_url(redis_server.url, TRACER, timeout=10.0)
+    real = asking.run_script
+
+    async def refused(name: str, script: Any, keys: Any, args: Any) -> Any:
+        if name != "flight_stop":
+            return await real(name, script, keys, args)
+        if redis == "down":
+            asking._down_until = time.monotonic() + 30  # as after connections failed
+            raise StoreUnavailable("circuit open", retry_after_s=30)
+        raise StoreBusy("all connections busy", retry_after_s=1.0)
+
+    try:
+        here, there = flights(asking), flights(kv)
+        the_key, until = key(), await deadline()
+        leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+        remote = await there.share(the_key, stream=True, deadline=until)
+        assert remote.events is not None and await anext(remote.events) == EVENTS[0]
+        asking.run_script = refused  # type: ignore[method-assign]
+        if redis == "down":
+            assert not await leader.followed()
+            await remote.events.aclose()
+            return
+        assert await leader.followed(), "a replica may read it: read on, ask again later"
+        asking.run_script = real  # type: ignore[method-assign]
+        reading = asyncio.create_task(drain(remote))
+        publish(leader, EVENTS[1:], ANSWER)
+        assert await reading == EVENTS[1:]
+    finally:
+        asking._down_until = 0.0
+        await asking.aclose()
+
+
+async def test_an_idle_replicas_reader_counts_itself_in_every_third_of_its_ttl_not_every_poll(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    # A script in a pipeline makes redis-py ask Redis whether it has the script (SCRIPT
+    # EXISTS), a round trip of its own: counting in with every poll (every 100 ms of a silent
+    # leader, each flight, each replica) doubled the reader's round trips.
+    here, there = flights(kv, lock_ttl_ms=3000), flights(kv, lock_ttl_ms=3000)
+    the_key, until = key(), await deadline()
+    leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+    remote = await there.share(the_key, stream=True, deadline=until)
+    assert remote.events is not None and await anext(remote.events) == EVENTS[0]
+    await kv.client.config_resetstat()
+    await asyncio.sleep(1.5)  # the leader silent: the reader polls
+    calls = {
+        name.removeprefix("cmdstat_"): stats["calls"]
+        for name, stats in (await kv.client.info("commandstats")).items()
+    }
+    assert calls.get("xread", 0) >= 8, calls
+    assert calls.get("zadd", 0) <= 2 and calls.get("script|exists", 0) <= 3, calls
+    leader.ended(ANSWER, None)
+    await remote.events.aclose()
 
 
 async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
