@@ -617,6 +617,7 @@ class Leader:
         stream = flights.stream_key(flight.key, flight.token)
         renew_every = flights.lock_ttl_ms / 3000.0
         store_ok, released = True, False
+        renewed = time.monotonic()  # the lock was taken a moment ago
         try:
             while True:
                 try:
@@ -629,7 +630,13 @@ class Leader:
                 batch, self._outbox = self._outbox, []
                 events = tuple(event for entry in batch for event in entry.events)
                 if store_ok and not self._ended_on_redis:
-                    store_ok = await self._send(lock, stream, events, last)
+                    # The lock is renewed every third of its TTL, not with every batch (about
+                    # one a token): a script in a pipeline costs redis-py a round trip more
+                    # (SCRIPT EXISTS) before the pipeline's own.
+                    renew = time.monotonic() - renewed >= renew_every
+                    store_ok = await self._send(lock, stream, events, last, renew=renew)
+                    if renew and store_ok:
+                        renewed = time.monotonic()
                     trips.made(len(events) if store_ok else 0)
                     if not store_ok:
                         trips.failed()
@@ -644,7 +651,13 @@ class Leader:
             flights.forget(flight)
 
     async def _send(
-        self, lock: str, stream: str, events: tuple[AnswerEvent, ...], last: Entry | None
+        self,
+        lock: str,
+        stream: str,
+        events: tuple[AnswerEvent, ...],
+        last: Entry | None,
+        *,
+        renew: bool,
     ) -> bool:
         flights = self.flights
         ttl = flights.stream_ttl_ms if last is None else min(flights.stream_ttl_ms, 10_000)
@@ -662,9 +675,9 @@ class Leader:
             pipe.pexpire(stream, ttl)
             if last is not None:
                 await flights.release_script(keys=[lock], args=[token], client=pipe)
-            else:
-                renew: list[str | int] = [token, flights.lock_ttl_ms]
-                await flights.renew_script(keys=[lock], args=renew, client=pipe)
+            elif renew:
+                args: list[str | int] = [token, flights.lock_ttl_ms]
+                await flights.renew_script(keys=[lock], args=args, client=pipe)
 
         try:
             await flights.kv.pipeline("flight_publish", queue, transaction=True)

@@ -566,6 +566,30 @@ async def test_an_idle_replicas_reader_counts_itself_in_every_third_of_its_ttl_n
     await remote.events.aclose()
 
 
+async def test_a_leaders_batches_renew_its_lock_every_third_of_its_ttl_not_each_batch(
+    kv: KeyValueStore, flights: Callable[..., SingleFlight]
+) -> None:
+    # The same for the publisher: each batch (about one a token of the CPU model) renewed the
+    # lock by a script, a SCRIPT EXISTS round trip before each batch's own.
+    here = flights(kv, lock_ttl_ms=3000)
+    the_key, until = key(), await deadline()
+    await kv.client.config_resetstat()
+    leader = await streamed_leader(here, the_key, until, EVENTS[:1])
+    for _ in range(20):
+        leader.event(ContentDelta("more"))
+        await asyncio.sleep(0.03)  # a batch each
+    leader.ended(ANSWER, None)
+    await settled(lambda: not here._flights)
+    calls = {
+        name.removeprefix("cmdstat_"): stats["calls"]
+        for name, stats in (await kv.client.info("commandstats")).items()
+    }
+    assert calls.get("xadd", 0) >= 15, calls
+    assert calls.get("script|exists", 0) <= 3, calls
+    held = await on_redis(kv, leader, 15)
+    assert held[-1].kind == "done" and await kv.get(here.lock_key(the_key)) is None
+
+
 async def test_the_leaders_error_reaches_its_followers_as_the_same_error(
     kv: KeyValueStore,
     flights: Callable[..., SingleFlight],
