@@ -26,7 +26,7 @@ A follower that has sent nothing to its caller yet recovers from a leader that l
 again (one of them takes the lock over and leads); from a leader that died without a word (a
 replica killed) the same way once the lock has expired (followers check it while the stream is
 idle). A streamed leader whose client leaves while others follow it (here, or on a replica
-whose reader of its stream counts itself in ``{stream}:readers``) finishes the answer for them
+whose reader of its stream counts itself in ``{stream}:reading``) finishes the answer for them
 (``Leader.followed``, ``app.http.streaming``); one nobody follows stops at once (asked and
 ended on Redis in one script, so a replica cannot join in between). A streamed
 follower that has sent part of the answer cannot start again (a leader that stopped anyway:
@@ -83,7 +83,7 @@ return 0
 # the stream holding only that end (trimmed to it: what it held before is for nobody), so its
 # requests join again rather than relay part of an answer that stops. Asked in two steps (the
 # count, then the end), a replica joining in between was cut off midway.
-# KEYS: the readers count, the stream, the lock. ARGV: the token, the end's entry, the stream's
+# KEYS: the readers (READING), the stream, the lock. ARGV: the token, the end's entry, the stream's
 # TTL in ms. Returns 1 when read there (nothing changed), 0 when ended.
 STOP_UNLESS_READ: Final = """
 local now = redis.call('TIME')
@@ -94,11 +94,11 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
 return 0
 """
-# A replica's reader of a flight's stream counts itself in, and again with each read: a sorted
-# set of the readers, each scored by when it is taken for dead unless it reads again (Redis's
-# clock, so the replicas' own clocks do not matter). A replica that dies while it reads is no
-# longer counted a TTL later, whoever else still reads (a count it could not take itself out
-# of stayed up while another replica read, then a minute).
+# A replica's reader of a flight's stream counts itself in with its first read, and again every
+# third of its TTL: a sorted set of the readers, each scored by when it is taken for dead unless
+# it counts in again (Redis's clock, so the replicas' own clocks do not matter). A replica that
+# dies while it reads is no longer counted a TTL later, whoever else still reads (a count it
+# could not take itself out of stayed up while another replica read, then a minute).
 # KEYS: the flight's readers. ARGV: this reader, its TTL in ms.
 READING: Final = """
 local now = redis.call('TIME')
