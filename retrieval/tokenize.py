@@ -24,6 +24,10 @@ STOP_WORDS = frozenset(
 )
 
 _TOKEN = re.compile(r"\b\w\w+\b")
+# Longer words are kept as they are, not stemmed: PyStemmer caches every word it stems (10,000
+# per stemmer, one stemmer per thread), so a caller's 35,000-letter "word" in a query kept 70 KiB
+# a query, up to 0.7 GiB a thread. No English word is near this long.
+LONGEST_STEMMED = 64
 # PyStemmer objects are not thread-safe; one per thread.
 _local = threading.local()
 
@@ -39,5 +43,8 @@ def _stemmer() -> Stemmer.Stemmer:
 def tokenize(text: str) -> list[str]:
     """Return the stemmed, stop-word-free tokens of `text`, in order, duplicates kept."""
     words = [w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS]
-    result: list[str] = _stemmer().stemWords(words)
-    return result
+    if all(len(w) <= LONGEST_STEMMED for w in words):
+        result: list[str] = _stemmer().stemWords(words)
+        return result
+    stemmed = iter(_stemmer().stemWords([w for w in words if len(w) <= LONGEST_STEMMED]))
+    return [w if len(w) > LONGEST_STEMMED else next(stemmed) for w in words]

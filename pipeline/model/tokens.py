@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +56,10 @@ _GPT2_PIECES = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 )
 PIECE_CACHE_SIZE = 200_000
+# Longer pieces are counted and not kept: a piece is a run of letters of any length (a caller's
+# 60,000-letter "word" kept 59 KiB a request, up to 11 GiB at the cache's size; refused
+# requests too, since inputs are counted before the limit is checked). Real words are shorter.
+LONGEST_CACHED_PIECE = 64
 
 
 def _is_gpt2_byte_level(tokenizer: Tokenizer) -> bool:
@@ -127,18 +132,27 @@ class ModelTokenCounter:
             runs[i] = (starts, list(map(counts.__getitem__, ps)))
         return [runs[i] for i in range(len(cleaned))]
 
-    def _piece_counts(self, pieces: set[str]) -> dict[str, int]:
-        """The shared dict, holding a count for every piece in `pieces`. When it is full a new
-        one is started for later calls; callers holding the old one are not disturbed."""
+    def _piece_counts(self, pieces: set[str]) -> Mapping[str, int]:
+        """A count for every piece in `pieces`: the shared dict, which keeps those up to
+        `LONGEST_CACHED_PIECE` characters (when it is full a new one is started for later
+        calls; callers holding the old one are not disturbed), before the longer ones."""
         cache = self._pieces if self._pieces is not None else {}
         missing = [p for p in pieces if p not in cache]
-        if missing:
-            encoded = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
-            if len(cache) + len(missing) > PIECE_CACHE_SIZE:
-                cache = {}
-                self._pieces = cache
-            cache.update(zip(missing, (len(e.ids) for e in encoded), strict=True))
-        return cache
+        if not missing:
+            return cache
+        encoded = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
+        kept: list[tuple[str, int]] = []
+        long: dict[str, int] = {}
+        for piece, n in zip(missing, (len(e.ids) for e in encoded), strict=True):
+            if len(piece) <= LONGEST_CACHED_PIECE:
+                kept.append((piece, n))
+            else:
+                long[piece] = n
+        if len(cache) + len(kept) > PIECE_CACHE_SIZE:
+            cache = {}
+            self._pieces = cache
+        cache.update(kept)
+        return ChainMap(long, cache) if long else cache
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -21,7 +21,7 @@ import numpy as np
 
 from pipeline.context import Passage
 from pipeline.model.tokens import TokenCounter, load_token_counter
-from retrieval.tokenize import tokenize
+from retrieval.tokenize import LONGEST_STEMMED, tokenize
 
 DEFAULT_BUDGET_TOKENS = 512
 # A "sentence" of more tokens than this (a table, a list without full stops) is cut into pieces,
@@ -125,6 +125,9 @@ def _pieces(
 
 
 _WORD = re.compile(r"\w\w+")  # retrieval.tokenize's words (its \b...\b is implied)
+# Passages longer than this are analysed each time, not kept: the caches' bound is entries times
+# length, and a passage's length is its writer's (an ordinary chunk, 180 words, is ~1,200).
+LONGEST_KEPT_TEXT = 8192
 _STEM_CACHE: dict[str, str] = {}
 _STEM_CACHE_SIZE = 200_000
 
@@ -139,10 +142,13 @@ def _stems(text: str) -> frozenset[str]:
         for word in words:
             if word not in _STEM_CACHE:
                 stemmed = tokenize(word)  # [] for a stop word
+                stem = stemmed[0] if stemmed else ""
+                stems.add(stem)
+                if len(word) > LONGEST_STEMMED:
+                    continue  # not kept (a "word" of any length in a passage): not a word
                 if len(_STEM_CACHE) >= _STEM_CACHE_SIZE:
                     _STEM_CACHE.clear()
-                _STEM_CACHE[word] = stemmed[0] if stemmed else ""
-                stems.add(_STEM_CACHE[word])
+                _STEM_CACHE[word] = stem
     stems.discard("")
     stems.discard(None)
     return frozenset(stems)  # type: ignore[arg-type]  # None was discarded
@@ -266,10 +272,22 @@ class _Analysis:
     total: int
 
 
-# Retrieval hands the same chunks over again and again; their analysis does not depend on the
-# query. Keyed by (counter, text); a few MB for 4,096 passages.
-@lru_cache(maxsize=4096)
 def _analyse(counter: TokenCounter, text: str) -> _Analysis:
+    """The text's analysis, kept for passages of ordinary length (see ``_analysed``)."""
+    if len(text) <= LONGEST_KEPT_TEXT:
+        return _analysed(counter, text)
+    return _analyse_now(counter, text)
+
+
+# Retrieval hands the same chunks over again and again; their analysis does not depend on the
+# query. Keyed by (counter, text); a few MB for 4,096 passages of ordinary length (a chunk is
+# 180 words; one made of a single 200,000-character "word" kept 1 MB).
+@lru_cache(maxsize=4096)
+def _analysed(counter: TokenCounter, text: str) -> _Analysis:
+    return _analyse_now(counter, text)
+
+
+def _analyse_now(counter: TokenCounter, text: str) -> _Analysis:
     """Each token is credited to the unit its first character falls in (a boundary token, the
     space before a sentence, goes to the sentence)."""
     ((starts, sizes),) = counter.token_runs([text])
@@ -295,7 +313,7 @@ def _analyse(counter: TokenCounter, text: str) -> _Analysis:
 
 def clear_passage_cache() -> None:
     """Forget the per-passage analyses (benchmarks measure the cost of a passage seen first)."""
-    _analyse.cache_clear()
+    _analysed.cache_clear()
 
 
 def _units(

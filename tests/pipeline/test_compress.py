@@ -237,3 +237,36 @@ def test_a_cached_passage_gives_the_same_result(counter: ModelTokenCounter) -> N
     first = compress("aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter)
     again = compress("aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter)
     assert first == again
+
+
+# Found by a review of what a replica keeps (2026-12-06, sixth session): caches bounded by their
+# entries, not their size, keyed by text whose length a caller chooses.
+
+
+def test_a_long_piece_is_counted_exactly_and_not_kept(counter: ModelTokenCounter) -> None:
+    # A run of letters is one piece of any length: a caller's 60,000-letter "word" was kept
+    # whole, 59 KiB a request (refused ones too: inputs are counted before the limit).
+    word = "x" * 60_000 + "yz" * 20_000
+    text = f"A question about {word} and the tides."
+    assert counter.count(text) == counter.count_with_tokenizer([text])[0]
+    assert counter._pieces is not None and counter._pieces, "short pieces are kept"
+    assert max(map(len, counter._pieces)) <= 64
+    assert counter.count(text) == counter.count_with_tokenizer([text])[0], "counted again"
+
+
+def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
+    counter: ModelTokenCounter,
+) -> None:
+    from pipeline.answer import citations
+    from pipeline.sources import compress as compress_module
+
+    clear_passage_cache()
+    citations._analysed.cache_clear()
+    junk = "q" * 200_000  # one chunk of one "word": chunking cuts by words
+    passages = [Passage("d0", "d0#0", "", f"Tides rise. {junk}. The Moon pulls.", 1.0), TIDES]
+    done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter)
+    assert done.tokens_after <= 60
+    assert compress_module._analysed.cache_info().currsize == 1, "only the ordinary passage"
+    assert max(map(len, compress_module._STEM_CACHE)) <= 64
+    source = citations._analyse(passages[0].text)
+    assert source.spans and citations._analysed.cache_info().currsize == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -63,3 +64,19 @@ def test_removing_documents_recomputes_idf_over_what_is_left() -> None:
     ours = BM25Index(kept, {t: i for i, t in enumerate(terms)})
     reference = BM25Okapi(docs[1:])
     np.testing.assert_allclose(ours.scores(["z", "w", "x"])[0], reference.get_scores(["z", "w"]))
+
+
+def test_a_long_word_is_kept_unstemmed_and_the_stemmer_keeps_nothing_of_it() -> None:
+    # PyStemmer caches every word it stems (10,000 per thread): a caller's 35,000-letter
+    # "word" in a query kept 70 KiB a query, up to 0.7 GiB a search thread (a review's find).
+    words = [f"{n:05d}" + "a" * 10_000 for n in range(300)]
+    assert tokenize("warm the stemmer up") == ["warm", "stemmer"]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for word in words:
+            assert tokenize(f"tides {word}") == ["tide", word]
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 1_000_000, f"{grown} bytes kept for 300 words of 10,000 letters"
