@@ -9,12 +9,16 @@ on the previous version for about that interval after a write (the same bound as
 index's CURRENT pointer). When Redis cannot be reached the last value seen is kept: the
 response cache lives in that Redis too, so no stale answer can be served from it meanwhile.
 With `reload_interval_s` 0 every read goes to Redis (short-lived processes such as `rag`).
+A tenant not asked about for `forget_after_s` is no longer polled (its next read goes to Redis
+once): the poll is of the tenants served now, not of every tenant since the process started (at
+100,000 tenants one MGET took 212 ms, longer than its 0.2 s interval).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -101,9 +105,12 @@ class RedisVersions(PolledRedis):
         *,
         timeout_s: float = 0.5,
         reload_interval_s: float = 0.2,
+        forget_after_s: float = 60.0,
     ) -> None:
         super().__init__(url, "index-versions", timeout_s, reload_interval_s)
         self.prefix = f"{prefix}index-version:"
+        self.forget_after_s = forget_after_s
+        self._asked: dict[str, float] = {}  # when each tenant in _seen was last read
 
     def _key(self, tenant: str) -> str:
         return self.prefix + check_tenant(tenant)
@@ -111,6 +118,7 @@ class RedisVersions(PolledRedis):
     def get(self, tenant: str) -> str:
         seen = self._seen.get(tenant)
         if seen is not None and self.reload_interval_s > 0:
+            self._asked[tenant] = time.monotonic()
             return seen
         try:
             raw = self.client.get(self._key(tenant))
@@ -120,6 +128,7 @@ class RedisVersions(PolledRedis):
             value = _version(raw)
         with self._lock:
             self._seen.setdefault(tenant, value)  # a bump meanwhile wins
+            self._asked[tenant] = time.monotonic()
         if self.reload_interval_s > 0:
             self._poller.start()
         return self._seen[tenant]
@@ -132,9 +141,16 @@ class RedisVersions(PolledRedis):
             values = self.client.mget([self._key(t) for t in tenants])
         except redis.RedisError:
             return  # keep what was seen; the next round tries again
+        now = time.monotonic()
         with self._lock:
             for tenant, raw in zip(tenants, values, strict=True):
                 self._seen[tenant] = _version(raw)
+            # Only while Redis answers: a tenant forgotten while it is down would read as
+            # having no version.
+            for tenant in tenants:
+                if now - self._asked.get(tenant, now) >= self.forget_after_s:
+                    del self._seen[tenant]
+                    self._asked.pop(tenant, None)
 
     def check(self) -> None:
         """redis.RedisError unless Redis answers now."""
@@ -146,6 +162,7 @@ class RedisVersions(PolledRedis):
         value = str(self.client.incr(self._key(tenant)))
         with self._lock:
             self._seen[tenant] = value
+            self._asked[tenant] = time.monotonic()
         return value
 
 

@@ -3,6 +3,7 @@ overrides in Redis (what `rag backend move` records), which win."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -307,3 +308,25 @@ def test_an_error_no_wait_mends_is_raised_as_it_is() -> None:
     lazy = LazyBackend("milvus", build, None, permanent=(MilvusNotInstalled,))  # type: ignore[arg-type]
     with pytest.raises(MilvusNotInstalled):
         lazy.try_build()  # the app's start fails on it, as before
+
+
+def test_a_tenant_not_asked_about_for_a_while_is_no_longer_polled(
+    redis_server: RedisServer,
+) -> None:
+    # Every tenant a replica had ever asked about was read by every poll (one MGET each 0.2 s):
+    # at 100,000 tenants a poll took 212 ms, longer than its interval (a review's find).
+    prefix = f"v{uuid.uuid4().hex[:6]}:"
+    versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0.05, forget_after_s=0.5)
+    other = RedisVersions(redis_server.url, prefix, reload_interval_s=0.0)
+    try:
+        assert versions.get("busy") == "0" and versions.get("quiet") == "0"
+        for _ in range(30):  # 1.5 s: "busy" is asked about all the while
+            assert versions.get("busy") in ("0", "1")
+            time.sleep(0.05)
+        assert "quiet" not in versions._seen and "busy" in versions._seen
+        assert other.bump("quiet") == "1" and other.bump("busy") == "1"
+        assert versions.get("quiet") == "1", "read anew from Redis"
+        wait_for(lambda: versions.get("busy") == "1", 5, "the poll")
+    finally:
+        versions.close()
+        other.close()
