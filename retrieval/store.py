@@ -175,16 +175,21 @@ class _Kept:
             if tenant in self.sizes:
                 self.sizes.move_to_end(tenant)
 
-    def loaded(self, tenant: str, size: int) -> list[str]:
-        """``tenant``'s snapshot of ``size`` bytes is loaded now: the tenants to let go."""
+    def loaded(
+        self, tenant: str, size: int, kept: Callable[[str], bool] = lambda name: False
+    ) -> list[str]:
+        """``tenant``'s snapshot of ``size`` bytes is loaded now: the tenants to let go, least
+        recently searched first, passing over those ``kept`` says must stay."""
         with self._lock:
             self.total += size - self.sizes.pop(tenant, 0)
             self.sizes[tenant] = size
             gone: list[str] = []
-            while self.budget is not None and self.total > self.budget and len(self.sizes) > 1:
-                name, freed = self.sizes.popitem(last=False)
-                self.total -= freed
-                gone.append(name)
+            for name in list(self.sizes):
+                if self.budget is None or self.total <= self.budget:
+                    break
+                if name != tenant and not kept(name):
+                    self.total -= self.sizes.pop(name)
+                    gone.append(name)
             return gone
 
 
@@ -331,8 +336,10 @@ class IndexStore:
                 entry.index, entry.pointer, entry.failed = index, index.version, None
                 self._loaded_now(tenant, index)
                 return index
-        if entry.index is not None:
-            return entry.index
+        kept = entry.index  # read once: it may be let go meanwhile
+        if kept is not None:
+            self._kept.searched(tenant)
+            return kept
         raise failed[2]
 
     # -- writing ---------------------------------------------------------------------------
@@ -580,12 +587,18 @@ class IndexStore:
         others go while the loaded ones exceed ``loaded_bytes``. (Not under their locks: a
         search that holds a snapshot keeps it; the next loads it again.)"""
         size = _size_on_disk(self._dir(tenant) / index.version)
-        for name in self._kept.loaded(tenant, size):
+        for name in self._kept.loaded(tenant, size, self._only_readable):
             entry = self._loaded.get(name)
             if entry is not None:
                 entry.index = None
             if self.on_let_go is not None:
                 self.on_let_go(name)
+
+    def _only_readable(self, tenant: str) -> bool:
+        """Whether the tenant's loaded snapshot is served in place of a newer one that cannot
+        be read: it is this process's only readable copy, and is not let go."""
+        entry = self._loaded.get(tenant)
+        return entry is not None and entry.failed is not None and entry.index is not None
 
     @property
     def loaded_bytes(self) -> int:

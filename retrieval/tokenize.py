@@ -24,27 +24,28 @@ STOP_WORDS = frozenset(
 )
 
 _TOKEN = re.compile(r"\b\w\w+\b")
-# Longer words are kept as they are, not stemmed: PyStemmer caches every word it stems (10,000
+# Longer words go to a stemmer that keeps nothing: PyStemmer caches every word it stems (10,000
 # per stemmer, one stemmer per thread), so a caller's 35,000-letter "word" in a query kept 70 KiB
-# a query, up to 0.7 GiB a thread. No English word is near this long.
-LONGEST_STEMMED = 64
+# a query, up to 0.7 GiB a thread. Stemmed all the same, as the indexes already built were.
+LONGEST_CACHED = 64
 # PyStemmer objects are not thread-safe; one per thread.
 _local = threading.local()
 
 
-def _stemmer() -> Stemmer.Stemmer:
-    stemmer: Stemmer.Stemmer | None = getattr(_local, "stemmer", None)
+def _stemmer(name: str = "stemmer", cache: int = 10_000) -> Stemmer.Stemmer:
+    stemmer: Stemmer.Stemmer | None = getattr(_local, name, None)
     if stemmer is None:
-        stemmer = Stemmer.Stemmer("english")
-        _local.stemmer = stemmer
+        stemmer = Stemmer.Stemmer("english", cache)
+        setattr(_local, name, stemmer)
     return stemmer
 
 
 def tokenize(text: str) -> list[str]:
     """Return the stemmed, stop-word-free tokens of `text`, in order, duplicates kept."""
     words = [w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS]
-    if all(len(w) <= LONGEST_STEMMED for w in words):
+    if all(len(w) <= LONGEST_CACHED for w in words):
         result: list[str] = _stemmer().stemWords(words)
         return result
-    stemmed = iter(_stemmer().stemWords([w for w in words if len(w) <= LONGEST_STEMMED]))
-    return [w if len(w) > LONGEST_STEMMED else next(stemmed) for w in words]
+    short = iter(_stemmer().stemWords([w for w in words if len(w) <= LONGEST_CACHED]))
+    long = iter(_stemmer("uncached", 0).stemWords([w for w in words if len(w) > LONGEST_CACHED]))
+    return [next(long) if len(w) > LONGEST_CACHED else next(short) for w in words]

@@ -149,7 +149,8 @@ class ModelTokenCounter:
             else:
                 long[piece] = n
         if len(cache) + len(kept) > PIECE_CACHE_SIZE:
-            cache = {}
+            # A new dict, with this call's pieces the old one had (its callers read them all).
+            cache = {p: cache[p] for p in pieces if p in cache}
             self._pieces = cache
         cache.update(kept)
         return ChainMap(long, cache) if long else cache

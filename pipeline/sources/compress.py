@@ -21,7 +21,7 @@ import numpy as np
 
 from pipeline.context import Passage
 from pipeline.model.tokens import TokenCounter, load_token_counter
-from retrieval.tokenize import LONGEST_STEMMED, tokenize
+from retrieval.tokenize import LONGEST_CACHED, tokenize
 
 DEFAULT_BUDGET_TOKENS = 512
 # A "sentence" of more tokens than this (a table, a list without full stops) is cut into pieces,
@@ -144,7 +144,7 @@ def _stems(text: str) -> frozenset[str]:
                 stemmed = tokenize(word)  # [] for a stop word
                 stem = stemmed[0] if stemmed else ""
                 stems.add(stem)
-                if len(word) > LONGEST_STEMMED:
+                if len(word) > LONGEST_CACHED:
                     continue  # not kept (a "word" of any length in a passage): not a word
                 if len(_STEM_CACHE) >= _STEM_CACHE_SIZE:
                     _STEM_CACHE.clear()

@@ -11,7 +11,8 @@ response cache lives in that Redis too, so no stale answer can be served from it
 With `reload_interval_s` 0 every read goes to Redis (short-lived processes such as `rag`).
 A tenant not asked about for `forget_after_s` is no longer polled (its next read goes to Redis
 once): the poll is of the tenants served now, not of every tenant since the process started (at
-100,000 tenants one MGET took 212 ms, longer than its 0.2 s interval).
+100,000 tenants one MGET took 212 ms, longer than its 0.2 s interval). Its last value is kept
+aside for a read while Redis is down, which would otherwise say it has no index.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class RedisVersions(PolledRedis):
         self.prefix = f"{prefix}index-version:"
         self.forget_after_s = forget_after_s
         self._asked: dict[str, float] = {}  # when each tenant in _seen was last read
+        self._dormant: dict[str, str] = {}  # tenants no longer polled: their last value
 
     def _key(self, tenant: str) -> str:
         return self.prefix + check_tenant(tenant)
@@ -123,10 +125,11 @@ class RedisVersions(PolledRedis):
         try:
             raw = self.client.get(self._key(tenant))
         except redis.RedisError:
-            value = seen if seen is not None else NO_VERSION
+            value = seen if seen is not None else self._dormant.get(tenant, NO_VERSION)
         else:
             value = _version(raw)
         with self._lock:
+            self._dormant.pop(tenant, None)
             self._seen.setdefault(tenant, value)  # a bump meanwhile wins
             self._asked[tenant] = time.monotonic()
         if self.reload_interval_s > 0:
@@ -149,7 +152,7 @@ class RedisVersions(PolledRedis):
             # having no version.
             for tenant in tenants:
                 if now - self._asked.get(tenant, now) >= self.forget_after_s:
-                    del self._seen[tenant]
+                    self._dormant[tenant] = self._seen.pop(tenant)
                     self._asked.pop(tenant, None)
 
     def check(self) -> None:

@@ -270,3 +270,23 @@ def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
     assert max(map(len, compress_module._STEM_CACHE)) <= 64
     source = citations._analyse(passages[0].text)
     assert source.spans and citations._analysed.cache_info().currsize == 0
+
+
+def test_counts_stay_exact_when_the_piece_cache_starts_anew(
+    counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # When the cache was full, a new empty one was started: pieces the call had found in the
+    # old one were gone, and the call failed with a KeyError (a review's find, older than the
+    # size bound; at 200,000 pieces the request that filled it failed).
+    from pipeline.model import tokens
+
+    monkeypatch.setattr(tokens, "PIECE_CACHE_SIZE", 12)
+    texts = [
+        "the tides rise with the moon",
+        "the moon pulls the oceans and the tides",
+        "aspirin lowers the risk of a first heart attack",
+        "the oceans and the moon and the heart and the risk",
+    ]
+    for text in texts * 2:
+        assert counter.count(text) == counter.count_with_tokenizer([text])[0]
+    assert counter.count_many(texts) == counter.count_with_tokenizer(texts)

@@ -571,3 +571,25 @@ def test_the_loaded_budget_is_a_setting_in_megabytes_and_0_is_no_bound(
     store.upsert("a", CORPUS[:2])
     loaded = REGISTRY.get_sample_value("rag_index_loaded_bytes")
     assert loaded == store.loaded_bytes == _snapshot_bytes(store, "a")
+
+
+def test_a_snapshot_served_in_place_of_an_unreadable_one_is_never_let_go(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    # A review's find: the replica's only readable copy of a tenant whose newer snapshot
+    # cannot be read was let go like any other, and every search of the tenant then failed
+    # with index_unreadable until an operator ran `rag restore`.
+    writer = IndexStore(tmp_path / "indexes", embedder)
+    for tenant in ("t", "a", "b"):
+        writer.upsert(tenant, CORPUS)
+    budget = int(_snapshot_bytes(writer, "a") * 1.5)  # room for one
+    replica = IndexStore(tmp_path / "indexes", embedder, loaded_bytes=budget, reload_interval_s=0)
+    first = replica.current("t")
+    assert first is not None
+    writer.upsert("t", CORPUS[:2])
+    damage(tmp_path / "indexes" / "t" / writer.version("t"), "chunks not JSON")
+    assert replica.current("t") is first, "the snapshot it has is served"
+    for tenant in ("a", "b", "a"):
+        assert replica.current(tenant) is not None
+    assert replica.current("t") is first, "still served, not let go"
+    assert replica._loaded["a"].index is not None and replica._loaded["b"].index is None
