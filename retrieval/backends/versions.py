@@ -113,6 +113,7 @@ class RedisVersions(PolledRedis):
         self.forget_after_s = forget_after_s
         self._asked: dict[str, float] = {}  # when each tenant in _seen was last read
         self._dormant: dict[str, str] = {}  # tenants no longer polled: their last value
+        self._bumped: dict[str, float] = {}  # this process's bumps, while a poll may race them
 
     def _key(self, tenant: str) -> str:
         return self.prefix + check_tenant(tenant)
@@ -140,6 +141,7 @@ class RedisVersions(PolledRedis):
         tenants = list(self._seen)
         if not tenants:
             return
+        started = time.monotonic()
         try:
             values = self.client.mget([self._key(t) for t in tenants])
         except redis.RedisError:
@@ -147,7 +149,10 @@ class RedisVersions(PolledRedis):
         now = time.monotonic()
         with self._lock:
             for tenant, raw in zip(tenants, values, strict=True):
-                self._seen[tenant] = _version(raw)
+                # A bump of this process's since the read began is newer than what it read.
+                if self._bumped.get(tenant, started) <= started:
+                    self._seen[tenant] = _version(raw)
+            self._bumped = {t: at for t, at in self._bumped.items() if at > started}
             # Only while Redis answers: a tenant forgotten while it is down would read as
             # having no version.
             for tenant in tenants:
@@ -165,7 +170,7 @@ class RedisVersions(PolledRedis):
         value = str(self.client.incr(self._key(tenant)))
         with self._lock:
             self._seen[tenant] = value
-            self._asked[tenant] = time.monotonic()
+            self._asked[tenant] = self._bumped[tenant] = time.monotonic()
         return value
 
 

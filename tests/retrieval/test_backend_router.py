@@ -337,3 +337,29 @@ def test_a_tenant_not_asked_about_for_a_while_is_no_longer_polled() -> None:
         versions.close()
         other.close()
         server.stop()
+
+
+def test_a_poll_that_read_before_this_process_bumped_does_not_take_the_bump_back(
+    redis_server: RedisServer,
+) -> None:
+    # The poll's MGET read the old value, the write's bump came in meanwhile, and the poll then
+    # wrote the old value over it: this process's next cache keys used the version before its
+    # own write for one interval (a review's find, by reading).
+    versions = RedisVersions(redis_server.url, f"b{uuid.uuid4().hex[:6]}:", reload_interval_s=60)
+    try:
+        assert versions.get("t") == "0"
+        real = versions.client.mget
+
+        def racing(keys: list[str]) -> list[bytes | None]:
+            read = real(keys)
+            assert versions.bump("t") == "1"  # a write of this process, as the read returns
+            return read
+
+        versions.client.mget = racing  # type: ignore[method-assign]
+        versions._refresh()
+        assert versions.get("t") == "1"
+        versions.client.mget = real  # type: ignore[method-assign]
+        versions._refresh()
+        assert versions.get("t") == "1" and not versions._bumped
+    finally:
+        versions.close()
