@@ -12,7 +12,8 @@
     ├── ServiceUnavailable    503 service_unavailable  (the LLM cannot be reached)
     │   ├── StoreUnavailable  503 service_unavailable, code store_unavailable (Redis)
     │   ├── UpstreamBusy      503 service_unavailable, code upstream_busy (no route slot in time)
-    │   └── ConverterBusy     503 service_unavailable, code converter_busy (too many uploads)
+    │   ├── ConverterBusy     503 service_unavailable, code converter_busy (too many uploads)
+    │   └── StorageFull       507 service_unavailable, code index_storage_full (disk full)
     └── DeadlineExceeded      504 timeout              (the request ran past its deadline)
 
 Lower-layer exceptions are converted where they occur, each in one table, with ``raise ... from
@@ -125,6 +126,12 @@ class UpstreamError(PipelineError):
 class ServiceUnavailable(PipelineError):
     status_code = 503
     error_type = "service_unavailable"
+
+
+class StorageFull(ServiceUnavailable):
+    """The index directory has no room for a write's new snapshot: nothing was published."""
+
+    status_code = 507
 
 
 class StoreUnavailable(ServiceUnavailable):

@@ -24,8 +24,10 @@ operator's edit), ``restore`` publishes the newest kept one that can (``rag rest
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -68,6 +70,19 @@ from retrieval.versions import (
 UNREADABLE_RETRY_S = 5.0
 
 log = logging.getLogger(__name__)
+
+
+class IndexStorageFull(Exception):
+    """The index directory had no room for the tenant's next snapshot (no space left, or over
+    a quota): nothing was published, the previous version serves on, and what the write had
+    put on disk was removed."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(
+            f"The index of tenant {tenant!r} has no room on its disk for this write; nothing "
+            "was written. Free space or grow the volume, then try again."
+        )
+        self.tenant = tenant
 
 
 class IndexBusy(Exception):
@@ -573,10 +588,19 @@ class IndexStore:
             approximate_above=self.approximate_above,
         )
         temp = temp_dir(directory, version)
-        write_snapshot(index, temp)
-        if self.before_publish is not None:
-            self.before_publish(temp)
-        publish(directory, version)
+        try:
+            write_snapshot(index, temp)
+            if self.before_publish is not None:
+                self.before_publish(temp)
+            publish(directory, version)
+        except BaseException as exc:
+            # What it wrote would fill the disk for every tenant until this tenant's next
+            # write (a full disk left it there: another tenant's ingest then failed too).
+            _discard_unpublished(directory, version)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                log.error("no room for tenant %s's next index snapshot: %s", tenant, exc)
+                raise IndexStorageFull(tenant) from exc
+            raise
         prune(directory, current=version, previous=old.version if old else None)
         self._entry(tenant).published(index)
         self._loaded_now(tenant, index)
@@ -604,6 +628,14 @@ class IndexStore:
     def loaded_bytes(self) -> int:
         """The loaded snapshots' size on disk, as the budget counts it."""
         return self._kept.total
+
+
+def _discard_unpublished(directory: Path, version: str) -> None:
+    """Remove what a write that failed put on disk: its temp directory, and the version's
+    directory unless CURRENT names it (the pointer's swap is the publication)."""
+    shutil.rmtree(temp_dir(directory, version), ignore_errors=True)
+    if read_pointer(directory) != version:
+        shutil.rmtree(directory / version, ignore_errors=True)
 
 
 def _candidates(directory: Path, pointer: str, version: str | None) -> list[str] | None:

@@ -272,7 +272,7 @@ def _index_refusal(exc: Exception) -> str | None:
     from retrieval.backends import BackendUnavailable
     from retrieval.backends.moves import MoveUnderway, TenantMoving
     from retrieval.snapshots import IndexUnreadable
-    from retrieval.store import IndexBusy
+    from retrieval.store import IndexBusy, IndexStorageFull
 
     if type(exc).__module__ == "retrieval.backends.milvus":
         from retrieval.backends.milvus import MilvusUnavailable
@@ -287,4 +287,6 @@ def _index_refusal(exc: Exception) -> str | None:
         )
     if isinstance(exc, TenantMoving | MoveUnderway | BackendUnavailable | IndexBusy):
         return f"rag: {exc} Run it again later."
+    if isinstance(exc, IndexStorageFull):
+        return f"rag: {exc}"
     return None

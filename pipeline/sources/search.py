@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from pipeline.context import Principal
-from pipeline.errors import InvalidRequest, ServiceUnavailable, retry_after
+from pipeline.errors import InvalidRequest, ServiceUnavailable, StorageFull, retry_after
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import current_span
 from retrieval import (
@@ -42,7 +42,7 @@ from retrieval.backends.moves import TenantMoving
 from retrieval.backends.router import BackendRouter
 from retrieval.embeddings import embedding_executor
 from retrieval.snapshots import IndexUnreadable
-from retrieval.store import IndexBusy
+from retrieval.store import IndexBusy, IndexStorageFull
 from retrieval.vectors import FloatArray
 
 T = TypeVar("T")
@@ -274,3 +274,5 @@ def _answered(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise ServiceUnavailable(
             f"{exc} Try again shortly.", code="index_busy", headers=retry_after(INDEX_BUSY_RETRY_S)
         ) from exc
+    except IndexStorageFull as exc:
+        raise StorageFull(str(exc), code="index_storage_full") from exc

@@ -316,3 +316,33 @@ async def test_a_write_waits_for_a_stalled_writer_only_so_long_then_is_refused_u
         await asyncio.sleep(int(refused[0].headers["retry-after"]))
         again = await ingest(harness, key, new["documents"])
         assert again["total_documents"] == 4 and again["version"] != first["version"]
+
+
+async def test_a_write_the_disk_has_no_room_for_is_a_507_and_the_index_serves_on(
+    harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A probe on a full tmpfs: a 500 with a traceback (the catch-all), and the connection
+    # dropped. The disk's refusal is simulated here (test_store.py has why).
+    import errno
+
+    import retrieval.store as store_module
+
+    key = await harness.key(scopes="retrieve,ingest")
+    first = await ingest(harness, key, DOCS)
+
+    def full(index: object, directory: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "write_snapshot", full)
+    new = {"documents": [{"id": "new-1", "text": "Glaciers carve fjords."}]}
+    for response in (
+        await harness.client.post("/v1/documents", json=new, headers=auth(key)),
+        await harness.client.delete("/v1/documents/kiwi-1", headers=auth(key)),
+    ):
+        error = assert_openai_error(response, 507, "service_unavailable")
+        assert error["code"] == "index_storage_full" and "no room" in error["message"], error
+    monkeypatch.undo()
+    found = await search(harness, key, "flightless bird", top_k=1)
+    assert found["index_version"] == first["version"]
+    assert found["data"][0]["document_id"] == "kiwi-1"
+    assert (await ingest(harness, key, new["documents"]))["documents"] == 1

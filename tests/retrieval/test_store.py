@@ -593,3 +593,42 @@ def test_a_snapshot_served_in_place_of_an_unreadable_one_is_never_let_go(
         assert replica.current(tenant) is not None
     assert replica.current("t") is first, "still served, not let go"
     assert replica._loaded["a"].index is not None and replica._loaded["b"].index is None
+
+
+@pytest.mark.parametrize("where", ["writing the snapshot", "swapping the pointer"])
+def test_a_full_disk_publishes_nothing_and_leaves_nothing_behind(
+    store: IndexStore, embedder: Embedder, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # A probe on a full tmpfs (2026-12-06): the write was a 500 with a traceback, and its
+    # half-written snapshot stayed on disk, so the next tenant's ingest found no room either.
+    # (The disk's refusal is simulated: a test cannot mount a small filesystem everywhere.)
+    import errno
+
+    import retrieval.versions as versions_module
+
+    store.upsert("t", CORPUS[:3])
+    before = store.version("t")
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "writing the snapshot":
+        real = store_module.write_snapshot
+
+        def part_then_full(index: object, directory: Path) -> None:
+            real(index, directory)  # its files are on disk when the last write fails
+            full()
+
+        monkeypatch.setattr(store_module, "write_snapshot", part_then_full)
+    else:
+        monkeypatch.setattr(versions_module, "point", full)
+    with pytest.raises(store_module.IndexStorageFull, match="no room"):
+        store.upsert("t", CORPUS[3:5])
+    monkeypatch.undo()
+    tenant_dir = store.root / "t"
+    assert sorted(p.name for p in tenant_dir.iterdir()) == sorted(["CURRENT", ".lock", before])
+    assert store.version("t") == before and len(store.current("t") or ()) == 3
+    assert (
+        _search(store, embedder, "daily aspirin and heart attacks").hits[0].document_id == "aspirin"
+    )
+    assert len(store.upsert("t", CORPUS[3:5]).version) > 0 and len(store.current("t") or ()) == 5
