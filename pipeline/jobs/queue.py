@@ -161,8 +161,10 @@ class JobQueue:
         self._tenant_prefix = base + "tenant:"
         self._user_prefix = base + "user:"
         self._idem_prefix = base + "idem:"
+        # A job's start is refused while Redis is out of memory: its answer could not be
+        # stored, and each start counts an attempt (kv.KeyValueStore.script).
         self._scripts = {
-            name: kv.script(getattr(scripts, name))
+            name: kv.script(getattr(scripts, name), whole_or_not_when_full=name == "START")
             for name in (
                 "SUBMIT",
                 "TAKE",

@@ -256,9 +256,16 @@ class KeyValueStore:
 
     # --- scripts and streams (the job queue) ---
 
-    def script(self, text: str) -> AsyncScript:
-        """Register a Lua script; run it with ``run_script`` (EVALSHA, loaded on first use)."""
-        return self.client.register_script(text)
+    def script(self, text: str, *, whole_or_not_when_full: bool = False) -> AsyncScript:
+        """Register a Lua script; run it with ``run_script`` (EVALSHA, loaded on first use).
+
+        With Redis out of memory (``maxmemory`` reached, ``noeviction``) a script runs or not
+        by its first write: refused if that write needs memory, run whole if it only deletes.
+        ``whole_or_not_when_full``: refused whole before it runs (a ``#!lua`` script), for a
+        script whose work is wasted unless a later script can store its outcome (a job's
+        start, which begins by deleting: it ran, the finish that stores the answer was
+        refused, and the job was run again, three times, then failed)."""
+        return self.client.register_script(("#!lua\n" if whole_or_not_when_full else "") + text)
 
     async def run_script(
         self, name: str, script: AsyncScript, keys: Sequence[str], args: Sequence[ScriptArg]

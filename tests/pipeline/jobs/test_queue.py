@@ -157,3 +157,39 @@ async def test_requeue_puts_the_job_back_with_a_new_entry(queue: JobQueue) -> No
     [again] = await queue.read("w2", count=1, block_ms=100)
     assert again.job_id == job.id and again.entry != delivery.entry
     assert await queue.start(again, "b") == ("run", 2, "")
+
+
+async def test_a_job_is_not_started_while_redis_is_out_of_memory(prefix: str) -> None:
+    # A probe with Redis at its maxmemory (noeviction): the start script, which begins by
+    # deleting, ran and counted an attempt; the finish, which begins by storing, was refused;
+    # the job ran again after the visibility timeout, three times, then failed job_abandoned
+    # with every answer made and thrown away. Now the start is refused whole until Redis has
+    # room, and counts nothing.
+    from redis.exceptions import OutOfMemoryError
+
+    from tests.support.servers import RedisServer
+
+    server = RedisServer()
+    server.start()
+    kv = KeyValueStore.from_url(server.url, trace.NoOpTracer(), timeout=10.0)
+    try:
+        queue = JobQueue(kv, prefix=prefix, max_attempts=3, result_ttl=600, write_attempts=1)
+        job, _ = await queue.submit(make_job())
+        await queue.ensure_group()
+        [delivery] = await queue.read("c1", count=1, block_ms=100)
+        used = (await kv.client.info("memory"))["used_memory"]
+        await kv.client.config_set("maxmemory", used + 500_000)
+        junk = 0
+        with pytest.raises(OutOfMemoryError):
+            while junk < 1000:
+                await kv.client.set(f"junk:{junk}", b"x" * 10_000)
+                junk += 1
+        with pytest.raises(StoreUnavailable):
+            await queue.start(delivery, "lease-1")
+        stored = await queue.get(job.id)
+        assert stored is not None and (stored.status, stored.attempts) == (QUEUED, 0)
+        await kv.client.delete(*(f"junk:{n}" for n in range(junk)))
+        assert await queue.start(delivery, "lease-1") == ("run", 1, "")
+    finally:
+        await kv.aclose()
+        server.stop()
