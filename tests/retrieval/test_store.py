@@ -521,16 +521,25 @@ def _snapshot_bytes(store: IndexStore, tenant: str) -> int:
     return sum(path.stat().st_size for path in directory.iterdir())
 
 
+def _budgeted(
+    root: Path, embedder: Embedder, tenants: tuple[str, ...], room: float
+) -> tuple[IndexStore, IndexStore]:
+    """A writer that has indexed CORPUS for each of ``tenants``, and a replica of the same
+    root whose loaded snapshots' budget has room for ``room`` of them."""
+    writer = IndexStore(root, embedder)
+    for tenant in tenants:
+        writer.upsert(tenant, CORPUS)
+    budget = int(_snapshot_bytes(writer, tenants[0]) * room)
+    return writer, IndexStore(root, embedder, loaded_bytes=budget, reload_interval_s=0)
+
+
 def test_snapshots_past_the_loaded_budget_are_let_go_least_recently_searched_first(
     tmp_path: Path, embedder: Embedder
 ) -> None:
     # A replica kept every tenant's snapshot it had searched loaded for ever: its memory grew
     # with the tenants it served (SciFact alone is about 60 MB resident).
-    writer = IndexStore(tmp_path / "indexes", embedder)
-    for tenant in ("a", "b", "c"):
-        writer.upsert(tenant, CORPUS)
-    budget = int(_snapshot_bytes(writer, "a") * 2.5)  # room for two
-    replica = IndexStore(tmp_path / "indexes", embedder, loaded_bytes=budget, reload_interval_s=0)
+    writer, replica = _budgeted(tmp_path / "indexes", embedder, ("a", "b", "c"), room=2.5)
+    budget = replica._kept.budget or 0
     let_go: list[str] = []
     replica.on_let_go = let_go.append
     question = "what causes ocean tides"
@@ -579,11 +588,7 @@ def test_a_snapshot_served_in_place_of_an_unreadable_one_is_never_let_go(
     # A review's find: the replica's only readable copy of a tenant whose newer snapshot
     # cannot be read was let go like any other, and every search of the tenant then failed
     # with index_unreadable until an operator ran `rag restore`.
-    writer = IndexStore(tmp_path / "indexes", embedder)
-    for tenant in ("t", "a", "b"):
-        writer.upsert(tenant, CORPUS)
-    budget = int(_snapshot_bytes(writer, "a") * 1.5)  # room for one
-    replica = IndexStore(tmp_path / "indexes", embedder, loaded_bytes=budget, reload_interval_s=0)
+    writer, replica = _budgeted(tmp_path / "indexes", embedder, ("t", "a", "b"), room=1.5)
     first = replica.current("t")
     assert first is not None
     writer.upsert("t", CORPUS[:2])
