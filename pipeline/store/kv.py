@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -36,7 +37,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, RedisError, ResponseError
+from redis.exceptions import MaxConnectionsError, OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline.errors import StoreBusy, StoreUnavailable
@@ -56,6 +57,11 @@ _UNTRACED: ContextVar[bool] = ContextVar("rag_kv_untraced", default=False)
 
 # redis-py's own bound on a connect, behind the store's bound on the whole command.
 CONNECT_BACKSTOP_S: Final = 5.0
+# Redis out of memory is said in the log at most this often (each refused command is counted
+# in rag_redis_errors_total; the log is where an operator looks first).
+OUT_OF_MEMORY_LOG_EVERY_S: Final = 60.0
+
+log = logging.getLogger(__name__)
 
 
 class KeyValueStore:
@@ -84,6 +90,7 @@ class KeyValueStore:
         self._slots = asyncio.Semaphore(max_commands) if max_commands else None
         self._max_commands = max_commands
         self._down_until = 0.0
+        self._out_of_memory_said = -OUT_OF_MEMORY_LOG_EVERY_S
 
     @classmethod
     def from_url(
@@ -155,6 +162,8 @@ class KeyValueStore:
                     self._down_until = time.monotonic() + self.retry_after
                 metrics.redis_failed(command, type(exc).__name__)
                 mark_failed(span, exc)
+                if isinstance(exc, OutOfMemoryError):
+                    self._say_out_of_memory(command)
                 if isinstance(exc, MaxConnectionsError):
                     raise StoreBusy(f"redis {command}: {exc}", retry_after_s=1.0) from exc
                 raise StoreUnavailable(
@@ -163,6 +172,17 @@ class KeyValueStore:
             finally:
                 self._give_slot()
             return result
+
+    def _say_out_of_memory(self, command: str) -> None:
+        now = time.monotonic()
+        if now - self._out_of_memory_said < OUT_OF_MEMORY_LOG_EVERY_S:
+            return
+        self._out_of_memory_said = now
+        log.warning(
+            "Redis refused %s: it is out of memory (maxmemory reached). Until it has room, "
+            "answers are not cached, jobs wait, and keys cannot be made (RELIABILITY.md 8b)",
+            command,
+        )
 
     @staticmethod
     @contextlib.contextmanager

@@ -375,3 +375,38 @@ async def test_a_backlogged_event_loop_neither_fails_commands_nor_opens_the_circ
             assert await neighbour > 10
         finally:
             await kv.aclose()
+
+
+async def test_redis_out_of_memory_is_said_in_the_log_once_a_minute_and_opens_no_circuit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A probe with Redis at its maxmemory (noeviction): every write was refused and counted in
+    # rag_redis_errors_total, and the log said nothing (answers silently not cached, jobs
+    # waiting, keys not made).
+    import logging
+
+    from redis.exceptions import OutOfMemoryError
+
+    from tests.support.servers import RedisServer
+
+    server = RedisServer()
+    server.start()
+    kv = KeyValueStore.from_url(server.url, trace.NoOpTracer(), timeout=10.0)
+    try:
+        for n in range(50):
+            await kv.client.set(f"junk:{n}", b"x" * 10_000)
+        used = (await kv.client.info("memory"))["used_memory"]
+        await kv.client.config_set("maxmemory", used - 100_000)  # over it: writes refused
+        with pytest.raises(OutOfMemoryError):
+            await kv.client.set("junk:more", b"x")
+        caplog.set_level(logging.WARNING, logger="pipeline.store.kv")
+        for _ in range(3):
+            with pytest.raises(StoreUnavailable):
+                await kv.set("refused", b"y" * 1000)
+        said = [r for r in caplog.records if "out of memory" in r.getMessage()]
+        assert len(said) == 1, said
+        assert "SET" in said[0].getMessage() and kv.available, "Redis is up: no circuit"
+        assert await kv.get("junk:0") is not None, "reads go on"
+    finally:
+        await kv.aclose()
+        server.stop()
