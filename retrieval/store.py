@@ -496,9 +496,15 @@ class IndexStore:
     def _locked(self, tenant: str) -> Iterator[None]:
         """Hold the tenant's write lock, with a heartbeat on it."""
         directory = self._dir(tenant)
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / ".lock"
-        with path.open("a") as lock:
+        try:  # a new tenant's directory and lock take room (an inode) too
+            directory.mkdir(parents=True, exist_ok=True)
+            lock = path.open("a")
+        except OSError as exc:
+            if _no_room(exc):
+                raise IndexStorageFull(tenant) from exc
+            raise
+        with lock:
             self._lock(lock.fileno(), path, tenant)
             try:
                 with _heartbeat(path, self._beat_s):
@@ -594,13 +600,18 @@ class IndexStore:
                 self.before_publish(temp)
             publish(directory, version)
         except BaseException as exc:
-            # What it wrote would fill the disk for every tenant until this tenant's next
-            # write (a full disk left it there: another tenant's ingest then failed too).
-            _discard_unpublished(directory, version)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                log.error("no room for tenant %s's next index snapshot: %s", tenant, exc)
-                raise IndexStorageFull(tenant) from exc
-            raise
+            if isinstance(exc, OSError) and read_pointer(directory) == version:
+                # Failed after the pointer's swap (its directory's fsync): it is published,
+                # and other replicas serve it already.
+                log.error("tenant %s's version %s is published, then: %s", tenant, version, exc)
+            else:
+                # What it wrote would fill the disk for every tenant until this tenant's next
+                # write (a full disk left it there: another tenant's ingest then failed too).
+                _discard_unpublished(directory, version)
+                if isinstance(exc, OSError) and _no_room(exc):
+                    log.error("no room for tenant %s's next index snapshot: %s", tenant, exc)
+                    raise IndexStorageFull(tenant) from exc
+                raise
         prune(directory, current=version, previous=old.version if old else None)
         self._entry(tenant).published(index)
         self._loaded_now(tenant, index)
@@ -630,10 +641,15 @@ class IndexStore:
         return self._kept.total
 
 
+def _no_room(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _discard_unpublished(directory: Path, version: str) -> None:
-    """Remove what a write that failed put on disk: its temp directory, and the version's
-    directory unless CURRENT names it (the pointer's swap is the publication)."""
+    """Remove what a write that failed put on disk: its temp directory, its pointer's temp
+    file, and the version's directory unless CURRENT names it (the swap is the publication)."""
     shutil.rmtree(temp_dir(directory, version), ignore_errors=True)
+    (directory / f".{POINTER}-{version}").unlink(missing_ok=True)
     if read_pointer(directory) != version:
         shutil.rmtree(directory / version, ignore_errors=True)
 

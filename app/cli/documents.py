@@ -17,7 +17,7 @@ from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
 from retrieval.backends.moves import TenantMoving
 from retrieval.snapshots import IndexUnreadable
-from retrieval.store import IndexBusy, IngestResult
+from retrieval.store import IndexBusy, IndexStorageFull, IngestResult
 from retrieval.versions import NO_VERSION
 
 
@@ -98,7 +98,7 @@ def ingest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    except IndexBusy as exc:
+    except (IndexBusy, IndexStorageFull) as exc:
         print(
             f"rag ingest: {exc} (that batch); {documents} documents were ingested before it. "
             "Run the same command again later (it replaces what it ingested).",

@@ -45,7 +45,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import orjson
 from redis.exceptions import ResponseError
@@ -161,10 +161,11 @@ class JobQueue:
         self._tenant_prefix = base + "tenant:"
         self._user_prefix = base + "user:"
         self._idem_prefix = base + "idem:"
-        # A job's start is refused while Redis is out of memory: its answer could not be
-        # stored, and each start counts an attempt (kv.KeyValueStore.script).
+        # Redis out of memory (kv.KeyValueStore.script): a job's start is refused (its answer
+        # could not be stored, and each start counts an attempt); what records a job's
+        # outcome, already paid for, runs all the same.
         self._scripts = {
-            name: kv.script(getattr(scripts, name), whole_or_not_when_full=name == "START")
+            name: kv.script(getattr(scripts, name), when_full=WHEN_FULL.get(name, "as redis"))
             for name in (
                 "SUBMIT",
                 "TAKE",
@@ -553,6 +554,14 @@ class JobQueue:
                 delay *= 2
         raise AssertionError("unreachable")
 
+
+WHEN_FULL: Final[dict[str, Literal["refuse", "run"]]] = {
+    "START": "refuse",
+    "FINISH": "run",
+    "REQUEUE": "run",
+    "PARK": "run",
+    "SETTLE_WEBHOOK": "run",
+}
 
 DROPPED: Final = job_error(
     "The job queue was over its cap and this job's entry was dropped before a worker took "

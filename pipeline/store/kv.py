@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import redis.asyncio as redis
 from opentelemetry import trace
@@ -276,16 +276,21 @@ class KeyValueStore:
 
     # --- scripts and streams (the job queue) ---
 
-    def script(self, text: str, *, whole_or_not_when_full: bool = False) -> AsyncScript:
+    def script(
+        self, text: str, *, when_full: Literal["as redis", "refuse", "run"] = "as redis"
+    ) -> AsyncScript:
         """Register a Lua script; run it with ``run_script`` (EVALSHA, loaded on first use).
 
         With Redis out of memory (``maxmemory`` reached, ``noeviction``) a script runs or not
-        by its first write: refused if that write needs memory, run whole if it only deletes.
-        ``whole_or_not_when_full``: refused whole before it runs (a ``#!lua`` script), for a
-        script whose work is wasted unless a later script can store its outcome (a job's
-        start, which begins by deleting: it ran, the finish that stores the answer was
-        refused, and the job was run again, three times, then failed)."""
-        return self.client.register_script(("#!lua\n" if whole_or_not_when_full else "") + text)
+        by its first write: refused if that write needs memory, run whole if it only deletes
+        (``"as redis"``). ``"refuse"``: refused whole before it runs while Redis is over its
+        limit (a ``#!lua`` script), for one whose work is wasted unless its outcome can be
+        stored (a job's start, which begins by deleting: it ran, the finish that stores the
+        answer was refused, and the job ran three times, then failed). ``"run"``: run even
+        then (``allow-oom``), for one that records an outcome already paid for (a job's
+        answer): Redis may go past its limit by what it stores."""
+        header = {"as redis": "", "refuse": "#!lua\n", "run": "#!lua flags=allow-oom\n"}
+        return self.client.register_script(header[when_full] + text)
 
     async def run_script(
         self, name: str, script: AsyncScript, keys: Sequence[str], args: Sequence[ScriptArg]

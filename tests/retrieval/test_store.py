@@ -600,7 +600,9 @@ def test_a_snapshot_served_in_place_of_an_unreadable_one_is_never_let_go(
     assert replica._loaded["a"].index is not None and replica._loaded["b"].index is None
 
 
-@pytest.mark.parametrize("where", ["writing the snapshot", "swapping the pointer"])
+@pytest.mark.parametrize(
+    "where", ["writing the snapshot", "writing the pointer", "a new tenant's directory"]
+)
 def test_a_full_disk_publishes_nothing_and_leaves_nothing_behind(
     store: IndexStore, embedder: Embedder, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
@@ -614,9 +616,14 @@ def test_a_full_disk_publishes_nothing_and_leaves_nothing_behind(
     store.upsert("t", CORPUS[:3])
     before = store.version("t")
 
-    def full(*args: object) -> None:
+    def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    if where == "a new tenant's directory":
+        monkeypatch.setattr(Path, "mkdir", full)
+        with pytest.raises(store_module.IndexStorageFull, match="no room"):
+            store.upsert("newco", CORPUS[:1])
+        return
     if where == "writing the snapshot":
         real = store_module.write_snapshot
 
@@ -626,7 +633,12 @@ def test_a_full_disk_publishes_nothing_and_leaves_nothing_behind(
 
         monkeypatch.setattr(store_module, "write_snapshot", part_then_full)
     else:
-        monkeypatch.setattr(versions_module, "point", full)
+
+        def pointer_cut_short(directory: Path, version: str) -> None:
+            (directory / f".CURRENT-{version}").write_text(version[:3])  # then no room
+            full()
+
+        monkeypatch.setattr(versions_module, "point", pointer_cut_short)
     with pytest.raises(store_module.IndexStorageFull, match="no room"):
         store.upsert("t", CORPUS[3:5])
     monkeypatch.undo()
@@ -637,3 +649,27 @@ def test_a_full_disk_publishes_nothing_and_leaves_nothing_behind(
         _search(store, embedder, "daily aspirin and heart attacks").hits[0].document_id == "aspirin"
     )
     assert len(store.upsert("t", CORPUS[3:5]).version) > 0 and len(store.current("t") or ()) == 5
+
+
+def test_a_failure_after_the_pointers_swap_is_a_published_write(
+    store: IndexStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The swap is the publication: other replicas serve the version from then on, so a
+    # failure after it (the directory's fsync) must not report "nothing was written" nor
+    # remove the version (a review's find).
+    import errno
+
+    import retrieval.versions as versions_module
+
+    store.upsert("t", CORPUS[:3])
+    real = versions_module.point
+
+    def swapped_then_failed(directory: Path, version: str) -> None:
+        real(directory, version)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(versions_module, "point", swapped_then_failed)
+    result = store.upsert("t", CORPUS[3:5])
+    monkeypatch.undo()
+    assert store.version("t") == result.version and (store.root / "t" / result.version).is_dir()
+    assert len(IndexStore(store.root, store.embedder).current("t") or ()) == 5

@@ -159,12 +159,15 @@ async def test_requeue_puts_the_job_back_with_a_new_entry(queue: JobQueue) -> No
     assert await queue.start(again, "b") == ("run", 2, "")
 
 
-async def test_a_job_is_not_started_while_redis_is_out_of_memory(prefix: str) -> None:
+async def test_a_job_is_not_started_while_redis_is_out_of_memory_and_a_started_one_finishes(
+    prefix: str,
+) -> None:
     # A probe with Redis at its maxmemory (noeviction): the start script, which begins by
     # deleting, ran and counted an attempt; the finish, which begins by storing, was refused;
     # the job ran again after the visibility timeout, three times, then failed job_abandoned
-    # with every answer made and thrown away. Now the start is refused whole until Redis has
-    # room, and counts nothing.
+    # with every answer made and thrown away. Now the start is refused whole while Redis is
+    # over its limit, and counts nothing; an answer already made is stored all the same (a
+    # second review: a start that came just under the limit was followed by a refused finish).
     from redis.exceptions import OutOfMemoryError
 
     from tests.support.servers import RedisServer
@@ -174,22 +177,26 @@ async def test_a_job_is_not_started_while_redis_is_out_of_memory(prefix: str) ->
     kv = KeyValueStore.from_url(server.url, trace.NoOpTracer(), timeout=10.0)
     try:
         queue = JobQueue(kv, prefix=prefix, max_attempts=3, result_ttl=600, write_attempts=1)
-        job, _ = await queue.submit(make_job())
+        started, waiting = [(await queue.submit(make_job(q)))[0] for q in ("first", "second")]
         await queue.ensure_group()
-        [delivery] = await queue.read("c1", count=1, block_ms=100)
+        first, second = await queue.read("c1", count=2, block_ms=100)
+        assert await queue.start(first, "lease-1") == ("run", 1, "")
+        for n in range(50):
+            await kv.client.set(f"junk:{n}", b"x" * 10_000)
         used = (await kv.client.info("memory"))["used_memory"]
-        await kv.client.config_set("maxmemory", used + 500_000)
-        junk = 0
+        await kv.client.config_set("maxmemory", used - 100_000)  # over it: writes refused
         with pytest.raises(OutOfMemoryError):
-            while junk < 1000:
-                await kv.client.set(f"junk:{junk}", b"x" * 10_000)
-                junk += 1
+            await kv.client.set("junk:more", b"x")
         with pytest.raises(StoreUnavailable):
-            await queue.start(delivery, "lease-1")
-        stored = await queue.get(job.id)
+            await queue.start(second, "lease-2")
+        stored = await queue.get(waiting.id)
         assert stored is not None and (stored.status, stored.attempts) == (QUEUED, 0)
-        await kv.client.delete(*(f"junk:{n}" for n in range(junk)))
-        assert await queue.start(delivery, "lease-1") == ("run", 1, "")
+        answer = {"answer": "x" * 50_000}
+        assert await queue.finish(first, "lease-1", SUCCEEDED, answer) == 1
+        done = await queue.get(started.id)
+        assert done is not None and (done.status, done.result) == (SUCCEEDED, answer)
+        await kv.client.config_set("maxmemory", 0)
+        assert await queue.start(second, "lease-2") == ("run", 1, "")
     finally:
         await kv.aclose()
         server.stop()
