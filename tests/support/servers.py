@@ -27,6 +27,23 @@ ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
+async def over_its_memory(client: Any) -> None:
+    """Put a test's own Redis (``client``: redis-py's asyncio client) over its maxmemory, with
+    the default policy (noeviction): every write that needs memory is refused with an
+    ``OutOfMemoryError``, reads go on. ``CONFIG SET maxmemory 0`` gives it room again."""
+    from redis.exceptions import OutOfMemoryError
+
+    for n in range(50):
+        await client.set(f"junk:{n}", b"x" * 10_000)
+    used = (await client.info("memory"))["used_memory"]
+    await client.config_set("maxmemory", used - 100_000)
+    try:
+        await client.set("junk:more", b"x")
+    except OutOfMemoryError:
+        return
+    raise AssertionError("Redis still takes writes over its maxmemory")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
