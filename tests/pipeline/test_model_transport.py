@@ -410,10 +410,12 @@ def test_a_closed_connection_sends_nothing_more_to_a_server_that_stopped_reading
     # reach the model server (which would then answer for nobody).
     size = 32_000_000
     received: list[int] = []
+    connected = asyncio.Event()
 
     async def slow_reader(
         number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        connected.set()
         await asyncio.sleep(0.6)  # not reading while the client gives up
         total = 0
         try:
@@ -427,12 +429,16 @@ def test_a_closed_connection_sends_nothing_more_to_a_server_that_stopped_reading
             client = LLMClient(server.url)
             payload = {"model": "m", "messages": [{"role": "user", "content": "x" * size}]}
             call = asyncio.ensure_future(anext(client.stream_chat(payload)))
-            await asyncio.sleep(0.3)
+            # Given up once its request is being written (a fixed 0.3 s from the start was,
+            # on a loaded machine, before it had connected: then nothing reached the server,
+            # and the test failed for want of a connection to look at).
+            await asyncio.wait_for(connected.wait(), 30)
+            await asyncio.sleep(0.1)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
             await client.aclose()
-            for _ in range(100):  # until the server has read to the end of what it got
+            for _ in range(300):  # until the server has read to the end of what it got
                 if received:
                     break
                 await asyncio.sleep(0.05)
