@@ -123,7 +123,7 @@ def timed(
     for row in rows:
         passages = passages_of(row, corpus)
         if cold:
-            citations._analysed.cache_clear()
+            citations._analyse.cache_clear()
         started = time.perf_counter()
         run(row["answer"], passages)
         times.append((time.perf_counter() - started) * 1000.0)

@@ -600,14 +600,14 @@ class IndexStore:
                 self.before_publish(temp)
             publish(directory, version)
         except BaseException as exc:
-            if isinstance(exc, OSError) and read_pointer(directory) == version:
-                # Failed after the pointer's swap (its directory's fsync): it is published,
-                # and other replicas serve it already.
+            published = read_pointer(directory) == version  # the swap is the publication
+            if isinstance(exc, OSError) and published:
+                # Failed after the swap (its directory's fsync): other replicas serve it already.
                 log.error("tenant %s's version %s is published, then: %s", tenant, version, exc)
             else:
                 # What it wrote would fill the disk for every tenant until this tenant's next
                 # write (a full disk left it there: another tenant's ingest then failed too).
-                _discard_unpublished(directory, version)
+                _discard_unpublished(directory, version, published)
                 if isinstance(exc, OSError) and _no_room(exc):
                     log.error("no room for tenant %s's next index snapshot: %s", tenant, exc)
                     raise IndexStorageFull(tenant) from exc
@@ -645,12 +645,12 @@ def _no_room(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def _discard_unpublished(directory: Path, version: str) -> None:
+def _discard_unpublished(directory: Path, version: str, published: bool) -> None:
     """Remove what a write that failed put on disk: its temp directory, its pointer's temp
-    file, and the version's directory unless CURRENT names it (the swap is the publication)."""
+    file, and the version's directory unless it was ``published`` (CURRENT names it)."""
     shutil.rmtree(temp_dir(directory, version), ignore_errors=True)
     (directory / f".{POINTER}-{version}").unlink(missing_ok=True)
-    if read_pointer(directory) != version:
+    if not published:
         shutil.rmtree(directory / version, ignore_errors=True)
 
 

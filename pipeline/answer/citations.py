@@ -35,12 +35,11 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Protocol
 
 from pipeline.answer.events import Citation, CitedSource
 from pipeline.model.prompt import SOURCE_CHARS
-from pipeline.sources.compress import LONGEST_KEPT_TEXT, sentence_spans, stripped
+from pipeline.sources.compress import kept_if_short, sentence_spans, stripped
 from retrieval.tokenize import tokenize
 
 # Tuned on half of bench/data/citations.jsonl (python -m bench.citation_bench).
@@ -134,19 +133,9 @@ class _Analysis:
     terms: tuple[frozenset[str], ...]
 
 
+# Retrieval hands the same chunks over again and again: each text is cut and stemmed once.
+@kept_if_short
 def _analyse(text: str) -> _Analysis:
-    """The text's analysis, kept for passages of ordinary length (see ``_analysed``)."""
-    return _analysed(text) if len(text) <= LONGEST_KEPT_TEXT else _analyse_now(text)
-
-
-# Retrieval hands the same chunks over again and again: each text is cut and stemmed once, and
-# kept (4,096 of ordinary length: a chunk of one 200,000-character "word" kept 0.5 MB).
-@lru_cache(maxsize=4096)
-def _analysed(text: str) -> _Analysis:
-    return _analyse_now(text)
-
-
-def _analyse_now(text: str) -> _Analysis:
     spans = tuple(segments(text))
     return _Analysis(spans, tuple(frozenset(tokenize(text[a:b])) for a, b in spans))
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache, lru_cache
+from functools import _CacheInfo, cache, lru_cache, update_wrapper
+from typing import Generic, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -128,6 +129,40 @@ _WORD = re.compile(r"\w\w+")  # retrieval.tokenize's words (its \b...\b is impli
 # Passages longer than this are analysed each time, not kept: the caches' bound is entries times
 # length, and a passage's length is its writer's (an ordinary chunk, 180 words, is ~1,200).
 LONGEST_KEPT_TEXT = 8192
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _KeptIfShort(Generic[P, R]):
+    """``fn``, its results kept (4,096, least recently used out) for a text (its last argument)
+    up to ``LONGEST_KEPT_TEXT`` characters, and worked out each time for a longer one (a chunk
+    of one 200,000-character "word" kept 1 MB in compression's cache, 0.5 MB in citations')."""
+
+    def __init__(self, fn: Callable[P, R]) -> None:
+        self._fn = fn
+        self._kept: Callable[P, R] = lru_cache(maxsize=4096)(fn)
+        update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        text = args[-1]
+        if isinstance(text, str) and len(text) <= LONGEST_KEPT_TEXT:
+            return self._kept(*args, **kwargs)
+        return self._fn(*args, **kwargs)
+
+    def cache_clear(self) -> None:
+        self._kept.cache_clear()  # type: ignore[attr-defined]
+
+    def cache_info(self) -> _CacheInfo:
+        info: _CacheInfo = self._kept.cache_info()  # type: ignore[attr-defined]
+        return info
+
+
+def kept_if_short(fn: Callable[P, R]) -> _KeptIfShort[P, R]:
+    """Keep ``fn``'s results for texts of ordinary length (see ``_KeptIfShort``)."""
+    return _KeptIfShort(fn)
+
+
 _STEM_CACHE: dict[str, str] = {}
 _STEM_CACHE_SIZE = 200_000
 
@@ -272,22 +307,10 @@ class _Analysis:
     total: int
 
 
-def _analyse(counter: TokenCounter, text: str) -> _Analysis:
-    """The text's analysis, kept for passages of ordinary length (see ``_analysed``)."""
-    if len(text) <= LONGEST_KEPT_TEXT:
-        return _analysed(counter, text)
-    return _analyse_now(counter, text)
-
-
 # Retrieval hands the same chunks over again and again; their analysis does not depend on the
-# query. Keyed by (counter, text); a few MB for 4,096 passages of ordinary length (a chunk is
-# 180 words; one made of a single 200,000-character "word" kept 1 MB).
-@lru_cache(maxsize=4096)
-def _analysed(counter: TokenCounter, text: str) -> _Analysis:
-    return _analyse_now(counter, text)
-
-
-def _analyse_now(counter: TokenCounter, text: str) -> _Analysis:
+# query. Keyed by (counter, text); a few MB for 4,096 passages of ordinary length.
+@kept_if_short
+def _analyse(counter: TokenCounter, text: str) -> _Analysis:
     """Each token is credited to the unit its first character falls in (a boundary token, the
     space before a sentence, goes to the sentence)."""
     ((starts, sizes),) = counter.token_runs([text])
@@ -313,7 +336,7 @@ def _analyse_now(counter: TokenCounter, text: str) -> _Analysis:
 
 def clear_passage_cache() -> None:
     """Forget the per-passage analyses (benchmarks measure the cost of a passage seen first)."""
-    _analysed.cache_clear()
+    _analyse.cache_clear()
 
 
 def _units(

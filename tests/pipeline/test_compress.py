@@ -261,15 +261,15 @@ def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
     from pipeline.sources import compress as compress_module
 
     clear_passage_cache()
-    citations._analysed.cache_clear()
+    citations._analyse.cache_clear()
     junk = "q" * 200_000  # one chunk of one "word": chunking cuts by words
     passages = [Passage("d0", "d0#0", "", f"Tides rise. {junk}. The Moon pulls.", 1.0), TIDES]
     done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter)
     assert done.tokens_after <= 60
-    assert compress_module._analysed.cache_info().currsize == 1, "only the ordinary passage"
+    assert compress_module._analyse.cache_info().currsize == 1, "only the ordinary passage"
     assert max(map(len, compress_module._STEM_CACHE)) <= 64
     source = citations._analyse(passages[0].text)
-    assert source.spans and citations._analysed.cache_info().currsize == 0
+    assert source.spans and citations._analyse.cache_info().currsize == 0
 
 
 def test_counts_stay_exact_when_the_piece_cache_starts_anew(
