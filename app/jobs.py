@@ -128,6 +128,7 @@ def polling_store(settings: Settings) -> KeyValueStore:
         trace.NoOpTracer(),
         timeout=settings.jobs.poll_seconds + max(settings.redis.timeout_seconds, 1.0),
         retry_after=settings.redis.retry_after_seconds,
+        cluster=settings.redis.cluster,
     )
 
 

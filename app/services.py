@@ -116,6 +116,7 @@ class Services:
             retry_after=settings.redis.retry_after_seconds,
             max_connections=settings.redis.max_connections,
             pool_wait=settings.redis.pool_wait_seconds,
+            cluster=settings.redis.cluster,
         )
         keys = build_key_store(settings, kv)
         retrieval = None
@@ -406,6 +407,7 @@ def build_backends(
             settings.redis.url,
             settings.redis.key_prefix,
             timeout_s=max(settings.redis.timeout_seconds, 0.5),
+            cluster=settings.redis.cluster,
         )
         milvus = LazyBackend(
             "milvus",
@@ -421,6 +423,7 @@ def build_backends(
             settings.redis.url,
             settings.redis.key_prefix,
             timeout_s=max(settings.redis.timeout_seconds, 0.5),
+            cluster=settings.redis.cluster,
         )
     fence = overrides.fence() if overrides is not None else None
     try:

@@ -113,6 +113,18 @@ class RedisSettings(BaseModel):
         "fails alone (the circuit breaker stays closed: a full pool is not Redis down).",
     )
     key_prefix: str = "rag:"
+    cluster: bool = Field(
+        False,
+        description="`url` names a node of a Redis Cluster (docs/scaling.md): the keys a script "
+        "uses together carry one hash tag. A single Redis keeps its key names.",
+    )
+
+    @model_validator(mode="after")
+    def _prefix_fits_cluster(self) -> RedisSettings:
+        # A brace in the prefix would be the hash tag of every key: one slot for everything.
+        if self.cluster and ("{" in self.key_prefix or "}" in self.key_prefix):
+            raise ValueError("key_prefix must not contain { or } on a Redis Cluster")
+        return self
 
 
 class LLMSettings(BaseModel):

@@ -73,4 +73,5 @@ def command_kv(settings: Settings, *, min_timeout_s: float = 2.0) -> KeyValueSto
         settings.redis.url,
         trace.NoOpTracer(),
         timeout=max(settings.redis.timeout_seconds, min_timeout_s),
+        cluster=settings.redis.cluster,
     )

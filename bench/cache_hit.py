@@ -1,6 +1,6 @@
 """Cache-hit latency through the service, beside a floor measured in the same run.
 
-    python -m bench.cache_hit [--requests 2000] [--concurrency 1 32] [--variants ...]
+    python -m bench.cache_hit [--requests 2000] [--concurrency 1 32] [--variants ...] [--cluster]
 
 Every server runs as its own uvicorn process on loopback, against a private redis-server: the
 floor (a bare FastAPI route doing one Redis GET, ``bench/floor_app.py``) and the service
@@ -54,7 +54,7 @@ from pipeline.context import RequestContext
 from pipeline.runner import Concurrent
 from pipeline.stages.cache import CacheLookup
 from tests.support.process import process_cpu_seconds
-from tests.support.servers import RedisServer, free_port, wait_for
+from tests.support.servers import RedisClusterServers, RedisServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON = {"content-type": "application/json"}
@@ -96,10 +96,10 @@ def up(url: str) -> bool:
         return False
 
 
-def service_settings(redis_url: str, prefix: str) -> Settings:
+def service_settings(redis_url: str, prefix: str, cluster: bool = False) -> Settings:
     """The settings every service variant runs with (as environment variables in ``env``)."""
     return Settings(
-        redis={"url": redis_url, "key_prefix": prefix},
+        redis={"url": redis_url, "key_prefix": prefix, "cluster": cluster},
         llm={"base_url": "http://127.0.0.1:9"},
         retrieval={"enabled": False},
     )
@@ -109,6 +109,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return {
         "RAG_REDIS__URL": settings.redis.url,
         "RAG_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+        "RAG_REDIS__CLUSTER": str(settings.redis.cluster).lower(),
         "RAG_LLM__BASE_URL": settings.llm.base_url,
         "RAG_RETRIEVAL__ENABLED": "false",
     }
@@ -143,7 +144,9 @@ async def prefill(settings: Settings) -> str:
     )
     await lookup.cache.put(ctx.cache_key, completion)
     await services.aclose()
-    floor = aioredis.Redis.from_url(settings.redis.url)
+    floor = (aioredis.RedisCluster if settings.redis.cluster else aioredis.Redis).from_url(
+        settings.redis.url
+    )
     await floor.set("bench:floor", orjson.dumps(completion.to_dict()))
     await floor.aclose()
     return raw
@@ -237,7 +240,10 @@ def start_servers(
         urls[label] = f"http://127.0.0.1:{port}"
         PIDS[label] = procs[-1].pid
     port = free_port()
-    floor_env = {"BENCH_REDIS_URL": settings.redis.url}
+    floor_env = {
+        "BENCH_REDIS_URL": settings.redis.url,
+        "BENCH_REDIS_CLUSTER": "1" if settings.redis.cluster else "",
+    }
     procs.append(serve("bench.floor_app:app", port, floor_env, logs / "floor.log"))
     urls["floor"] = f"http://127.0.0.1:{port}"
     PIDS["floor"] = procs[-1].pid
@@ -338,11 +344,19 @@ async def main() -> None:
         help="another checkout (a git worktree): each variant served from it too, in the same "
         "rounds, so a change is measured against the code before it",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="a Redis Cluster of three primaries instead of one Redis, under the service "
+        "(RAG_REDIS__CLUSTER) and the floor alike",
+    )
     args = parser.parse_args()
 
-    redis_server = RedisServer()
+    redis_server: RedisServer | RedisClusterServers = (
+        RedisClusterServers() if args.cluster else RedisServer()
+    )
     redis_server.start()
-    settings = service_settings(redis_server.url, "bench:")
+    settings = service_settings(redis_server.url, "bench:", cluster=args.cluster)
     key = await prefill(settings)
     logs = Path(tempfile.mkdtemp(prefix="rag-bench-logs-"))
     urls, procs = start_servers(settings, args.variants, logs, args.before)

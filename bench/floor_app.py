@@ -11,7 +11,10 @@ from fastapi import FastAPI
 from starlette.responses import Response
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-client = redis.Redis.from_url(REDIS_URL)
+# BENCH_REDIS_CLUSTER: the URL names a node of a Redis Cluster (bench.cache_hit --cluster).
+client = (redis.RedisCluster if os.environ.get("BENCH_REDIS_CLUSTER") else redis.Redis).from_url(
+    REDIS_URL
+)
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ from app.path import Paths
 from app.services import Services
 from app.settings import Settings
 from retrieval import Embedder
-from tests.support.servers import RedisServer, VLLMServer
+from tests.support.servers import RedisClusterServers, RedisServer, VLLMServer
 from tests.support.tracing import memory_tracing
 
 # A socket collected unclosed names the test and the code that opened it (the warning alone
@@ -48,6 +48,15 @@ def redis_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A Redis Cluster of three primaries, for the tests of ``RAG_REDIS__CLUSTER``."""
+    cluster = RedisClusterServers()
+    cluster.start()
+    yield cluster
+    cluster.stop()
 
 
 # One vLLM for the session. It is launched as soon as the tests are collected, and the tests

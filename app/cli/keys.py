@@ -12,6 +12,7 @@ from app.settings import get_settings
 from app.stores import build_key_store, command_kv, job_queue
 from pipeline.context import Principal
 from pipeline.store.keys import ApiKeyStore, validate_groups, validate_scopes, validate_tenant
+from pipeline.store.limits import tenant_record
 
 
 def _key_store() -> ApiKeyStore:
@@ -100,7 +101,7 @@ async def tenant_limits(args: argparse.Namespace) -> int:
     """The tenant record's limits, read by every replica's limiter on the next request."""
     validate_tenant(args.tenant)
     store = _key_store()
-    record = f"{get_settings().redis.key_prefix}limits:tenant:{args.tenant}"
+    record = tenant_record(store.kv, get_settings().redis.key_prefix, args.tenant)
     try:
         wanted = {name: getattr(args, name) for name in TENANT_LIMITS}
         changes: dict[str, str | int] = {

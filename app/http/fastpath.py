@@ -157,7 +157,8 @@ class AliasBook:
             ],
             option=orjson.OPT_SORT_KEYS,
         )
-        key = f"{self.prefix}{principal.tenant}:{hashlib.sha256(material).hexdigest()}"
+        tenant = self.lookup.cache.kv.tag(principal.tenant)  # its entry's slot on a cluster
+        key = f"{self.prefix}{tenant}:{hashlib.sha256(material).hexdigest()}"
         return Alias(key, version, parts)
 
     async def remember(self, ctx: RequestContext, body: bytes) -> None:

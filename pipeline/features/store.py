@@ -17,6 +17,9 @@ Keys (``prefix`` is the service's Redis key prefix):
   users' features (a hostile review, 2026-12-05: 400 requests of one tenant left only its own
   records at a cap of 100). ``read_log`` still reads the one stream of earlier versions.
 
+On a Redis Cluster ``{tenant}:{user}`` in the first two is a hash tag (written with its braces),
+so a user's lookup is one node's pipeline.
+
 Tenant and user names cannot hold a colon (``pipeline.store.keys.validate_name``), so one user's key
 can never be another's.
 """
@@ -101,10 +104,11 @@ class FeatureStore:
         self._write = kv.script(WRITE_SCRIPT)
 
     def key(self, tenant: str, user: str) -> str:
-        return f"{self.prefix}features:{tenant}:{user}"
+        # On a cluster a user's keys share a slot: the lookup's pipeline is one node's.
+        return f"{self.prefix}features:{self.kv.tag(f'{tenant}:{user}')}"
 
     def rate_key(self, tenant: str, user: str, hour: int) -> str:
-        return f"{self.prefix}features-rt:{tenant}:{user}:{hour}"
+        return f"{self.prefix}features-rt:{self.kv.tag(f'{tenant}:{user}')}:{hour}"
 
     def log_stream(self, tenant: str) -> str:
         return f"{self.prefix}features-log:{tenant}"

@@ -91,8 +91,11 @@ def cache_key(
     versions: Mapping[str, str] | None = None,
     parts: Mapping[str, str] | None = None,
     access: Mapping[str, Any] | None = None,
+    tag: Callable[[str], str] | None = None,
 ) -> str:
-    """The SHA-256 of everything that decides the answer, prefixed by the tenant.
+    """The SHA-256 of everything that decides the answer, prefixed by the tenant (``tag``ged:
+    ``KeyValueStore.tag``, a hash tag on a Redis Cluster, where a tenant's entries, their
+    aliases and flights are one slot, so that one script may use an entry and its aliases).
 
     ``personalised``: the answer depends on the user's features, so the user is part of the
     key. ``versions`` are the versions of the prompt layout, the router and the features;
@@ -132,7 +135,7 @@ def cache_key(
         "access": dict(access) if access is not None else None,
     }
     digest = hashlib.sha256(orjson.dumps(material, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    return f"{principal.tenant}:{digest}"
+    return f"{tag(principal.tenant) if tag else principal.tenant}:{digest}"
 
 
 class ResponseCache:
@@ -293,6 +296,7 @@ class CacheLookup:
             versions=self.versions,
             parts=ctx.key_parts,
             access=access,
+            tag=self.cache.kv.tag,
         )
         ctx.annotate(**{attr.CACHE_INDEX_VERSION: version})
         if ctx.cache_control.no_cache:

@@ -233,7 +233,9 @@ class ApiKeyStore:
         unsubscribed_ttl: float = 1.0,
     ) -> None:
         self.kv = kv
-        self.prefix = prefix
+        # On a cluster every key record, id and tenant index is in one slot: the scripts
+        # write a key's three together (a few hundred bytes a key: millions fit one node).
+        self.prefix = prefix + kv.slot("keys")
         self.cache_ttl = cache_ttl
         self.stale_ttl = stale_ttl
         self.max_seen = max_seen

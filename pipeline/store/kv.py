@@ -37,7 +37,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, OutOfMemoryError, RedisError, ResponseError
+from redis.exceptions import (
+    MaxConnectionsError,
+    NoScriptError,
+    OutOfMemoryError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline.errors import StoreBusy, StoreUnavailable
@@ -65,11 +71,15 @@ log = logging.getLogger(__name__)
 
 
 class KeyValueStore:
-    """A thin wrapper around one ``redis.asyncio.Redis`` client."""
+    """A thin wrapper around one ``redis.asyncio.Redis`` client, or a ``RedisCluster``'s.
+
+    On a Redis Cluster the keys a script or a transaction uses together must share a hash slot:
+    the stores name them with ``tag`` (a ``{...}`` hash tag on a cluster, the bare text on one
+    Redis, so that a single Redis keeps the key names it always had)."""
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         tracer: trace.Tracer,
         *,
         retry_after: float = 1.0,
@@ -91,6 +101,13 @@ class KeyValueStore:
         self._max_commands = max_commands
         self._down_until = 0.0
         self._out_of_memory_said = -OUT_OF_MEMORY_LOG_EVERY_S
+        self.cluster = isinstance(client, redis.RedisCluster)
+        # On a cluster, the scripts a pipeline runs must be loaded on its node beforehand
+        # (redis-py loads a script by itself only when it runs outside a pipeline): every
+        # registered script is loaded on every primary before the first pipeline, and again
+        # after a node answered NOSCRIPT (a failover, a node added).
+        self._scripts: dict[str, str] = {}
+        self._unloaded = False
 
     @classmethod
     def from_url(
@@ -102,9 +119,11 @@ class KeyValueStore:
         retry_after: float = 1.0,
         max_connections: int = 256,
         pool_wait: float = 0.25,
+        cluster: bool = False,
     ) -> KeyValueStore:
-        pool = redis.ConnectionPool.from_url(
-            url,
+        """``cluster``: ``url`` names one node of a Redis Cluster, which tells the client the
+        others (``max_connections`` is then per node)."""
+        options: dict[str, Any] = dict(
             max_connections=max_connections,
             # Every command, a connect inside it included, is under the store's own bound,
             # which does not count the event loop's lag; the client's own bound on a connect
@@ -117,14 +136,29 @@ class KeyValueStore:
             retry=Retry(NoBackoff(), 1),
             health_check_interval=0,
         )
+        client: redis.Redis | redis.RedisCluster = (
+            redis.RedisCluster.from_url(url, **options)
+            if cluster
+            else redis.Redis.from_pool(redis.ConnectionPool.from_url(url, **options))
+        )
         return cls(
-            redis.Redis.from_pool(pool),
+            client,
             tracer,
             retry_after=retry_after,
             timeout=timeout,
             max_commands=max_connections,
             pool_wait=pool_wait,
         )
+
+    def tag(self, part: str) -> str:
+        """``part`` as a hash tag on a cluster (``{part}``: keys whose names carry the same one
+        are in one slot, so one script or transaction may use them together), else as is."""
+        return f"{{{part}}}" if self.cluster else part
+
+    def slot(self, part: str) -> str:
+        """A name's segment that puts keys in ``part``'s slot on a cluster (``{part}:``),
+        nothing on one Redis: for groups of keys whose names do not already share a part."""
+        return f"{{{part}}}:" if self.cluster else ""
 
     @property
     def available(self) -> bool:
@@ -290,7 +324,11 @@ class KeyValueStore:
         then (``allow-oom``), for one that records an outcome already paid for (a job's
         answer): Redis may go past its limit by what it stores."""
         header = {"as redis": "", "refuse": "#!lua\n", "run": "#!lua flags=allow-oom\n"}
-        return self.client.register_script(header[when_full] + text)
+        script = self.client.register_script(header[when_full] + text)
+        if self.cluster and script.sha not in self._scripts:
+            self._scripts[script.sha] = header[when_full] + text
+            self._unloaded = True
+        return script
 
     async def run_script(
         self, name: str, script: AsyncScript, keys: Sequence[str], args: Sequence[ScriptArg]
@@ -374,13 +412,32 @@ class KeyValueStore:
         its error as its reply, rather than failing the whole pipeline."""
 
         async def run() -> list[Any]:
+            if self._unloaded:
+                await self._load_scripts()
             async with self.client.pipeline(transaction=transaction) as pipe:
                 await queue(pipe)
-                replies: list[Any] = await pipe.execute(raise_on_error=not errors_in_place)
+                try:
+                    replies: list[Any] = await pipe.execute(raise_on_error=not errors_in_place)
+                except NoScriptError:
+                    # A node that lost its scripts: this pipeline fails (its other commands
+                    # may have run), the next one loads them again.
+                    self._unloaded = self.cluster
+                    raise
                 return replies
 
         replies: list[Any] = await self._call(name, run)
         return replies
+
+    async def _load_scripts(self) -> None:
+        """Every registered script on every primary of the cluster (SCRIPT LOAD goes to all)."""
+        loading = list(self._scripts.values())
+        self._unloaded = False
+        try:
+            for text in loading:
+                await self.client.script_load(text)
+        except BaseException:
+            self._unloaded = True
+            raise
 
     async def scan(
         self, pattern: str, *, kind: str | None = None, count: int = 1000
@@ -388,13 +445,27 @@ class KeyValueStore:
         """Every key whose name matches the glob ``pattern`` (and of type ``kind``: "stream",
         "hash"...), by SCAN, ``count`` keys a step."""
         keys: list[bytes] = []
-        cursor = 0
-        while True:
-            step = partial(self.client.scan, cursor, match=pattern, count=count, _type=kind)
-            cursor, found = await self._call("SCAN", step)
-            keys.extend(found)
-            if not cursor:
-                return keys
+        nodes: list[Any] = [None]
+        if isinstance(self.client, redis.RedisCluster):
+            # A cluster's keys are spread over its primaries: each is scanned in turn (the
+            # client learns them on its first command).
+            await self._call("CLUSTER SLOTS", self.client.initialize)
+            nodes = self.client.get_primaries()
+        for node in nodes:
+            on = {"target_nodes": node} if node is not None else {}
+            cursor = 0
+            while True:
+                step = partial(
+                    self.client.scan, cursor, match=pattern, count=count, _type=kind, **on
+                )
+                reply = await self._call("SCAN", step)
+                cursor, found = reply
+                if isinstance(cursor, dict):  # a cluster's reply: {node: cursor}
+                    cursor = next(iter(cursor.values()), 0)
+                keys.extend(found)
+                if not cursor:
+                    break
+        return keys
 
     async def xrange(
         self, stream: str, *, start: str = "-", count: int = 1000

@@ -281,6 +281,11 @@ class RateLimited(PipelineError):
     error_type = "rate_limit_error"
 
 
+def tenant_record(kv: KeyValueStore, prefix: str, tenant: str) -> str:
+    """The name of ``tenant``'s limits record (``prefix``: the service's key prefix)."""
+    return f"{prefix}limits:tenant:{kv.tag(tenant)}"
+
+
 def duration(ms: int) -> str:
     """A wait as OpenAI's headers write it: ``20ms``, ``1.5s``, ``6m0s``."""
     if ms < 1000:
@@ -304,7 +309,7 @@ class RateLimiter:
         self.kv = kv
         self.config = config
         self.prefix = f"{prefix}ratelimit:"
-        self.tenant_prefix = f"{prefix}limits:tenant:"
+        self.key_prefix = prefix
         self.window_ms = max(1, int(config.window_seconds * 1000))
         self.record_ttl = record_ttl
         self._records: dict[str, tuple[float, dict[str, str]]] = {}
@@ -313,8 +318,10 @@ class RateLimiter:
         self._script = kv.script(_SCRIPT)
 
     def _keys(self, principal: Principal) -> list[str]:
-        key = f"{self.prefix}key:{principal.key_id}"
-        tenant = f"{self.prefix}tenant:{principal.tenant}"
+        # A key's logs name its tenant's slot on a cluster, beside the tenant's logs and record
+        # (the script uses all five and their sums).
+        key = f"{self.prefix}key:{self.kv.slot(principal.tenant)}{principal.key_id}"
+        tenant = f"{self.prefix}tenant:{self.kv.tag(principal.tenant)}"
         return [
             f"{key}:req",
             f"{tenant}:req",
@@ -324,7 +331,7 @@ class RateLimiter:
         ]
 
     def tenant_record(self, tenant: str) -> str:
-        return self.tenant_prefix + tenant
+        return tenant_record(self.kv, self.key_prefix, tenant)
 
     async def admit(self, principal: Principal) -> Decision:
         """Admit one request of ``principal`` or say why not; never raises for Redis."""

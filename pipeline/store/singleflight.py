@@ -213,10 +213,12 @@ class SingleFlight:
         self.stop_script = kv.script(STOP_UNLESS_READ)
 
     def lock_key(self, key: str) -> str:
-        return f"{self.prefix}{key}"
+        # On a cluster a flight's lock, stream and readers are one slot (its scripts and
+        # pipelines use them together), the flight's own.
+        return f"{self.prefix}{self.kv.tag(key)}"
 
     def stream_key(self, key: str, token: str) -> str:
-        return f"{self.prefix}{key}:{token}"
+        return f"{self.lock_key(key)}:{token}"
 
     def readers_key(self, key: str, token: str) -> str:
         """The replicas that read the stream of the flight (each one's reader, once). Not

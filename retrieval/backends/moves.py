@@ -99,7 +99,12 @@ class MoveFence:
     (`RedisOverrides.key`)."""
 
     def __init__(
-        self, client: redis.Redis, prefix: str, overrides_key: str, *, lease_s: float = 15.0
+        self,
+        client: redis.Redis | redis.RedisCluster,
+        prefix: str,
+        overrides_key: str,
+        *,
+        lease_s: float = 15.0,
     ) -> None:
         self.client = client
         self.prefix = prefix

@@ -39,10 +39,13 @@ class RedisOverrides(PolledRedis):
         *,
         timeout_s: float = 0.5,
         reload_interval_s: float = 1.0,
+        cluster: bool = False,
     ) -> None:
-        super().__init__(url, "backend-overrides", timeout_s, reload_interval_s)
-        self.prefix = prefix
-        self.key = f"{prefix}retrieval-backend"
+        super().__init__(url, "backend-overrides", timeout_s, reload_interval_s, cluster)
+        # On a cluster the hash and the move fence's keys share a slot (the fence's scripts
+        # use all three): one tag for them all, since moves and writes' admissions are rare.
+        self.prefix = prefix + ("{backends}:" if cluster else "")
+        self.key = f"{self.prefix}retrieval-backend"
         if reload_interval_s > 0:
             self._refresh()
             self._poller.start()

@@ -79,10 +79,14 @@ class PolledRedis:
     loop) and what was last read through it, which a `Poller` refreshes (`_refresh`) every
     `reload_interval_s`."""
 
-    def __init__(self, url: str, name: str, timeout_s: float, reload_interval_s: float) -> None:
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+    def __init__(
+        self, url: str, name: str, timeout_s: float, reload_interval_s: float, cluster: bool
+    ) -> None:
+        # ``cluster``: ``url`` names a node of a Redis Cluster (``RAG_REDIS__CLUSTER``).
+        self.cluster = cluster
+        self.client: redis.Redis | redis.RedisCluster = (
+            redis.RedisCluster if cluster else redis.Redis
+        ).from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.reload_interval_s = reload_interval_s
         self._seen: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -107,8 +111,9 @@ class RedisVersions(PolledRedis):
         timeout_s: float = 0.5,
         reload_interval_s: float = 0.2,
         forget_after_s: float = 60.0,
+        cluster: bool = False,
     ) -> None:
-        super().__init__(url, "index-versions", timeout_s, reload_interval_s)
+        super().__init__(url, "index-versions", timeout_s, reload_interval_s, cluster)
         self.prefix = f"{prefix}index-version:"
         self.forget_after_s = forget_after_s
         self._asked: dict[str, float] = {}  # when each tenant in _seen was last read
@@ -143,7 +148,13 @@ class RedisVersions(PolledRedis):
             return
         started = time.monotonic()
         try:
-            values = self.client.mget([self._key(t) for t in tenants])
+            keys = [self._key(t) for t in tenants]
+            # A cluster's MGET takes keys of one slot: one per slot there.
+            values = (
+                self.client.mget_nonatomic(keys)
+                if isinstance(self.client, redis.RedisCluster)
+                else self.client.mget(keys)
+            )
         except redis.RedisError:
             return  # keep what was seen; the next round tries again
         now = time.monotonic()

@@ -69,6 +69,22 @@ def port_outside_ephemeral_range() -> int:
     return free_port()
 
 
+def cluster_node_port() -> int:
+    """A free port whose cluster bus port (10,000 above) is free too, both below the
+    ephemeral range (a bus port above 65,535, or taken, keeps a node from starting)."""
+    ports = list(range(20000, 22000))
+    random.shuffle(ports)
+    for port in ports:
+        with socket.socket() as one, socket.socket() as bus:
+            try:
+                one.bind(("127.0.0.1", port))
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,7 +97,7 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, step: float =
 class RedisServer:
     """A redis-server of the tests' own, on a free port, that a test may stop and start again."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -89,7 +105,7 @@ class RedisServer:
             )
         self.binary = binary
         self.password = password  # `requirepass`, as compose's Redis has
-        self.port = free_port()
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="rag-test-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -107,10 +123,11 @@ class RedisServer:
         except OSError:
             return False
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
         self.process = subprocess.Popen(
             [
                 self.binary,
+                *options,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -133,6 +150,65 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(10)
             self.process = None
+
+
+class RedisClusterServers:
+    """A Redis Cluster of the tests' own: three primaries on free ports, the slots split
+    between them by ``redis-cli --cluster create``; ``url`` names the first, which tells a
+    cluster client the others."""
+
+    def __init__(self, nodes: int = 3) -> None:
+        self.nodes: list[RedisServer] = []
+        for _ in range(nodes):
+            port = cluster_node_port()
+            while any(node.port in (port, port + 10000) for node in self.nodes):
+                port = cluster_node_port()
+            self.nodes.append(RedisServer(port=port))
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed: `apt-get install redis-tools`")
+        self.cli = cli
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start(
+                "--cluster-enabled", "yes", "--cluster-config-file", f"{node.dir}/nodes.conf"
+            )
+        subprocess.run(
+            [
+                self.cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        wait_for(self._ready, 30, "the Redis Cluster's slots assigned")
+
+    def _ready(self) -> bool:
+        for node in self.nodes:
+            reply = subprocess.run(
+                [self.cli, "-p", str(node.port), "cluster", "info"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout
+            if "cluster_state:ok" not in reply:
+                return False
+        return True
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
 
 
 # A logit_bias that keeps the test model (SmolLM2) from ending its answer: its end-of-turn

@@ -1,0 +1,246 @@
+"""The service on a real Redis Cluster (``RAG_REDIS__CLUSTER=true``): three primaries of the
+tests' own, the slots split between them.
+
+Every script and transaction of the service uses keys of one slot, or the cluster refuses it
+(CROSSSLOT): keys, the cache and its fast-path aliases, coalesced flights, rate limits, features,
+jobs, index versions and backend moves each run here through their real code, so a name
+without its hash tag fails its test. Keys are spread over the nodes (a scan visits each), and
+a node that lost its scripts costs one pipeline, not every later one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis
+from opentelemetry import trace
+from pydantic import ValidationError
+
+from app.settings import Settings
+from pipeline.context import Principal
+from pipeline.errors import StoreUnavailable
+from pipeline.features.store import FeatureRow, FeatureStore
+from pipeline.jobs.model import SUCCEEDED
+from pipeline.jobs.queue import JobQueue
+from pipeline.store.kv import KeyValueStore
+from pipeline.store.limits import LimitConfig, RateLimiter, tenant_record
+from pipeline.store.singleflight import SingleFlight
+from retrieval.backends.router import RedisOverrides
+from retrieval.backends.versions import RedisVersions
+from tests.app.test_coalescing import ask, content, generations, roles
+from tests.app.test_fastpath import served_fast
+from tests.conftest import AppHarness, make_settings, unique_question
+from tests.pipeline.jobs.conftest import make_job
+from tests.support.servers import RedisClusterServers
+
+
+def on_cluster(cluster: RedisClusterServers, llm_url: str, **groups: dict[str, Any]) -> Settings:
+    # Routing and features off, as the coalescing tests have them: a degraded stage would
+    # make an answer that is neither cached nor shared (see tests.app.test_coalescing).
+    return make_settings(
+        cluster.url,
+        llm_url,
+        redis={"cluster": True, "timeout_seconds": 2.0},
+        routing={"enabled": False},
+        features={"enabled": False},
+        **groups,
+    )
+
+
+@pytest.fixture
+async def kv(redis_cluster: RedisClusterServers) -> AsyncIterator[KeyValueStore]:
+    store = KeyValueStore.from_url(redis_cluster.url, trace.NoOpTracer(), timeout=5.0, cluster=True)
+    yield store
+    await store.aclose()
+
+
+def node_of(cluster: RedisClusterServers, key: str) -> int:
+    """The port of the primary that holds ``key``'s slot."""
+    client = redis.RedisCluster.from_url(cluster.url)
+    try:
+        return int(client.get_node_from_key(key).port)
+    finally:
+        client.close()
+
+
+async def test_a_key_answers_from_the_cache_and_the_fast_path_and_is_refused_once_revoked(
+    make_app, redis_cluster, vllm
+) -> None:
+    async with make_app(on_cluster(redis_cluster, vllm.url)) as h:
+        h: AppHarness
+        assert h.services.kv.cluster
+        key = await h.key("acme")
+        body = ask(unique_question())
+        first = await h.chat(key, body)
+        assert first.headers["x-cache"] == "miss", first.text
+        again = await h.chat(key, body)
+        assert again.headers["x-cache"] == "hit"
+        # The hit gave the body an alias (a script that copies the entry beside it), which the
+        # fast path then answers from.
+        fast = await h.chat(key, body)
+        assert served_fast(h, fast) and content(fast) == content(first)
+
+        listed = await h.services.keys.keys_of("acme", rescan=True)  # SCAN on every primary
+        assert len(listed) == 1
+        await h.services.keys.revoke(key)
+        for _ in range(40):  # the revocation reaches the cache over pub/sub
+            refused = await h.chat(key, body)
+            if refused.status_code == 401:
+                break
+            await asyncio.sleep(0.1)
+        assert refused.status_code == 401, refused.text
+
+
+async def test_identical_streams_on_two_replicas_make_one_generation_per_prompt(
+    make_app, redis_cluster, vllm
+) -> None:
+    settings = on_cluster(redis_cluster, vllm.url)
+    async with make_app(settings) as one, make_app(settings) as two:
+        key = await one.key("coalesce")
+        tag = unique_question()[-11:]
+        prompts = [f"Say the word {word}. {tag}" for word in ("apple", "river", "candle")]
+        answers = await asyncio.gather(
+            *(
+                (one, two)[i % 2].client.post(
+                    "/v1/chat/completions",
+                    json=ask(prompts[i % 3], stream=True),
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+                for i in range(12)
+            )
+        )
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+        assert generations(one, two) == 3
+        found = roles(one, two)
+        assert found["leader"] == 3 and found["off"] == 0
+        # Followers on the other replica read the leader's stream from Redis (a pipeline that
+        # runs a script, which the cluster's node must have loaded).
+        assert found["follower"] >= 1
+        # The flights' locks, streams and readers are spread over the nodes by flight.
+        flights = SingleFlight(one.services.kv, prefix="x:")
+        nodes = {node_of(redis_cluster, flights.lock_key(f"t:{n}")) for n in range(32)}
+        assert len(nodes) == 3
+
+
+async def test_rate_limits_read_the_tenants_record_and_count_across_replicas(kv) -> None:
+    prefix = f"rl{uuid.uuid4().hex[:6]}:"
+    config = LimitConfig(key_rpm=0, key_tpm=0, tenant_rpm=100, tenant_tpm=0)
+    one = RateLimiter(kv, config, prefix=prefix, record_ttl=0.0)
+    two = RateLimiter(kv, config, prefix=prefix, record_ttl=0.0)
+    await kv.hset(tenant_record(kv, prefix, "acme"), {"rpm": 3})
+    who = Principal("acme", "alice", frozenset({"chat"}), "k1")
+    decisions = [await (one, two)[i % 2].admit(who) for i in range(4)]
+    assert [d.admitted for d in decisions] == [True, True, True, False]
+    other = Principal("globex", "bob", frozenset({"chat"}), "k2")
+    assert (await one.admit(other)).admitted, "another tenant's budget is its own"
+
+
+async def test_features_are_written_and_read_in_one_lookup_and_the_log_is_found(
+    kv, redis_cluster
+) -> None:
+    store = FeatureStore(kv, prefix=f"f{uuid.uuid4().hex[:6]}:")
+    users = [f"user{n}" for n in range(12)]
+    rows = [FeatureRow("acme", u, {"request_count": n + 1}) for n, u in enumerate(users)]
+    assert await store.write_many(rows) == len(users)
+    looked = [await store.load("acme", u, log={"route": "small"}) for u in users]
+    assert [lookup.status for lookup in looked] == ["hit"] * len(users)
+    assert [lookup.features.get("request_count") for lookup in looked] == list(range(1, 13))
+    assert len({node_of(redis_cluster, store.key("acme", u)) for u in users}) > 1
+    # A user's keys are on one node: its lookup is one round trip.
+    hour = int(time.time() // 3600)
+    for user in users:
+        assert node_of(redis_cluster, store.key("acme", user)) == node_of(
+            redis_cluster, store.rate_key("acme", user, hour)
+        )
+    logged = await store.read_log()  # found by a scan of every node
+    assert {record["user"] for record in logged} == set(users)
+
+
+async def test_a_job_is_submitted_run_and_finished(kv) -> None:
+    queue = JobQueue(kv, prefix=f"j{uuid.uuid4().hex[:6]}:")
+    await queue.ensure_group()
+    job, created = await queue.submit(make_job("on a cluster"), "idem-1")
+    assert created
+    again, created_again = await queue.submit(make_job("on a cluster"), "idem-1")
+    assert not created_again and again.id == job.id
+    [delivery] = await queue.read("worker-1", count=1, block_ms=1000)
+    kind, attempt, _ = await queue.start(delivery, "lease-1")
+    assert (kind, attempt) == ("run", 1)
+    await queue.finish(delivery, "lease-1", SUCCEEDED, {"answer": "done"})
+    stored = await queue.get(job.id)
+    assert stored is not None and stored.status == SUCCEEDED
+
+
+def test_index_versions_and_backend_moves_use_the_cluster(redis_cluster) -> None:
+    prefix = f"v{uuid.uuid4().hex[:6]}:"
+    tenants = [f"tenant{n}" for n in range(12)]
+    writer = RedisVersions(redis_cluster.url, prefix, reload_interval_s=0, cluster=True)
+    reader = RedisVersions(redis_cluster.url, prefix, reload_interval_s=0.05, cluster=True)
+    try:
+        assert {reader.get(t) for t in tenants} == {reader.get("never")}
+        bumped = {t: writer.bump(t) for t in tenants}
+        # The reader's poll reads every tenant it follows at once, over all the nodes.
+        for _ in range(100):
+            if all(reader.get(t) == bumped[t] for t in tenants):
+                break
+            time.sleep(0.05)
+        assert {t: reader.get(t) for t in tenants} == bumped
+    finally:
+        writer.close()
+        reader.close()
+
+    overrides = RedisOverrides(redis_cluster.url, prefix, reload_interval_s=0, cluster=True)
+    try:
+        overrides.set("acme", "milvus")
+        assert overrides.get("acme") == "milvus"
+        fence = overrides.fence()
+        # Admitting a write reads the move, the writes and the backends hash in one script.
+        token, backend = fence.enter("acme")
+        assert backend == "milvus" and fence.writes_in_flight("acme") == 1
+        assert fence.leave("acme", token)
+        move = fence.begin("globex")
+        assert fence.holds("globex", move)
+        fence.end("globex", move)
+    finally:
+        overrides.close()
+
+
+async def test_a_scan_visits_every_node(kv, redis_cluster) -> None:
+    prefix = f"s{uuid.uuid4().hex[:6]}:"
+    names = [f"{prefix}{n}" for n in range(40)]
+    for name in names:
+        await kv.set(name, b"x")
+    assert len({node_of(redis_cluster, n) for n in names}) == 3
+    # A client's first command may be the scan (``rag keys list --rescan``).
+    fresh = KeyValueStore.from_url(redis_cluster.url, trace.NoOpTracer(), cluster=True)
+    try:
+        found = {k.decode() for k in await fresh.scan(f"{prefix}*")}
+    finally:
+        await fresh.aclose()
+    assert found == set(names)
+
+
+async def test_a_node_that_lost_its_scripts_costs_one_pipeline(kv, redis_cluster) -> None:
+    flights = SingleFlight(kv, prefix=f"p{uuid.uuid4().hex[:6]}:")
+    readers = flights.readers_key("k", "token")
+
+    async def count_in(pipe: Any) -> None:
+        await flights.reading_script(keys=[readers], args=["me", 5000], client=pipe)
+
+    await kv.pipeline("reading", count_in)  # loaded on every primary before the first
+    for node in redis_cluster.nodes:
+        redis.Redis(port=node.port).script_flush()
+    with pytest.raises(StoreUnavailable):
+        await kv.pipeline("reading", count_in)
+    await kv.pipeline("reading", count_in)  # loaded again
+
+
+def test_a_brace_in_the_key_prefix_is_refused_on_a_cluster() -> None:
+    with pytest.raises(ValidationError, match="must not contain"):
+        Settings(redis={"cluster": True, "key_prefix": "rag:{x}:"})
+    assert Settings(redis={"key_prefix": "rag:{x}:"}).redis.key_prefix == "rag:{x}:"
