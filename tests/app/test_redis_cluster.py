@@ -244,3 +244,34 @@ def test_a_brace_in_the_key_prefix_is_refused_on_a_cluster() -> None:
     with pytest.raises(ValidationError, match="must not contain"):
         Settings(redis={"cluster": True, "key_prefix": "rag:{x}:"})
     assert Settings(redis={"key_prefix": "rag:{x}:"}).redis.key_prefix == "rag:{x}:"
+
+
+async def test_with_a_node_down_requests_are_answered_and_the_cache_returns_with_it(
+    make_app, redis_cluster, vllm
+) -> None:
+    async with make_app(on_cluster(redis_cluster, vllm.url)) as h:
+        key = await h.key("acme")
+        bodies = [ask(unique_question()) for _ in range(6)]
+        for body in bodies:  # the key is resolved and cached in the replica
+            assert (await h.chat(key, body)).headers["x-cache"] == "miss"
+        down = redis_cluster.nodes[1]
+        down.stop()
+        try:
+            # Some of these answers live on the stopped node's slots: every request is still
+            # answered (the cache and the lookups fail open), none waits past its bound.
+            answered = [await h.chat(key, body) for body in bodies]
+            assert [r.status_code for r in answered] == [200] * len(bodies)
+        finally:
+            down.start(
+                "--cluster-enabled", "yes", "--cluster-config-file", f"{down.dir}/nodes.conf"
+            )
+        redis_cluster.wait_ready()
+        # Back: a new answer is stored and found again (the node came back empty).
+        body = ask(unique_question())
+        assert (await h.chat(key, body)).headers["x-cache"] == "miss"
+        for _ in range(40):
+            again = await h.chat(key, body)
+            if again.headers["x-cache"] == "hit":
+                break
+            await asyncio.sleep(0.25)
+        assert again.headers["x-cache"] == "hit"

@@ -192,6 +192,9 @@ class RedisClusterServers:
             capture_output=True,
             timeout=30,
         )
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
         wait_for(self._ready, 30, "the Redis Cluster's slots assigned")
 
     def _ready(self) -> bool:
