@@ -235,13 +235,15 @@ class ApiKeyStore:
         self.kv = kv
         # On a cluster every key record, id and tenant index is in one slot: the scripts
         # write a key's three together (a few hundred bytes a key: millions fit one node).
-        self.prefix = prefix + kv.slot("keys")
+        # Given with it already (another store's ``prefix``), it is not added twice.
+        slot = kv.slot("keys")
+        self.prefix = prefix if prefix.endswith(slot) else prefix + slot
         self.cache_ttl = cache_ttl
         self.stale_ttl = stale_ttl
         self.max_seen = max_seen
         self.legacy_id_grace = legacy_id_grace
         self.unsubscribed_ttl = unsubscribed_ttl
-        self.channel = f"{prefix}changed"
+        self.channel = f"{self.prefix}changed"
         self._listening = False
         self._rechecking: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()

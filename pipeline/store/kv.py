@@ -106,8 +106,9 @@ class KeyValueStore:
         # (redis-py loads a script by itself only when it runs outside a pipeline): every
         # registered script is loaded on every primary before the first pipeline, and again
         # after a node answered NOSCRIPT (a failover, a node added).
-        self._scripts: dict[str, str] = {}
-        self._unloaded = False
+        self._scripts: dict[str, str] = {}  # by SHA1
+        self._loaded: set[str] = set()  # the SHA1s loaded on every primary
+        self._loading = asyncio.Lock()  # pipelines that find scripts unloaded wait for one load
 
     @classmethod
     def from_url(
@@ -152,8 +153,12 @@ class KeyValueStore:
 
     def tag(self, part: str) -> str:
         """``part`` as a hash tag on a cluster (``{part}``: keys whose names carry the same one
-        are in one slot, so one script or transaction may use them together), else as is."""
-        return f"{{{part}}}" if self.cluster else part
+        are in one slot, so one script or transaction may use them together), else as is.
+        Braces in ``part`` are dropped on a cluster: a tag ends at its first ``}``, so a part
+        that held one (a cache key with its tenant's tag) would be tagged by its start alone."""
+        if not self.cluster:
+            return part
+        return "{" + part.replace("{", "").replace("}", "") + "}"
 
     def slot(self, part: str) -> str:
         """A name's segment that puts keys in ``part``'s slot on a cluster (``{part}:``),
@@ -325,9 +330,8 @@ class KeyValueStore:
         answer): Redis may go past its limit by what it stores."""
         header = {"as redis": "", "refuse": "#!lua\n", "run": "#!lua flags=allow-oom\n"}
         script = self.client.register_script(header[when_full] + text)
-        if self.cluster and script.sha not in self._scripts:
+        if self.cluster:
             self._scripts[script.sha] = header[when_full] + text
-            self._unloaded = True
         return script
 
     async def run_script(
@@ -411,9 +415,10 @@ class KeyValueStore:
         ``errors_in_place``: a command that Redis refuses (a name holding another type) gives
         its error as its reply, rather than failing the whole pipeline."""
 
+        if len(self._loaded) < len(self._scripts):
+            await self._load_scripts()
+
         async def run() -> list[Any]:
-            if self._unloaded:
-                await self._load_scripts()
             async with self.client.pipeline(transaction=transaction) as pipe:
                 await queue(pipe)
                 try:
@@ -421,7 +426,7 @@ class KeyValueStore:
                 except NoScriptError:
                     # A node that lost its scripts: this pipeline fails (its other commands
                     # may have run), the next one loads them again.
-                    self._unloaded = self.cluster
+                    self._loaded.clear()
                     raise
                 return replies
 
@@ -429,15 +434,15 @@ class KeyValueStore:
         return replies
 
     async def _load_scripts(self) -> None:
-        """Every registered script on every primary of the cluster (SCRIPT LOAD goes to all)."""
-        loading = list(self._scripts.values())
-        self._unloaded = False
-        try:
-            for text in loading:
-                await self.client.script_load(text)
-        except BaseException:
-            self._unloaded = True
-            raise
+        """Every registered script on every primary of the cluster (SCRIPT LOAD goes to all),
+        each load a command with its own bound. Pipelines that come meanwhile wait for this
+        load (a pipeline run before it ends would meet NOSCRIPT); a script counts as loaded once
+        its load succeeded, so a failed load is tried again by the next pipeline."""
+        async with self._loading:  # those loaded while this one waited are not loaded again
+            for sha, text in list(self._scripts.items()):
+                if sha not in self._loaded:
+                    await self._call("SCRIPT LOAD", partial(self.client.script_load, text))
+                    self._loaded.add(sha)
 
     async def scan(
         self, pattern: str, *, kind: str | None = None, count: int = 1000

@@ -27,12 +27,13 @@ from pipeline.errors import StoreUnavailable
 from pipeline.features.store import FeatureRow, FeatureStore
 from pipeline.jobs.model import SUCCEEDED
 from pipeline.jobs.queue import JobQueue
+from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from pipeline.store.limits import LimitConfig, RateLimiter, tenant_record
 from pipeline.store.singleflight import SingleFlight
 from retrieval.backends.router import RedisOverrides
 from retrieval.backends.versions import RedisVersions
-from tests.app.test_coalescing import ask, content, generations, roles
+from tests.app.test_coalescing import ask, content, flights_of, generations, roles
 from tests.app.test_fastpath import served_fast
 from tests.conftest import AppHarness, make_settings, unique_question
 from tests.pipeline.jobs.conftest import make_job
@@ -121,10 +122,19 @@ async def test_identical_streams_on_two_replicas_make_one_generation_per_prompt(
         # Followers on the other replica read the leader's stream from Redis (a pipeline that
         # runs a script, which the cluster's node must have loaded).
         assert found["follower"] >= 1
-        # The flights' locks, streams and readers are spread over the nodes by flight.
-        flights = SingleFlight(one.services.kv, prefix="x:")
-        nodes = {node_of(redis_cluster, flights.lock_key(f"t:{n}")) for n in range(32)}
-        assert len(nodes) == 3
+        # A flight's lock, stream and readers share a slot of the flight's own: one tenant's
+        # flights are spread over the nodes (a cache key holds its tenant's tag).
+        flights = flights_of(one)
+        for n in range(32):
+            cache_key = f"{one.services.kv.tag('coalesce')}:{n:064x}"
+            lock = flights.lock_key(cache_key)
+            assert node_of(redis_cluster, lock) == node_of(
+                redis_cluster, flights.readers_key(cache_key, "token")
+            )
+        spread = {
+            node_of(redis_cluster, flights.lock_key(f"{{coalesce}}:{n:064x}")) for n in range(32)
+        }
+        assert len(spread) == 3
 
 
 async def test_rate_limits_read_the_tenants_record_and_count_across_replicas(kv) -> None:
@@ -225,6 +235,36 @@ async def test_a_scan_visits_every_node(kv, redis_cluster) -> None:
     assert found == set(names)
 
 
+def flush_scripts(cluster: RedisClusterServers) -> None:
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port) as client:
+            client.script_flush()
+
+
+async def test_pipelines_that_start_together_wait_for_one_load_of_the_scripts(
+    redis_cluster,
+) -> None:
+    flush_scripts(redis_cluster)
+    fresh = KeyValueStore.from_url(redis_cluster.url, trace.NoOpTracer(), cluster=True)
+    try:
+        flights = SingleFlight(fresh, prefix=f"r{uuid.uuid4().hex[:6]}:")
+
+        def counting_in(n: int) -> Any:
+            async def queue(pipe: Any) -> None:
+                name = flights.readers_key(f"k{n}", "token")
+                await flights.reading_script(keys=[name], args=["me", 5000], client=pipe)
+
+            return queue
+
+        results = await asyncio.gather(
+            *(fresh.pipeline("reading", counting_in(n)) for n in range(8)),
+            return_exceptions=True,
+        )
+        assert [r for r in results if isinstance(r, BaseException)] == []
+    finally:
+        await fresh.aclose()
+
+
 async def test_a_node_that_lost_its_scripts_costs_one_pipeline(kv, redis_cluster) -> None:
     flights = SingleFlight(kv, prefix=f"p{uuid.uuid4().hex[:6]}:")
     readers = flights.readers_key("k", "token")
@@ -233,8 +273,7 @@ async def test_a_node_that_lost_its_scripts_costs_one_pipeline(kv, redis_cluster
         await flights.reading_script(keys=[readers], args=["me", 5000], client=pipe)
 
     await kv.pipeline("reading", count_in)  # loaded on every primary before the first
-    for node in redis_cluster.nodes:
-        redis.Redis(port=node.port).script_flush()
+    flush_scripts(redis_cluster)
     with pytest.raises(StoreUnavailable):
         await kv.pipeline("reading", count_in)
     await kv.pipeline("reading", count_in)  # loaded again
@@ -275,3 +314,13 @@ async def test_with_a_node_down_requests_are_answered_and_the_cache_returns_with
                 break
             await asyncio.sleep(0.25)
         assert again.headers["x-cache"] == "hit"
+
+
+async def test_a_key_store_made_from_anothers_prefix_names_the_same_keys(kv) -> None:
+    first = ApiKeyStore(kv, prefix=f"k{uuid.uuid4().hex[:6]}:apikey:")
+    assert first.prefix.endswith(":{keys}:")
+    again = ApiKeyStore(kv, prefix=first.prefix)  # as a second replica's store in a test
+    assert (again.prefix, again.channel) == (first.prefix, first.channel)
+    raw = await first.create("acme", "alice", frozenset({"chat"}))
+    assert await again.revoke(raw) is not None
+    assert await first.resolve(raw) is None
