@@ -5,7 +5,7 @@ off, side by side in one run.
                                    [--max-tokens 16] [--llm-url http://127.0.0.1:8001]
                                    [--default-stages] [--arms on off "on x2"]
                                    [--spread-s 0] [--before DIR]
-                                   [--out bench/results/coalesce.json]
+                                   [--out bench/results/coalesce.json] [--cluster]
 
 Three service processes (`rag serve`, default settings but retrieval's documents: the tenant
 has none) share one private redis-server and the real vLLM: ``on`` (coalescing on), ``off``
@@ -56,7 +56,7 @@ import orjson
 
 from bench.rawclient import encode_request, read_response
 from tests.support.process import ServiceProcess
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisClusterServers, RedisServer
 
 WORDS = [
     "apple", "river", "candle", "tiger", "violin", "copper", "garden", "rocket",
@@ -176,10 +176,17 @@ def main() -> None:
     parser.add_argument("--spread-s", type=float, default=0.0)
     parser.add_argument("--before", help="another checkout, served as each arm's (before)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/coalesce.json"))
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="a Redis Cluster of three primaries instead of one Redis (RAG_REDIS__CLUSTER)",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="rag-coalesce-bench-"))
-    redis = RedisServer()
+    redis: RedisServer | RedisClusterServers = (
+        RedisClusterServers() if args.cluster else RedisServer()
+    )
     redis.start()
     # A burst of 256 is the point, not a rate limit; the same long deadline in every arm (the
     # arm without coalescing queues 256 generations for the route's slots). Routing and the
@@ -187,6 +194,7 @@ def main() -> None:
     common = {
         "RAG_LIMITS__ENABLED": "false",
         "RAG_SERVER__REQUEST_TIMEOUT_SECONDS": "300",
+        "RAG_REDIS__CLUSTER": str(args.cluster).lower(),
     }
     if not args.default_stages:
         common |= {"RAG_ROUTING__ENABLED": "false", "RAG_FEATURES__ENABLED": "false"}

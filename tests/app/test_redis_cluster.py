@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -37,7 +37,7 @@ from tests.app.test_coalescing import ask, content, flights_of, generations, rol
 from tests.app.test_fastpath import served_fast
 from tests.conftest import AppHarness, make_settings, unique_question
 from tests.pipeline.jobs.conftest import make_job
-from tests.support.servers import RedisClusterServers
+from tests.support.servers import RedisClusterServers, wait_for
 
 
 def on_cluster(cluster: RedisClusterServers, llm_url: str, **groups: dict[str, Any]) -> Settings:
@@ -301,9 +301,7 @@ async def test_with_a_node_down_requests_are_answered_and_the_cache_returns_with
             answered = [await h.chat(key, body) for body in bodies]
             assert [r.status_code for r in answered] == [200] * len(bodies)
         finally:
-            down.start(
-                "--cluster-enabled", "yes", "--cluster-config-file", f"{down.dir}/nodes.conf"
-            )
+            redis_cluster.start_node(down)
         redis_cluster.wait_ready()
         # Back: a new answer is stored and found again (the node came back empty).
         body = ask(unique_question())
@@ -324,3 +322,70 @@ async def test_a_key_store_made_from_anothers_prefix_names_the_same_keys(kv) -> 
     raw = await first.create("acme", "alice", frozenset({"chat"}))
     assert await again.revoke(raw) is not None
     assert await first.resolve(raw) is None
+
+
+@pytest.fixture
+def replicated_cluster() -> Iterator[RedisClusterServers]:
+    """Three primaries, each with a replica that takes its place 1 s after it stops answering."""
+    cluster = RedisClusterServers(nodes=6, replicas=1, node_timeout_ms=1000)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+async def test_a_failed_primary_is_replaced_by_its_replica_and_what_it_held_is_served_again(
+    make_app, replicated_cluster, vllm
+) -> None:
+    cluster = replicated_cluster
+    async with make_app(on_cluster(cluster, vllm.url)) as h:
+        key = await h.key("acme")
+        bodies = [ask(unique_question()) for _ in range(3)]
+        for body in bodies:
+            assert (await h.chat(key, body)).headers["x-cache"] == "miss"
+        primary = next(n for n in cluster.nodes if n.port == node_of(cluster, "{acme}"))
+        cluster.ask(primary, "wait", "1", "2000")  # the answers reached its replica
+        primary.stop()
+        # Answered while the cluster notices and promotes the replica (the cache fails open).
+        during = [await h.chat(key, body) for body in bodies]
+        assert [r.status_code for r in during] == [200] * len(bodies)
+        # Failed (not only suspected, "fail?"), then the cluster whole again.
+        wait_for(lambda: "fail" in cluster.flags(primary), 30, "the stopped primary failed")
+        cluster.wait_ready()
+        promoted = node_of(cluster, "{acme}")
+        assert promoted != primary.port
+
+        # The answers stored before the failover are served from the promoted replica.
+        for body in bodies:
+            for _ in range(40):
+                again = await h.chat(key, body)
+                if again.headers.get("x-cache") == "hit":
+                    break
+                await asyncio.sleep(0.25)
+            assert again.headers.get("x-cache") == "hit", (again.status_code, again.text)
+            assert again.status_code == 200
+
+        # A pipeline that runs a script on the promoted node: its script cache may be empty
+        # (scripts are not replicated), which costs at most one pipeline.
+        flights = flights_of(h)
+        client = redis.RedisCluster.from_url(cluster.url)
+        try:
+            cache_key = next(
+                k
+                for k in (f"{{acme}}:{n:064x}" for n in range(1000))
+                if client.get_node_from_key(flights.lock_key(k)).port == promoted
+            )
+        finally:
+            client.close()
+
+        async def count_in(pipe: Any) -> None:
+            name = flights.readers_key(cache_key, "token")
+            await flights.reading_script(keys=[name], args=["me", 5000], client=pipe)
+
+        outcomes = []
+        for _ in range(3):
+            try:
+                await h.services.kv.pipeline("reading", count_in)
+                outcomes.append("ok")
+            except StoreUnavailable:
+                outcomes.append("failed")
+        assert outcomes[1:] == ["ok", "ok"], outcomes

@@ -153,11 +153,14 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """A Redis Cluster of the tests' own: three primaries on free ports, the slots split
-    between them by ``redis-cli --cluster create``; ``url`` names the first, which tells a
-    cluster client the others."""
+    """A Redis Cluster of the tests' own: ``nodes`` redis-servers on free ports, the slots split
+    between the primaries by ``redis-cli --cluster create`` (``replicas`` of each primary among
+    them); ``url`` names the first, which tells a cluster client the others. A node is taken
+    for failed after ``node_timeout_ms`` without an answer (a replica then takes its place)."""
 
-    def __init__(self, nodes: int = 3) -> None:
+    def __init__(self, nodes: int = 3, replicas: int = 0, node_timeout_ms: int = 15000) -> None:
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
         self.nodes: list[RedisServer] = []
         for _ in range(nodes):
             port = cluster_node_port()
@@ -171,13 +174,32 @@ class RedisClusterServers:
 
     @property
     def url(self) -> str:
-        return self.nodes[0].url
+        """The first node that runs (all of them until a test stops one)."""
+        return next((n for n in self.nodes if n.process is not None), self.nodes[0]).url
+
+    def flags(self, node: RedisServer) -> set[str]:
+        """``node``'s flags as a running node sees them (``master``, ``fail``, ``fail?``...)."""
+        seen = next(n for n in self.nodes if n.process is not None)
+        for line in self.ask(seen, "cluster", "nodes").splitlines():
+            fields = line.split()
+            if len(fields) > 2 and f":{node.port}@" in fields[1]:
+                return set(fields[2].split(","))
+        return set()
+
+    def start_node(self, node: RedisServer) -> None:
+        """Start one of the nodes (again: it rejoins with its own ``nodes.conf``)."""
+        node.start(
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            f"{node.dir}/nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+        )
 
     def start(self) -> None:
         for node in self.nodes:
-            node.start(
-                "--cluster-enabled", "yes", "--cluster-config-file", f"{node.dir}/nodes.conf"
-            )
+            self.start_node(node)
         subprocess.run(
             [
                 self.cli,
@@ -185,7 +207,7 @@ class RedisClusterServers:
                 "create",
                 *(f"127.0.0.1:{node.port}" for node in self.nodes),
                 "--cluster-replicas",
-                "0",
+                str(self.replicas),
                 "--cluster-yes",
             ],
             check=True,
@@ -194,20 +216,17 @@ class RedisClusterServers:
         )
         self.wait_ready()
 
-    def wait_ready(self) -> None:
-        wait_for(self._ready, 30, "the Redis Cluster's slots assigned")
+    def wait_ready(self, timeout: float = 30) -> None:
+        wait_for(self._ready, timeout, "the Redis Cluster's slots assigned")
+
+    def ask(self, node: RedisServer, *command: str) -> str:
+        return subprocess.run(
+            [self.cli, "-p", str(node.port), *command], capture_output=True, text=True, timeout=5
+        ).stdout
 
     def _ready(self) -> bool:
-        for node in self.nodes:
-            reply = subprocess.run(
-                [self.cli, "-p", str(node.port), "cluster", "info"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout
-            if "cluster_state:ok" not in reply:
-                return False
-        return True
+        running = [node for node in self.nodes if node.process is not None]
+        return all("cluster_state:ok" in self.ask(node, "cluster", "info") for node in running)
 
     def stop(self) -> None:
         for node in self.nodes:
