@@ -251,6 +251,10 @@ class ApiKeyStore:
         # Counts what was dropped from ``_seen``: a lookup whose read of Redis a drop overtook
         # does not cache what it read (it may be the record the drop was for).
         self._drops = 0
+        # Keys cached before this moment (the change channel's last subscription) are asked
+        # about again before they are trusted; while Redis cannot answer, they still serve as
+        # keys seen lately (``stale_ttl``), as they would had the channel never been lost.
+        self._doubted_before = 0.0
         self._subscribed = asyncio.Event()  # set at each subscription, cleared when it is lost
         self._create = kv.script(_CREATE)
         self._revoke = kv.script(_REVOKE)
@@ -488,12 +492,14 @@ class ApiKeyStore:
         self._drops += 1
         return self._seen.pop(digest, None) is not None
 
-    def _forget_all(self) -> int:
-        """Forget every cached key, and every lookup under way; how many were cached."""
+    def _doubt_all(self) -> int:
+        """Ask Redis about every cached key before trusting it again, and cache no lookup under
+        way; how many were cached. They are not dropped: on a Redis Cluster the channel can be
+        back while the keys' node is not (or the circuit breaker still open), and a key dropped
+        then was a 503 for a caller whose key was seen a second before (a failover's find)."""
         self._drops += 1
-        forgotten = len(self._seen)
-        self._seen.clear()
-        return forgotten
+        self._doubted_before = time.monotonic()
+        return len(self._seen)
 
     async def listen(self, *, retry_seconds: float = 0.5, ping_seconds: float = 0.5) -> None:
         """Follow the change channel until ``stop_listening`` (a task of the app's lifespan):
@@ -577,7 +583,7 @@ class ApiKeyStore:
                     # The first confirmation, or one after redis-py connected again and
                     # subscribed again by itself (inside get_message or ping, raising nothing):
                     # what changed while the channel was down is unknown either way.
-                    metrics.key_invalidated("resubscribed", self._forget_all())
+                    metrics.key_invalidated("resubscribed", self._doubt_all())
                     self._subscribed.set()
                 elif kind == "message":
                     data = message.get("data")
@@ -648,7 +654,7 @@ class ApiKeyStore:
         digest = hash_key(raw)
         now = time.monotonic()
         seen = self._seen.get(digest)
-        if seen is not None and now - seen[0] < self.cache_ttl:
+        if seen is not None and now - seen[0] < self.cache_ttl and seen[0] > self._doubted_before:
             if not self.subscribed and now - seen[0] >= self.unsubscribed_ttl:
                 self._recheck(digest)
             return seen[1]
@@ -667,6 +673,8 @@ class ApiKeyStore:
             return None
         age = time.monotonic() - seen[0]
         if age >= self.cache_ttl or (not self.subscribed and age >= self.unsubscribed_ttl):
+            return None
+        if seen[0] <= self._doubted_before:
             return None
         return seen[1]
 

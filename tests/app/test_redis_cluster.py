@@ -358,11 +358,13 @@ async def test_a_failed_primary_is_replaced_by_its_replica_and_what_it_held_is_s
         for body in bodies:
             for _ in range(40):
                 again = await h.chat(key, body)
-                if again.headers.get("x-cache") == "hit":
+                # Never refused: the key was seen a moment ago (a 503 "circuit open" in 2 of
+                # 10 runs when the key cache was cleared at the change channel's return).
+                assert again.status_code == 200, again.text
+                if again.headers["x-cache"] == "hit":
                     break
                 await asyncio.sleep(0.25)
-            assert again.headers.get("x-cache") == "hit", (again.status_code, again.text)
-            assert again.status_code == 200
+            assert again.headers["x-cache"] == "hit"
 
         # A pipeline that runs a script on the promoted node: its script cache may be empty
         # (scripts are not replicated), which costs at most one pipeline.

@@ -496,3 +496,41 @@ async def until(condition: Callable[[], bool], what: str, within: float = 10.0) 
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {within} s"
         await asyncio.sleep(0.02)
+
+
+async def test_a_key_seen_lately_is_honoured_when_the_channel_is_back_before_redis_answers(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    # On a Redis Cluster the change channel can be subscribed again (on a healthy node) while
+    # the keys' node fails over: the cache was cleared at the subscription, so a key seen a
+    # second before had nothing to fall back on, and its request was a 503 (a failover test's
+    # find). Now the cached keys are only doubted: asked about again, kept as seen lately.
+    with FaultProxy(redis_server.url) as proxy:
+        kv = KeyValueStore.from_url(proxy.url, trace.NoOpTracer(), timeout=0.5)
+        keys = ApiKeyStore(kv, prefix=f"{prefix}apikey:")
+        listener = asyncio.create_task(keys.listen(retry_seconds=0.1, ping_seconds=0.5))
+        try:
+            assert await keys.wait_subscribed(10.0)
+            raw = await keys.create("acme", "alice")
+            principal = await keys.resolve(raw)
+            assert principal is not None and keys.cached(raw) is not None
+            admin = KeyValueStore.from_url(redis_server.url, trace.NoOpTracer())
+            try:
+                await admin.client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            finally:
+                await admin.aclose()
+            await until(lambda: keys.cached(raw) is None, "the key doubted once subscribed again")
+            proxy.refuse()  # then Redis cannot answer the lookup
+            proxy.cut()
+            assert await keys.resolve(raw) == principal, "a key seen lately is honoured"
+            proxy.passing()
+            await until(lambda: keys.subscribed, "subscribed again")
+            # Trusted again once Redis answers (the circuit breaker's second has passed).
+            deadline = time.monotonic() + 10.0
+            while keys.cached(raw) is None and time.monotonic() < deadline:
+                assert await keys.resolve(raw) == principal
+                await asyncio.sleep(0.1)
+            assert keys.cached(raw) is not None, "trusted again once Redis answered"
+        finally:
+            await keys.stop_listening(listener)
+            await kv.aclose()
