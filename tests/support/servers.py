@@ -198,6 +198,13 @@ class RedisClusterServers:
         )
 
     def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # no node left running when the cluster could not be made
+            raise
+
+    def _start(self) -> None:
         for node in self.nodes:
             self.start_node(node)
         subprocess.run(
