@@ -83,7 +83,6 @@ class PolledRedis:
         self, url: str, name: str, timeout_s: float, reload_interval_s: float, cluster: bool
     ) -> None:
         # ``cluster``: ``url`` names a node of a Redis Cluster (``RAG_REDIS__CLUSTER``).
-        self.cluster = cluster
         self.client: redis.Redis | redis.RedisCluster = (
             redis.RedisCluster if cluster else redis.Redis
         ).from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
