@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 .PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
 	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
-	bench-all bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
+	bench-all bench-redis-copy bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -100,6 +100,10 @@ compose-check: install
 
 bench-cache: install model redis
 	$(PY) -m bench.cache_hit
+
+# `rag redis copy` (one Redis to a cluster) against a copy without its naming work.
+bench-redis-copy: install redis
+	$(PY) -m bench.redis_copy_bench
 
 bench-retrieval: install
 	$(PY) -m bench.retrieval_quality
@@ -244,7 +248,7 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli
+	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -21,11 +21,14 @@ rag backend show|move ...     (app.cli.backend: which backend holds a tenant; mo
 
 rag features load|compute ... (app.cli.features: the online feature store)
 rag worker | jobs submit | webhooks secret ...   (app.cli.jobs, app.cli.batch, app.cli.webhooks)
+rag redis copy --to URL [--to-cluster] ...   (app.cli.redis_copy: the service's keys to
+                            another Redis or a Redis Cluster, renamed for it)
 
 This module is only the parser. Each command's code is in a module of its own (keys, documents,
-serve, backend, features, jobs, batch, webhooks), imported when that command runs: `rag keys`
-and `rag webhooks` load Redis and the settings but not the web framework, the request path
-(app.services), FAISS or scipy, and `rag --help` does not read the settings.
+serve, backend, features, jobs, batch, webhooks, redis_copy), imported when that command runs:
+`rag keys`, `rag webhooks` and `rag redis` load Redis and the settings but not the web
+framework, the request path (app.services), FAISS or scipy, and `rag --help` does not read the
+settings.
 """
 
 from __future__ import annotations
@@ -172,7 +175,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_commands(commands)
     _add_feature_commands(commands)
     _add_job_commands(commands)
+    _add_redis_commands(commands)
     return parser
+
+
+def _add_redis_commands(commands: Any) -> None:
+    actions = commands.add_parser(
+        "redis", help="the service's Redis: copy its keys to another"
+    ).add_subparsers(dest="action", required=True)
+    copy = actions.add_parser(
+        "copy",
+        help="copy the service's keys to another Redis or Redis Cluster, renamed for it (move "
+        "a deployment from one Redis to a cluster; app.cli.redis_copy)",
+    )
+    copy.add_argument("--to", required=True, help="the target: a redis:// URL (a node's)")
+    copy.add_argument("--to-cluster", action="store_true", help="the target is a Redis Cluster")
+    copy.add_argument("--from", dest="source", help="the source (default: RAG_REDIS__URL)")
+    copy.add_argument(
+        "--from-cluster",
+        action=argparse.BooleanOptionalAction,
+        help="the source is a Redis Cluster (default: RAG_REDIS__CLUSTER)",
+    )
+    copy.add_argument(
+        "--to-prefix", help="the target's key prefix (default: RAG_REDIS__KEY_PREFIX)"
+    )
+    into = copy.add_mutually_exclusive_group()
+    into.add_argument(
+        "--merge",
+        action="store_true",
+        help="copy into a target that holds names under the prefix already, leaving them as "
+        "they are (a copy that stopped part way; what was deleted there comes back)",
+    )
+    into.add_argument(
+        "--replace", action="store_true", help="as --merge, but overwrite the names there"
+    )
+    copy.add_argument(
+        "--dry-run", action="store_true", help="count what would be copied; write nothing"
+    )
+    copy.set_defaults(run="redis_copy:copy")
 
 
 def _add_backend_commands(commands: Any) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from pipeline.features.spec import (
     encode_value,
     parse_value,
 )
-from pipeline.store.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore, glob_escaped
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +211,7 @@ class FeatureStore:
         earlier versions), oldest first."""
         # Streams only: a key of another type under the name (another version's, an
         # operator's) made every compute fail as if Redis were down.
-        pattern = _glob_escaped(self.shared_log_stream) + "*"
+        pattern = glob_escaped(self.shared_log_stream) + "*"
         found = [key.decode(errors="replace") for key in await self.kv.scan(pattern, kind="stream")]
         tenants = self.log_stream("")
         streams = sorted(k for k in found if k == self.shared_log_stream or k.startswith(tenants))
@@ -244,12 +243,6 @@ class FeatureStore:
             if len(entries) < batch:
                 return records
             start = "(" + entries[-1][0].decode()
-
-
-def _glob_escaped(text: str) -> str:
-    """``text`` matched literally in a Redis SCAN pattern (a key prefix may hold ``*`` or
-    ``[``)."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _text(value: Any) -> str | None:

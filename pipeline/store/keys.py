@@ -50,7 +50,7 @@ from redis.asyncio.client import PubSub
 from pipeline.context import Principal
 from pipeline.errors import StoreUnavailable
 from pipeline.looptime import Bound
-from pipeline.store.kv import UNREACHABLE, KeyValueStore
+from pipeline.store.kv import UNREACHABLE, KeyValueStore, glob_escaped
 from pipeline.telemetry import metrics
 from retrieval.access import AccessError, check_names
 from retrieval.tenants import check_tenant
@@ -136,11 +136,6 @@ class KeyInfo:
 
     principal: Principal
     created: int | None
-
-
-def _glob_escaped(text: str) -> str:
-    """``text`` matched literally in a SCAN pattern."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def hash_key(raw: str) -> str:
@@ -451,7 +446,7 @@ class ApiKeyStore:
     async def _index_every_key(self) -> None:
         """Put every key record in its tenant's key set (one SCAN of all key names), then mark
         the sets complete."""
-        names = await self.kv.scan(_glob_escaped(self.prefix) + "[0-9a-f]" * 64, kind="hash")
+        names = await self.kv.scan(glob_escaped(self.prefix) + "[0-9a-f]" * 64, kind="hash")
         for start in range(0, len(names), 500):
             batch = [name[-64:].decode() for name in names[start : start + 500]]
             members: list[tuple[str, str]] = []

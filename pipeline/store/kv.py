@@ -70,6 +70,11 @@ OUT_OF_MEMORY_LOG_EVERY_S: Final = 60.0
 log = logging.getLogger(__name__)
 
 
+def glob_escaped(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern (a key prefix may hold ``*`` or ``[``)."""
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
+
+
 class KeyValueStore:
     """A thin wrapper around one ``redis.asyncio.Redis`` client, or a ``RedisCluster``'s.
 
