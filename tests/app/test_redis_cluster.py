@@ -391,3 +391,73 @@ async def test_a_failed_primary_is_replaced_by_its_replica_and_what_it_held_is_s
             except StoreUnavailable:
                 outcomes.append("failed")
         assert outcomes[1:] == ["ok", "ok"], outcomes
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[RedisClusterServers]:
+    """Three primaries of this test's own: it moves slots between them."""
+    cluster = RedisClusterServers(nodes=3)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+async def test_a_tenants_slot_and_the_keys_slot_move_to_another_node_while_requests_run(
+    make_app, own_cluster, vllm
+) -> None:
+    cluster = own_cluster
+    # Rate limits on: every request runs the limits' script on the tenant's five keys, which
+    # are in the moving slot (a script whose keys are half moved is refused: TRYAGAIN).
+    settings = on_cluster(cluster, vllm.url, limits={"key_rpm": 100_000, "tenant_rpm": 100_000})
+    async with make_app(settings) as h:
+        key = await h.key("acme")
+        bodies = [ask(unique_question()) for _ in range(4)]
+        for body in bodies:  # each cached, with its fast-path alias
+            assert (await h.chat(key, body)).headers["x-cache"] == "miss"
+            assert (await h.chat(key, body)).headers["x-cache"] == "hit"
+        client = redis.RedisCluster.from_url(cluster.url)
+        try:
+            slots = [client.keyslot("{acme}"), client.keyslot("{keys}")]
+        finally:
+            client.close()
+        answered: list[tuple[int, str]] = []
+
+        async def requests_until(done: asyncio.Future[Any]) -> None:
+            n = 0
+            while not done.done():
+                reply = await h.chat(key, bodies[n % len(bodies)])
+                answered.append((reply.status_code, reply.headers.get("x-cache", "")))
+                n += 1
+                if n % 8 == 0:  # now and then a miss: stored while the slot moves
+                    fresh = await h.chat(key, ask(unique_question()))
+                    answered.append((fresh.status_code, fresh.headers.get("x-cache", "")))
+
+        moved = []
+        for slot in slots:
+            source = cluster.owner(slot)
+            to = next(n for n in cluster.nodes if n.port != source.port)
+            move = asyncio.ensure_future(
+                asyncio.to_thread(cluster.move_slot, slot, to, pause_s=0.1)
+            )
+            await asyncio.gather(move, requests_until(move))
+            moved.append(move.result())
+            assert cluster.owner(slot).port == to.port
+        assert all(n > 0 for n in moved), moved  # there was something to move in each
+
+        # Every request answered while the slots moved (a command refused mid-move degrades
+        # its stage; none fails the request).
+        assert answered and {status for status, _ in answered} == {200}, answered
+        hits = sum(cache == "hit" for _, cache in answered)
+        print(f"{len(answered)} requests while {sum(moved)} keys moved: {hits} hits")
+        # After: the answers cached before are served from the slot's new node, the key from
+        # its slot's, and the limits' script runs there.
+        for body in bodies:
+            for _ in range(20):
+                again = await h.chat(key, body)
+                assert again.status_code == 200, again.text
+                if again.headers["x-cache"] == "hit":
+                    break
+                await asyncio.sleep(0.25)
+            assert again.headers["x-cache"] == "hit"
+        fresh = await h.key("acme", "bob")  # the key store's create script, on the new node
+        assert (await h.chat(fresh, bodies[0])).status_code == 200

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import redis
 import uvicorn
 from fastapi import FastAPI
 
@@ -230,6 +231,44 @@ class RedisClusterServers:
         return subprocess.run(
             [self.cli, "-p", str(node.port), *command], capture_output=True, text=True, timeout=5
         ).stdout
+
+    def owner(self, slot: int) -> RedisServer:
+        """The primary that holds ``slot``, as a running node sees it."""
+        seen = next(n for n in self.nodes if n.process is not None)
+        for line in self.ask(seen, "cluster", "nodes").splitlines():
+            fields = line.split()
+            for held in fields[8:]:
+                first, _, last = held.partition("-")
+                if first.isdigit() and int(first) <= slot <= int(last or first):
+                    return next(n for n in self.nodes if f":{n.port}@" in fields[1])
+        raise LookupError(f"no node holds slot {slot}")
+
+    def move_slot(
+        self, slot: int, to: RedisServer, *, keys_a_step: int = 1, pause_s: float = 0.0
+    ) -> int:
+        """Reshard ``slot`` to ``to`` as ``redis-cli --cluster reshard`` does, slowly enough to
+        be caught in the middle: the slot marked importing and migrating, its keys moved
+        ``keys_a_step`` at a time (MIGRATE) with ``pause_s`` between, then given to ``to`` on
+        every node. Returns how many keys moved."""
+        source = self.owner(slot)
+        ids = {n.port: self.ask(n, "cluster", "myid").strip() for n in (source, to)}
+        with redis.Redis(port=source.port) as old, redis.Redis(port=to.port) as new:
+            new.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
+            old.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to.port])
+            moved = 0
+            while keys := old.execute_command("CLUSTER", "GETKEYSINSLOT", slot, keys_a_step):
+                old.execute_command("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+                time.sleep(pause_s)
+        for node in self.nodes:
+            if node.process is not None:
+                with (
+                    redis.Redis(port=node.port) as client,
+                    contextlib.suppress(redis.ResponseError),
+                ):
+                    # (a replica refuses: it learns the slot's owner from its primary)
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[to.port])
+        return moved
 
     def _ready(self) -> bool:
         running = [node for node in self.nodes if node.process is not None]
