@@ -15,10 +15,11 @@ does not write is listed and not copied (exit status 1).
 Stop the old deployment first (at least its workers, and no keys created meanwhile), copy,
 then start the new one on the target: what is written after its name was read is not copied.
 
-The target must hold no name under the prefix: copying into a deployment already running there
-would bring back what was deleted there since (a key revoked on the target, a job it
-finished). ``--merge`` copies anyway, leaving the names already there as they are (a copy that
-stopped part way is run again with it); ``--replace`` overwrites them.
+The target must hold none of the service's names under the prefix: copying into a deployment
+already running there would bring back what was deleted there since (a key revoked on the
+target, a job it finished). ``--merge`` copies anyway, leaving the names already there as they
+are (a copy that stopped part way is run again with it); ``--replace`` overwrites them. The
+source itself, under any of its names, is refused as a target.
 """
 
 from __future__ import annotations

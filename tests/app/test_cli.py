@@ -387,7 +387,13 @@ def test_key_and_feature_commands_load_neither_the_web_framework_nor_the_index_c
     status, computed = _loaded("features", "compute", "--log", str(log), "--out", out, env=env)
     assert status == 0
     assert "retrieval.filters" in computed  # the request log reads filters: the grammar alone
-    commands = (help_loaded, created, refused, revoked, secret, listed, features_loaded, computed)
+    # A copy to a Redis that does not answer: exit status 1, after its own imports.
+    status, copied = _loaded("redis", "copy", "--to", "redis://127.0.0.1:1/0", env=env)
+    assert status == 1
+    commands = (
+        *(help_loaded, created, refused, revoked, secret, listed, features_loaded, computed),
+        copied,
+    )
     for loaded in commands:
         assert not {m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY}
     assert "app.settings" not in help_loaded  # --help reads no settings

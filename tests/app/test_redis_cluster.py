@@ -69,6 +69,35 @@ def node_of(cluster: RedisClusterServers, key: str) -> int:
         client.close()
 
 
+# Limits on: every request runs the limits' script on five keys of its tenant's slot.
+LIMITED = {"key_rpm": 100_000, "tenant_rpm": 100_000}
+
+
+async def cached_answers(h: AppHarness, count: int = 4) -> tuple[str, list[dict[str, Any]]]:
+    """A key of tenant acme and ``count`` questions, each answered, then a hit (the hit gives
+    its body a fast-path alias)."""
+    key = await h.key("acme")
+    bodies = [ask(unique_question()) for _ in range(count)]
+    for body in bodies:
+        assert (await h.chat(key, body)).headers["x-cache"] == "miss"
+        assert (await h.chat(key, body)).headers["x-cache"] == "hit"
+    return key, bodies
+
+
+async def hits_again(h: AppHarness, key: str, bodies: list[dict[str, Any]]) -> None:
+    """Each body a hit again within 10 s (its entry's node back or replaced), never refused
+    meanwhile: the key was seen a moment ago (a 503 "circuit open" in 2 of 10 runs of the
+    failover test when the key cache was cleared at the change channel's return)."""
+    for body in bodies:
+        for _ in range(40):
+            again = await h.chat(key, body)
+            assert again.status_code == 200, again.text
+            if again.headers["x-cache"] == "hit":
+                break
+            await asyncio.sleep(0.25)
+        assert again.headers["x-cache"] == "hit"
+
+
 async def test_a_key_answers_from_the_cache_and_the_fast_path_and_is_refused_once_revoked(
     make_app, redis_cluster, vllm
 ) -> None:
@@ -324,13 +353,18 @@ async def test_a_key_store_made_from_anothers_prefix_names_the_same_keys(kv) -> 
     assert await first.resolve(raw) is None
 
 
+def running(cluster: RedisClusterServers) -> Iterator[RedisClusterServers]:
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def replicated_cluster() -> Iterator[RedisClusterServers]:
     """Three primaries, each with a replica that takes its place 1 s after it stops answering."""
-    cluster = RedisClusterServers(nodes=6, replicas=1, node_timeout_ms=1000)
-    cluster.start()
-    yield cluster
-    cluster.stop()
+    yield from running(RedisClusterServers(nodes=6, replicas=1, node_timeout_ms=1000))
 
 
 async def test_a_failed_primary_is_replaced_by_its_replica_and_what_it_held_is_served_again(
@@ -355,16 +389,7 @@ async def test_a_failed_primary_is_replaced_by_its_replica_and_what_it_held_is_s
         assert promoted != primary.port
 
         # The answers stored before the failover are served from the promoted replica.
-        for body in bodies:
-            for _ in range(40):
-                again = await h.chat(key, body)
-                # Never refused: the key was seen a moment ago (a 503 "circuit open" in 2 of
-                # 10 runs when the key cache was cleared at the change channel's return).
-                assert again.status_code == 200, again.text
-                if again.headers["x-cache"] == "hit":
-                    break
-                await asyncio.sleep(0.25)
-            assert again.headers["x-cache"] == "hit"
+        await hits_again(h, key, bodies)
 
         # A pipeline that runs a script on the promoted node: its script cache may be empty
         # (scripts are not replicated), which costs at most one pipeline.
@@ -396,25 +421,17 @@ async def test_a_failed_primary_is_replaced_by_its_replica_and_what_it_held_is_s
 @pytest.fixture
 def own_cluster() -> Iterator[RedisClusterServers]:
     """Three primaries of this test's own: it moves slots between them."""
-    cluster = RedisClusterServers(nodes=3)
-    cluster.start()
-    yield cluster
-    cluster.stop()
+    yield from running(RedisClusterServers(nodes=3))
 
 
 async def test_a_tenants_slot_and_the_keys_slot_move_to_another_node_while_requests_run(
     make_app, own_cluster, vllm
 ) -> None:
     cluster = own_cluster
-    # Rate limits on: every request runs the limits' script on the tenant's five keys, which
-    # are in the moving slot (a script whose keys are half moved is refused: TRYAGAIN).
-    settings = on_cluster(cluster, vllm.url, limits={"key_rpm": 100_000, "tenant_rpm": 100_000})
-    async with make_app(settings) as h:
-        key = await h.key("acme")
-        bodies = [ask(unique_question()) for _ in range(4)]
-        for body in bodies:  # each cached, with its fast-path alias
-            assert (await h.chat(key, body)).headers["x-cache"] == "miss"
-            assert (await h.chat(key, body)).headers["x-cache"] == "hit"
+    # The limits' keys are in the moving slot too (a script whose keys are half moved is
+    # refused: TRYAGAIN).
+    async with make_app(on_cluster(cluster, vllm.url, limits=LIMITED)) as h:
+        key, bodies = await cached_answers(h)
         client = redis.RedisCluster.from_url(cluster.url)
         try:
             slots = [client.keyslot("{acme}"), client.keyslot("{keys}")]
@@ -451,13 +468,51 @@ async def test_a_tenants_slot_and_the_keys_slot_move_to_another_node_while_reque
         print(f"{len(answered)} requests while {sum(moved)} keys moved: {hits} hits")
         # After: the answers cached before are served from the slot's new node, the key from
         # its slot's, and the limits' script runs there.
-        for body in bodies:
-            for _ in range(20):
-                again = await h.chat(key, body)
-                assert again.status_code == 200, again.text
-                if again.headers["x-cache"] == "hit":
-                    break
-                await asyncio.sleep(0.25)
-            assert again.headers["x-cache"] == "hit"
+        await hits_again(h, key, bodies)
         fresh = await h.key("acme", "bob")  # the key store's create script, on the new node
         assert (await h.chat(fresh, bodies[0])).status_code == 200
+
+
+async def test_a_primary_fails_over_while_sixteen_clients_keep_asking(
+    make_app, replicated_cluster, vllm
+) -> None:
+    cluster = replicated_cluster
+    async with make_app(on_cluster(cluster, vllm.url, limits=LIMITED)) as h:
+        key, bodies = await cached_answers(h)
+        primary = next(n for n in cluster.nodes if n.port == node_of(cluster, "{acme}"))
+        cluster.ask(primary, "wait", "1", "2000")  # the answers reached its replica
+        stop = asyncio.Event()
+        answered: list[tuple[int, str, str]] = []
+
+        async def keep_asking(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                # Client 0 asks new questions (misses, stored as the slot changes hands);
+                # the others repeat the cached ones (hits, and the limits' script each time).
+                body = ask(unique_question()) if n == 0 else bodies[(n + i) % len(bodies)]
+                reply = await h.chat(key, body)
+                answered.append((reply.status_code, reply.headers.get("x-cache", ""), reply.text))
+                i += 1
+
+        clients = [asyncio.create_task(keep_asking(n)) for n in range(16)]
+        try:
+            await asyncio.sleep(0.5)
+            before = len(answered)
+            await asyncio.to_thread(primary.stop)
+            await asyncio.to_thread(
+                wait_for, lambda: "fail" in cluster.flags(primary), 30, "the primary failed"
+            )
+            await asyncio.to_thread(cluster.wait_ready)
+            during = len(answered) - before
+            await asyncio.sleep(1.0)  # and on, after the promotion
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+        refused = [text for status, _, text in answered if status != 200]
+        assert not refused, refused[:3]
+        assert during > 0  # requests were answered while the cluster failed over
+        hits = sum(cache == "hit" for _, cache, _ in answered)
+        print(f"{len(answered)} requests, {during} during the failover, {hits} hits")
+        promoted = node_of(cluster, "{acme}")
+        assert promoted != primary.port
+        await hits_again(h, key, bodies)  # the cached answers, from the promoted replica

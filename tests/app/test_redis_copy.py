@@ -229,12 +229,18 @@ async def test_names_the_service_does_not_write_are_listed_and_not_copied(
         await kv.aclose()
 
 
+def one_secret(server: RedisServer) -> str:
+    """A new prefix with one name under it on ``server`` (a webhook secret)."""
+    prefix = f"s{uuid.uuid4().hex[:6]}:"
+    with redis.Redis.from_url(server.url) as client:
+        client.set(f"{prefix}webhook-secret:acme", b"x")
+    return prefix
+
+
 def test_a_copy_that_cannot_run_says_why_and_writes_nothing(
     redis_server: RedisServer, redis_cluster: RedisClusterServers
 ) -> None:
-    prefix = f"no{uuid.uuid4().hex[:6]}:"
-    with redis.Redis.from_url(redis_server.url) as client:
-        client.set(f"{prefix}webhook-secret:acme", b"x")
+    prefix = one_secret(redis_server)
     # The source itself, by its URL or by another name of the same server and database (a
     # copy into it under another prefix read its own writes back).
     for itself in (redis_server.url, f"redis://localhost:{redis_server.port}"):
@@ -299,9 +305,7 @@ def test_a_password_the_target_refuses_is_said_so() -> None:
 def test_a_longer_prefix_on_the_target_is_not_taken_for_this_deployment(
     redis_server: RedisServer, redis_cluster: RedisClusterServers
 ) -> None:
-    prefix = f"np{uuid.uuid4().hex[:6]}:"
-    with redis.Redis.from_url(redis_server.url) as client:
-        client.set(f"{prefix}webhook-secret:acme", b"x")
+    prefix = one_secret(redis_server)
     with redis.RedisCluster.from_url(redis_cluster.url) as client:
         # Another deployment's, under a longer prefix: no name of this one's groups.
         client.set(f"{prefix}staging:webhook-secret:acme", b"other")
