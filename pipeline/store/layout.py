@@ -18,11 +18,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-# A part's text. Tenants and users never hold a colon or a brace (pipeline.store.keys
-# .validate_name), so a name splits into its parts one way only.
+from pipeline.store.keys import TENANT_PATTERN
+
+# A part's text. Tenants and users are what validate_name lets in: never a colon or a brace,
+# so a name splits into its parts one way only.
+_NAME = TENANT_PATTERN.pattern.removeprefix("^").removesuffix("$")
 _PARTS = {
-    "tenant": r"[A-Za-z0-9_.-]{1,64}",
-    "user": r"[A-Za-z0-9_.-]{1,64}",
+    "tenant": _NAME,
+    "user": _NAME,
     "hour": r"[0-9]{1,12}",
     "rest": r"[^{}]+",
     "any": r"(?s:.+)",
