@@ -210,7 +210,16 @@ def _add_redis_commands(commands: Any) -> None:
         "--replace", action="store_true", help="as --merge, but overwrite the names there"
     )
     copy.add_argument(
-        "--dry-run", action="store_true", help="count what would be copied; write nothing"
+        "--skip-prefix",
+        action="append",
+        metavar="PREFIX",
+        help="another deployment's longer prefix on the source (rag:staging:): its names are "
+        "counted, not copied, and not listed as unknown (may be given more than once)",
+    )
+    copy.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be copied and what the target holds already; write nothing",
     )
     copy.set_defaults(run="redis_copy:copy")
 

@@ -3,14 +3,16 @@ target's form (one Redis or a Redis Cluster, whose hash tags change some names:
 docs/scaling.md).
 
 rag redis copy --to URL [--to-cluster] [--from URL] [--from-cluster | --no-from-cluster]
-               [--to-prefix P] [--merge | --replace] [--dry-run]
+               [--to-prefix P] [--merge | --replace] [--skip-prefix P ...] [--dry-run]
 
 What it copies, group by group (pipeline.store.layout): API keys, features and their hourly
 counts, request logs, tenant limits, webhook secrets, index versions, backend records and
 jobs, each value exactly with its time to live (DUMP and RESTORE: a stream keeps its consumer
 groups, a sealed webhook secret stays sealed). The cache, coalesced flights and rate-limit
 windows are not copied: the service rebuilds them. A name under the prefix that the service
-does not write is listed and not copied (exit status 1).
+does not write is listed and not copied (exit status 1), except under a ``--skip-prefix``: a
+longer prefix of another deployment on the same Redis ("rag:staging:" beside "rag:"), whose
+names are counted and left alone.
 
 Stop the old deployment first (at least its workers, and no keys created meanwhile), copy,
 then start the new one on the target: what is written after its name was read is not copied.
@@ -19,7 +21,8 @@ The target must hold none of the service's names under the prefix: copying into 
 already running there would bring back what was deleted there since (a key revoked on the
 target, a job it finished). ``--merge`` copies anyway, leaving the names already there as they
 are (a copy that stopped part way is run again with it); ``--replace`` overwrites them. The
-source itself, under any of its names, is refused as a target.
+source itself, under any of its names, is refused as a target. ``--dry-run`` writes nothing and
+asks the target which names it holds already, so its counts are the copy's.
 """
 
 from __future__ import annotations
@@ -129,13 +132,18 @@ class Copy:
         self.tally: dict[str, Counter[str]] = {group.name: Counter() for group in GROUPS}
         self.unknown: list[str] = []
         self.failed: list[str] = []
-        self.seen = 0  # names read under the prefix
+        self.seen = 0  # names read under the prefix, but for those skipped
+        self.skip = tuple(prefix.encode() for prefix in args.skip_prefix or ())
+        self.skipped = 0  # names under a --skip-prefix
 
     def plan(self, batch: list[bytes]) -> list[tuple[bytes, str, str]]:
         """(source name, target name, group) for the names of ``batch`` that are copied."""
         planned = []
-        self.seen += len(batch)
         for raw in batch:
+            if raw.startswith(self.skip):
+                self.skipped += 1
+                continue
+            self.seen += 1
             try:
                 name = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -160,8 +168,7 @@ class Copy:
         planned: list[tuple[bytes, str, str]],
     ) -> None:
         if self.args.dry_run:
-            for _, _, group in planned:
-                self.tally[group]["to copy"] += 1
+            self._look(target, planned)
             return
         reading = source.pipeline(transaction=False)
         for name, _, _ in planned:
@@ -191,12 +198,26 @@ class Copy:
                 self.tally[group]["failed"] += 1
                 self.failed.append(f"{name!r} -> {to!r}: {reply}")
 
+    def _look(
+        self, target: redis.Redis | redis.RedisCluster, planned: list[tuple[bytes, str, str]]
+    ) -> None:
+        """A dry run's counts: what the copy would find on the target already is "already
+        there" (left as it is), unless ``--replace`` would overwrite it."""
+        held: list[Any] = [0] * len(planned)
+        if not self.args.replace and planned:
+            asking = target.pipeline(transaction=False)
+            for _, to, _ in planned:
+                asking.exists(to)
+            held = asking.execute()
+        for (_, _, group), there in zip(planned, held, strict=True):
+            self.tally[group]["already there" if there else "to copy"] += 1
+
     @property
     def copied(self) -> int:
         return sum(counts["copied"] for counts in self.tally.values())
 
     def report(self) -> int:
-        columns: tuple[str, ...] = ("to copy",)
+        columns: tuple[str, ...] = ("to copy", "already there")
         if not self.args.dry_run:
             columns = ("copied", "already there", "gone")
         columns += ("not copied",) + (() if self.args.dry_run else ("failed",))
@@ -206,6 +227,9 @@ class Copy:
             counts = self.tally[group.name]
             print(f"{group.name:<{width}}  " + "  ".join(f"{counts[c]:>13}" for c in columns))
         status = 0
+        if self.skipped:
+            shown = ", ".join(repr(prefix.decode()) for prefix in self.skip)
+            print(f"{self.skipped} names under {shown} skipped (--skip-prefix)", file=sys.stderr)
         if not self.seen:
             status = 1
             print(
@@ -241,6 +265,12 @@ def copy(args: argparse.Namespace) -> int:
     for cluster, named in ((from_cluster, prefix), (args.to_cluster, to_prefix)):
         if cluster and ("{" in named or "}" in named):
             raise ValueError(f"a key prefix on a Redis Cluster holds no {{ or }}: {named!r}")
+    for skipped in args.skip_prefix or ():
+        if not skipped.startswith(prefix) or skipped == prefix:
+            raise ValueError(
+                f"--skip-prefix {skipped!r}: another deployment's prefix starts with this "
+                f"one's ({prefix!r}) and is longer"
+            )
     plan = Copy(args, from_cluster, prefix)
     with contextlib.ExitStack() as clients:
         try:

@@ -313,6 +313,69 @@ def test_a_longer_prefix_on_the_target_is_not_taken_for_this_deployment(
     assert status == 0 and copied["webhook secrets"]["copied"] == 1, said
 
 
+def test_a_dry_run_counts_what_the_target_holds_already(
+    redis_server: RedisServer, redis_cluster: RedisClusterServers
+) -> None:
+    prefix = one_secret(redis_server)  # acme's
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.set(f"{prefix}webhook-secret:beta", b"beta's")
+    with redis.RedisCluster.from_url(redis_cluster.url) as client:
+        client.set(f"{prefix}webhook-secret:acme", b"the target's")  # a copy that stopped
+    to = ("--to", redis_cluster.url, "--to-cluster")
+    status, looked, said = copy(redis_server.url, prefix, *to, "--merge", "--dry-run")
+    assert status == 0, said
+    assert looked["webhook secrets"] == {"to copy": 1, "already there": 1, "not copied": 0}
+    status, looked, said = copy(redis_server.url, prefix, *to, "--replace", "--dry-run")
+    assert status == 0 and looked["webhook secrets"]["to copy"] == 2, (said, looked)
+    # The copy then finds what the dry run said.
+    status, merged, said = copy(redis_server.url, prefix, *to, "--merge")
+    assert status == 0, said
+    assert (merged["webhook secrets"]["copied"], merged["webhook secrets"]["already there"]) == (
+        1,
+        1,
+    )
+    with redis.RedisCluster.from_url(redis_cluster.url) as client:
+        assert client.get(f"{prefix}webhook-secret:acme") == b"the target's"
+        assert client.get(f"{prefix}webhook-secret:beta") == b"beta's"
+
+
+def test_another_deployments_longer_prefix_is_skipped_when_named(
+    redis_server: RedisServer, redis_cluster: RedisClusterServers
+) -> None:
+    prefix = one_secret(redis_server)
+    staging = f"{prefix}staging:"
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.set(f"{staging}webhook-secret:acme", b"staging's")
+        client.set(f"{staging}apikey:{'0' * 64}", b"staging's")
+    to = ("--to", redis_cluster.url, "--to-cluster")
+    # Unnamed, they are none of this deployment's names: listed, exit status 1.
+    status, _, said = copy(redis_server.url, prefix, *to, "--dry-run")
+    assert status == 1 and "2 names under" in said and "staging:webhook-secret" in said, said
+    status, copied, said = copy(redis_server.url, prefix, *to, "--skip-prefix", staging)
+    assert status == 0, said
+    assert copied["webhook secrets"]["copied"] == 1 and copied["API keys"]["copied"] == 0
+    assert f"2 names under {staging!r} skipped" in said
+    with redis.RedisCluster.from_url(redis_cluster.url) as client:
+        assert not list(client.scan_iter(match=f"{staging}*"))
+    # Not a longer prefix of this deployment's: refused before anything is read.
+    for wrong in (prefix, "other:", prefix[:-1]):
+        status, _, said = copy(redis_server.url, prefix, *to, "--skip-prefix", wrong)
+        assert status == 2 and "is longer" in said, (wrong, said)
+    # Everything skipped is no copy (given twice, both count).
+    status, _, said = copy(
+        redis_server.url,
+        prefix,
+        *to,
+        "--to-prefix",
+        f"x{prefix}",
+        "--skip-prefix",
+        staging,
+        "--skip-prefix",
+        f"{prefix}webhook-",
+    )
+    assert status == 1 and "no names under" in said and "3 names under" in said, said
+
+
 class _ExpiringNow:
     """A source whose one key expires within the millisecond between its DUMP and PTTL
     (Redis answers PTTL 0): a race the real server shows about once in 5,000 names."""
@@ -337,7 +400,9 @@ def test_a_key_that_expires_as_it_is_read_is_not_written_without_an_expiry(
 
     from app.cli.redis_copy import Copy
 
-    args = argparse.Namespace(to_prefix="ttl:", to_cluster=False, dry_run=False, replace=False)
+    args = argparse.Namespace(
+        to_prefix="ttl:", to_cluster=False, dry_run=False, replace=False, skip_prefix=None
+    )
     plan = Copy(args, False, "rag:")
     with redis.Redis.from_url(redis_server.url) as target:
         plan.run(
