@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 .PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
 	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
-	bench-all bench-redis-copy bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
+	bench-all bench-redis-copy bench-memo bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -104,6 +104,11 @@ bench-cache: install model redis
 # `rag redis copy` (one Redis to a cluster) against a copy without its naming work.
 bench-redis-copy: install redis
 	$(PY) -m bench.redis_copy_bench
+
+# What the guard's PII memo and the passage analyses hold after hostile texts, with and without
+# their weight budgets (pipeline/kept.py).
+bench-memo: install
+	$(PY) -m bench.memo_memory --rounds 3
 
 bench-retrieval: install
 	$(PY) -m bench.retrieval_quality
@@ -248,7 +253,7 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy
+	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy bench-memo
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import _CacheInfo, cache, lru_cache, update_wrapper
+from functools import cache, update_wrapper
 from typing import Generic, ParamSpec, TypeVar
 
 import numpy as np
 
 from pipeline.context import Passage
+from pipeline.kept import Kept
 from pipeline.model.tokens import TokenCounter, load_token_counter
 from retrieval.tokenize import LONGEST_CACHED, tokenize
 
@@ -126,36 +127,42 @@ def _pieces(
 
 
 _WORD = re.compile(r"\w\w+")  # retrieval.tokenize's words (its \b...\b is implied)
-# Passages longer than this are analysed each time, not kept: the caches' bound is entries times
-# length, and a passage's length is its writer's (an ordinary chunk, 180 words, is ~1,200).
+# Passages longer than this are analysed each time, not kept, and those kept hold at most
+# KEPT_TEXT_CHARS characters in all: a passage's analysis is up to ~10 bytes a character, and a
+# passage's length is its writer's (an ordinary chunk, 180 words, is ~1,200 characters; 4,096
+# of 8,192 would keep 0.3 GB in the two caches, compression's and citations').
 LONGEST_KEPT_TEXT = 8192
+KEPT_TEXT_CHARS = 4_194_304
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 class _KeptIfShort(Generic[P, R]):
-    """``fn``, its results kept (4,096, least recently used out) for a text (its last argument)
-    up to ``LONGEST_KEPT_TEXT`` characters, and worked out each time for a longer one (a chunk
-    of one 200,000-character "word" kept 1 MB in compression's cache, 0.5 MB in citations')."""
+    """``fn``, its results kept (4,096, least recently used out; ``KEPT_TEXT_CHARS`` of text in
+    all) for a text (its last argument) up to ``LONGEST_KEPT_TEXT`` characters, and worked out
+    each time for a longer one (a chunk of one 200,000-character "word" kept 1 MB in
+    compression's cache, 0.5 MB in citations')."""
 
     def __init__(self, fn: Callable[P, R]) -> None:
         self._fn = fn
-        self._kept: Callable[P, R] = lru_cache(maxsize=4096)(fn)
+        self.kept: Kept[Hashable, R] = Kept(4096, budget=KEPT_TEXT_CHARS)
         update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         text = args[-1]
-        if isinstance(text, str) and len(text) <= LONGEST_KEPT_TEXT:
-            return self._kept(*args, **kwargs)
-        return self._fn(*args, **kwargs)
+        if not isinstance(text, str) or len(text) > LONGEST_KEPT_TEXT:
+            return self._fn(*args, **kwargs)
+        key = (args, tuple(sorted(kwargs.items())))
+        found = self.kept.get(key)
+        if found is not None:
+            return found[0]
+        value = self._fn(*args, **kwargs)
+        self.kept.put(key, value, len(text))
+        return value
 
     def cache_clear(self) -> None:
-        self._kept.cache_clear()  # type: ignore[attr-defined]
-
-    def cache_info(self) -> _CacheInfo:
-        info: _CacheInfo = self._kept.cache_info()  # type: ignore[attr-defined]
-        return info
+        self.kept.clear()
 
 
 def kept_if_short(fn: Callable[P, R]) -> _KeptIfShort[P, R]:

@@ -266,10 +266,35 @@ def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
     passages = [Passage("d0", "d0#0", "", f"Tides rise. {junk}. The Moon pulls.", 1.0), TIDES]
     done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter)
     assert done.tokens_after <= 60
-    assert compress_module._analyse.cache_info().currsize == 1, "only the ordinary passage"
+    assert len(compress_module._analyse.kept) == 1, "only the ordinary passage"
     assert max(map(len, compress_module._STEM_CACHE)) <= 64
     source = citations._analyse(passages[0].text)
-    assert source.spans and citations._analyse.cache_info().currsize == 0
+    assert source.spans and len(citations._analyse.kept) == 0
+
+
+def test_the_passage_analyses_kept_stay_within_their_characters(
+    counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.answer import citations
+    from pipeline.sources import compress as compress_module
+
+    caches = (compress_module._analyse, citations._analyse)
+    for kept in caches:
+        kept.cache_clear()
+        monkeypatch.setattr(kept.kept, "budget", 5_000)
+    # Six passages of about 2,000 characters each: a writer's long chunks.
+    passages = [
+        Passage(f"d{i}", f"d{i}#0", "", f"The Moon pulls tide {i} higher. " * 64, 1.0)
+        for i in range(6)
+    ]
+    first = compress("what pulls the tides", passages, budget_tokens=120, counter=counter)
+    for passage in passages:
+        citations._analyse(passage.text)
+    for kept in caches:
+        assert 0 < kept.kept.weight <= 5_000, "what is kept stays within its characters"
+        assert len(kept.kept) == 2, "the two most recent of ~2,000 characters each"
+    again = compress("what pulls the tides", passages, budget_tokens=120, counter=counter)
+    assert again == first, "an analysis let go is worked out again, to the same result"
 
 
 def test_counts_stay_exact_when_the_piece_cache_starts_anew(

@@ -1,0 +1,42 @@
+"""bench.memo_memory measures what it says: its texts are ones a caller can really send, and
+each memo's row says what it kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.memo_memory import ADDRESSES, dense_passage, letters
+from pipeline.guards.pii import find_pii
+from pipeline.model.tokens import ApproximateTokenCounter
+from retrieval.documents import Document, chunk_document
+
+
+def test_the_hostile_texts_pass_the_limits_a_caller_meets() -> None:
+    passage = dense_passage(7)
+    assert len(passage) <= 8192, "as long as a passage whose analysis is kept"
+    chunks = chunk_document(Document(id="d", text=passage))
+    assert [chunk.text for chunk in chunks] == [passage], "the chunker stores it as one chunk"
+    text = " ".join(f"{letters(3)}{letters(i)}@x.io" for i in range(ADDRESSES))
+    assert ApproximateTokenCounter().count(text) <= 4096, "within the default input tokens"
+    assert len(find_pii(text)) == ADDRESSES
+
+
+def test_each_memo_keeps_within_its_budget_and_without_it_keeps_everything() -> None:
+    for memo in ("pii", "passages"):
+        rows = {}
+        for which in ("none", "budget"):
+            child = ["--child", f"{memo}:{which}", "--entries", "12"]
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.memo_memory", *child],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            )
+            rows[which] = json.loads(done.stdout.splitlines()[-1])
+        assert rows["none"]["budget"] is None and rows["budget"]["budget"] > 0
+        assert rows["budget"]["kept_weight"] <= rows["budget"]["budget"]
+        assert rows["none"]["kept"] >= 12, (memo, rows)
+        assert rows["budget"]["seen_again_ms"] < rows["budget"]["seen_first_ms"], (memo, rows)
