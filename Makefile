@@ -105,10 +105,11 @@ bench-cache: install model redis
 bench-redis-copy: install redis
 	$(PY) -m bench.redis_copy_bench
 
-# What the guard's PII memo and the passage analyses hold after hostile texts, with and without
-# their weight budgets (pipeline/kept.py).
-bench-memo: install
-	$(PY) -m bench.memo_memory --rounds 3
+# What a replica's memos and caches hold after hostile texts, with and without their bounds
+# by weight (pipeline/kept.py; BENCHMARKS.md, "What a replica's memos keep"). About 25 minutes.
+bench-memo: install model
+	$(PY) -m bench.memo_memory --entries 1024 --memos pii injection
+	$(PY) -m bench.memo_memory --entries 4096 --memos passages pieces stems patterns bpe
 
 bench-retrieval: install
 	$(PY) -m bench.retrieval_quality

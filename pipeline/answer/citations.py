@@ -133,8 +133,12 @@ class _Analysis:
     terms: tuple[frozenset[str], ...]
 
 
+def _items(analysis: _Analysis) -> int:
+    return len(analysis.spans) + sum(map(len, analysis.terms))
+
+
 # Retrieval hands the same chunks over again and again: each text is cut and stemmed once.
-@kept_if_short
+@kept_if_short(_items)
 def _analyse(text: str) -> _Analysis:
     spans = tuple(segments(text))
     return _Analysis(spans, tuple(frozenset(tokenize(text[a:b])) for a, b in spans))

@@ -56,6 +56,10 @@ _GPT2_PIECES = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 )
 PIECE_CACHE_SIZE = 200_000
+# And at most this many characters in all: 200,000 pieces of 64 astral letters (a caller's
+# texts, counted even when refused) held 125 MB, each a 4-byte-a-letter string with its UTF-8
+# copy; ordinary pieces average about five characters, so the count bounds them first.
+PIECE_CACHE_CHARS = 2_000_000
 # Longer pieces are counted and not kept: a piece is a run of letters of any length (a caller's
 # 60,000-letter "word" kept 59 KiB a request, up to 11 GiB at the cache's size; refused
 # requests too, since inputs are counted before the limit is checked). Real words are shorter.
@@ -91,7 +95,15 @@ class ModelTokenCounter:
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
         self.tokenizer = tokenizer
         self.source = source
+        # The tokenizer's own BPE cache keeps the first 10,000 words it meets, for ever, and a
+        # caller's 250-character runs of punctuation made them 166 MB (8 KB each). The pieces'
+        # counts are kept here, bounded, so the tokenizer keeps none (SciFact's abstracts are
+        # counted as fast without it: bench.memo_memory's "bpe" row).
+        resize = getattr(tokenizer.model, "_resize_cache", None)
+        if resize is not None:
+            resize(0)
         self._pieces: dict[str, int] | None = {} if _is_gpt2_byte_level(tokenizer) else None
+        self._piece_chars = 0  # the characters of the pieces in self._pieces
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
@@ -148,11 +160,17 @@ class ModelTokenCounter:
                 kept.append((piece, n))
             else:
                 long[piece] = n
-        if len(cache) + len(kept) > PIECE_CACHE_SIZE:
+        chars = sum(len(piece) for piece, _ in kept)
+        if (
+            len(cache) + len(kept) > PIECE_CACHE_SIZE
+            or self._piece_chars + chars > PIECE_CACHE_CHARS
+        ):
             # A new dict, with this call's pieces the old one had (its callers read them all).
             cache = {p: cache[p] for p in pieces if p in cache}
             self._pieces = cache
+            self._piece_chars = sum(map(len, cache))
         cache.update(kept)
+        self._piece_chars += chars
         return ChainMap(long, cache) if long else cache
 
 

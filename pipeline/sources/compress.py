@@ -127,26 +127,28 @@ def _pieces(
 
 
 _WORD = re.compile(r"\w\w+")  # retrieval.tokenize's words (its \b...\b is implied)
-# Passages longer than this are analysed each time, not kept, and those kept hold at most
-# KEPT_TEXT_CHARS characters in all: a passage's analysis is up to ~10 bytes a character, and a
-# passage's length is its writer's (an ordinary chunk, 180 words, is ~1,200 characters; 4,096
-# of 8,192 would keep 0.3 GB in the two caches, compression's and citations').
+# Passages longer than this are analysed each time, not kept; and the analyses kept hold at
+# most KEPT_ITEMS items (sentences and their distinct stems, ~80-110 bytes each) in each cache,
+# compression's and citations'. A passage's length and density are its writer's: an ordinary
+# chunk is ~130 items a cache (20 KB for both), one as dense as the chunker allows (a sentence
+# per word) ~1,300, and 4,096 of those held 1.1 GB.
 LONGEST_KEPT_TEXT = 8192
-KEPT_TEXT_CHARS = 4_194_304
+KEPT_ITEMS = 200_000
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 class _KeptIfShort(Generic[P, R]):
-    """``fn``, its results kept (4,096, least recently used out; ``KEPT_TEXT_CHARS`` of text in
-    all) for a text (its last argument) up to ``LONGEST_KEPT_TEXT`` characters, and worked out
-    each time for a longer one (a chunk of one 200,000-character "word" kept 1 MB in
-    compression's cache, 0.5 MB in citations')."""
+    """``fn``, its results kept (4,096, least recently used out; ``KEPT_ITEMS`` of their
+    ``weight`` in all) for a text (its last argument) up to ``LONGEST_KEPT_TEXT`` characters,
+    and worked out each time for a longer one (a chunk of one 200,000-character "word" kept
+    1 MB in compression's cache, 0.5 MB in citations')."""
 
-    def __init__(self, fn: Callable[P, R]) -> None:
+    def __init__(self, fn: Callable[P, R], weight: Callable[[R], int]) -> None:
         self._fn = fn
-        self.kept: Kept[Hashable, R] = Kept(4096, budget=KEPT_TEXT_CHARS)
+        self._weight = weight
+        self.kept: Kept[Hashable, R] = Kept(4096, budget=KEPT_ITEMS)
         update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -158,20 +160,27 @@ class _KeptIfShort(Generic[P, R]):
         if found is not None:
             return found[0]
         value = self._fn(*args, **kwargs)
-        self.kept.put(key, value, len(text))
+        self.kept.put(key, value, self._weight(value))
         return value
 
     def cache_clear(self) -> None:
         self.kept.clear()
 
 
-def kept_if_short(fn: Callable[P, R]) -> _KeptIfShort[P, R]:
-    """Keep ``fn``'s results for texts of ordinary length (see ``_KeptIfShort``)."""
-    return _KeptIfShort(fn)
+def kept_if_short(
+    weight: Callable[[R], int],
+) -> Callable[[Callable[P, R]], _KeptIfShort[P, R]]:
+    """Keep ``fn``'s results for texts of ordinary length, by ``weight`` (see
+    ``_KeptIfShort``)."""
+    return lambda fn: _KeptIfShort(fn, weight)
 
 
 _STEM_CACHE: dict[str, str] = {}
 _STEM_CACHE_SIZE = 200_000
+# And at most this many characters of words: 200,000 words of 64 astral letters (an ingest
+# key's chunks, analysed when retrieved) held 135 MB; ordinary words are far shorter.
+_STEM_CACHE_CHARS = 2_000_000
+_stem_cache_chars = 0
 
 
 def _stems(text: str) -> frozenset[str]:
@@ -188,12 +197,20 @@ def _stems(text: str) -> frozenset[str]:
                 stems.add(stem)
                 if len(word) > LONGEST_CACHED:
                     continue  # not kept (a "word" of any length in a passage): not a word
-                if len(_STEM_CACHE) >= _STEM_CACHE_SIZE:
-                    _STEM_CACHE.clear()
-                _STEM_CACHE[word] = stem
+                _keep_stem(word, stem)
     stems.discard("")
     stems.discard(None)
     return frozenset(stems)  # type: ignore[arg-type]  # None was discarded
+
+
+def _keep_stem(word: str, stem: str) -> None:
+    global _stem_cache_chars
+    chars = len(word) + len(stem)
+    if len(_STEM_CACHE) >= _STEM_CACHE_SIZE or _stem_cache_chars + chars > _STEM_CACHE_CHARS:
+        _STEM_CACHE.clear()
+        _stem_cache_chars = 0
+    _STEM_CACHE[word] = stem
+    _stem_cache_chars += chars
 
 
 def _overlap_scores(
@@ -314,9 +331,13 @@ class _Analysis:
     total: int
 
 
+def _items(analysis: _Analysis) -> int:
+    return len(analysis.texts) + sum(map(len, analysis.stems))
+
+
 # Retrieval hands the same chunks over again and again; their analysis does not depend on the
-# query. Keyed by (counter, text); a few MB for 4,096 passages of ordinary length.
-@kept_if_short
+# query. Keyed by (counter, text).
+@kept_if_short(_items)
 def _analyse(counter: TokenCounter, text: str) -> _Analysis:
     """Each token is credited to the unit its first character falls in (a boundary token, the
     space before a sentence, goes to the sentence)."""

@@ -44,8 +44,10 @@ from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
 
 MEMO_CHARS = 256  # longer texts are remembered by a digest
-# PII findings the memo keeps in all (~160 bytes each: ~10 MB), whatever the texts hold.
+# PII findings the memo keeps in all (~150 bytes each: ~10 MB), whatever the texts hold; and
+# the injection rules' signals (~150 bytes each: a text can fire 300, 48 KB).
 MEMO_FINDINGS = 65_536
+MEMO_SIGNALS = 65_536
 OFFLOAD_CHARS = 8192
 OPERATOR_ROLES = frozenset({"system", "developer"})
 OPERATOR_ATTACKS = frozenset(
@@ -249,7 +251,9 @@ class GuardInput:
         # question, ~1.7 ms for 2,400 characters) and their verdicts depend on the text alone:
         # a text seen again (an application's system prompt on every request, a conversation's
         # earlier turns, a question asked again) is judged once.
-        self._judged: TextMemo[InjectionDecision] = TextMemo(detector.check)
+        self._judged: TextMemo[InjectionDecision] = TextMemo(
+            detector.check, weight=lambda decision: len(decision.signals), budget=MEMO_SIGNALS
+        )
         self._pii: TextMemo[tuple[PiiFinding, ...]] = TextMemo(
             lambda t: tuple(find_pii(t)), weight=len, budget=MEMO_FINDINGS
         )

@@ -311,6 +311,37 @@ async def test_tool_schema_patterns_are_bounded_and_never_compiled_by_re(
     assert time.process_time() - before < 0.5  # the review's case kept a thread busy 1.75 s
 
 
+async def test_patterns_that_compile_to_huge_programs_are_refused_and_none_is_kept(
+    harness,
+) -> None:
+    import re2
+
+    key = await harness.key()
+    # re2.compile's own cache, for ever (full already: the guards' rules go through it).
+    compiled = re2._Regexp._make.cache_info().misses
+
+    def tool(*patterns: str) -> dict[str, Any]:
+        properties = {f"a{i}": {"type": "string", "pattern": p} for i, p in enumerate(patterns)}
+        return schema_tool({"type": "object", "properties": properties})
+
+    # A Unicode class repeated: a 4 MB program each (0.3 s to compile), 0.5 GB kept by re2's
+    # module-level cache after 32 such requests before.
+    for n in range(3):
+        response = await harness.chat(key, {**BODY, "tools": [tool(f"x{n}\\pL{{400}}")]})
+        error = assert_openai_error(response, 400, "invalid_request_error")
+        assert error["code"] == "invalid_tool_schema" and "too large" in error["message"]
+    # Many patterns each within its memory, too much work together.
+    many = [f"^{n}.{{0,999}}$" for n in range(8)]
+    response = await harness.chat(key, {**BODY, "tools": [tool(*many)]})
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert error["code"] == "tool_schema_too_complex" and "instructions" in error["message"]
+    # Patterns that pass are compiled to be checked, and not kept either.
+    for n in range(3):
+        response = await harness.chat(key, {**BODY, "tools": [tool(f"^id-{n}-[0-9]{{6}}$")]})
+        assert_openai_error(response, 503, "service_unavailable")  # past every check
+    assert re2._Regexp._make.cache_info().misses == compiled, "none went through re2.compile"
+
+
 async def test_a_tool_schema_pattern_re2_reads_passes(harness) -> None:
     key = await harness.key()
     parameters = {

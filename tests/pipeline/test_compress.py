@@ -272,27 +272,33 @@ def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
     assert source.spans and len(citations._analyse.kept) == 0
 
 
-def test_the_passage_analyses_kept_stay_within_their_characters(
+def test_the_passage_analyses_kept_stay_within_their_items(
     counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pipeline.answer import citations
     from pipeline.sources import compress as compress_module
 
-    caches = (compress_module._analyse, citations._analyse)
-    for kept in caches:
-        kept.cache_clear()
-        monkeypatch.setattr(kept.kept, "budget", 5_000)
-    # Six passages of about 2,000 characters each: a writer's long chunks.
+    # Six dense passages (64 sentences each), all of one weight in each cache.
     passages = [
         Passage(f"d{i}", f"d{i}#0", "", f"The Moon pulls tide {i} higher. " * 64, 1.0)
         for i in range(6)
     ]
+    caches = (compress_module._analyse, citations._analyse)
+    for kept in caches:
+        kept.cache_clear()
+    compress_module._analyse(counter, passages[0].text)
+    citations._analyse(passages[0].text)
+    for kept in caches:
+        one = kept.kept.weight
+        assert one > 64, "a sentence and its stems are items"
+        kept.cache_clear()
+        monkeypatch.setattr(kept.kept, "budget", one * 5 // 2)
     first = compress("what pulls the tides", passages, budget_tokens=120, counter=counter)
     for passage in passages:
         citations._analyse(passage.text)
     for kept in caches:
-        assert 0 < kept.kept.weight <= 5_000, "what is kept stays within its characters"
-        assert len(kept.kept) == 2, "the two most recent of ~2,000 characters each"
+        assert 0 < kept.kept.weight <= kept.kept.budget, "what is kept stays within its items"
+        assert len(kept.kept) == 2, "the two most recent"
     again = compress("what pulls the tides", passages, budget_tokens=120, counter=counter)
     assert again == first, "an analysis let go is worked out again, to the same result"
 
@@ -315,3 +321,31 @@ def test_counts_stay_exact_when_the_piece_cache_starts_anew(
     for text in texts * 2:
         assert counter.count(text) == counter.count_with_tokenizer([text])[0]
     assert counter.count_many(texts) == counter.count_with_tokenizer(texts)
+
+
+def test_the_piece_and_stem_caches_keep_few_characters_of_long_astral_words(
+    counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Words of 60 letters from beyond the Basic Multilingual Plane (4 bytes each in a Python
+    # string, and a UTF-8 copy beside it): within the 64 characters a cache keeps, 200,000 of
+    # them held 125 MB in the piece cache and 135 MB in the stem cache.
+    from pipeline.model import tokens
+    from pipeline.sources import compress as compress_module
+
+    monkeypatch.setattr(tokens, "PIECE_CACHE_CHARS", 2_000)
+    monkeypatch.setattr(compress_module, "_STEM_CACHE_CHARS", 2_000)
+    monkeypatch.setattr(compress_module, "_STEM_CACHE", {})
+    monkeypatch.setattr(compress_module, "_stem_cache_chars", 0)
+
+    def word(n: int) -> str:
+        return "".join(chr(0x20000 + (n * 60 + i) % 40_000) for i in range(60))
+
+    for start in range(0, 200, 20):
+        text = " ".join(word(n) for n in range(start, start + 20))
+        assert counter.count(text) == counter.count_with_tokenizer([text])[0], "still exact"
+        assert counter._pieces is not None
+        assert sum(map(len, counter._pieces)) <= 2_000
+        compress_module._stems(text)
+        kept = compress_module._STEM_CACHE
+        assert sum(len(w) + len(s) for w, s in kept.items()) <= 2_000
+    assert counter._pieces and compress_module._STEM_CACHE, "some are still kept"

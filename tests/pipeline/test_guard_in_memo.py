@@ -130,3 +130,39 @@ async def test_texts_packed_with_pii_cannot_grow_the_guards_memo_past_its_budget
     assert await ask("mail bob@example.org please") == "mail [EMAIL] please"
     assert await ask("mail bob@example.org please") == "mail [EMAIL] please"
     assert len(stage._pii.kept) == calls + 1
+
+
+async def test_texts_packed_with_attacks_cannot_grow_the_verdict_memo_past_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+    from pathlib import Path
+
+    monkeypatch.setattr(guard_in, "MEMO_SIGNALS", 100)
+    stage = GuardInput(PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter())
+    exemplars = Path(guard_in.__file__).parents[1] / "guards/data/injection_exemplars.jsonl"
+    rows = [json.loads(line) for line in exemplars.read_text("utf-8").splitlines()]
+    attacks = "\n".join(row["text"] for row in rows if row["label"] == "injection")[:6000]
+    signals = len(stage.detector.check(attacks).signals)
+    assert signals > 40, "a text that fires many rules"
+
+    async def ask(text: str) -> str | None:
+        ctx = RequestContext(
+            params=ChatParams(model="m", messages=[{"role": "user", "content": text}]),
+            credential=None,
+            deadline=asyncio.get_running_loop().time() + 30,
+            principal=Principal("acme", "alice", frozenset({"chat"}), "k"),
+        )
+        try:
+            await stage(ctx)
+        except Blocked as refused:
+            return refused.code
+        return None
+
+    for n in range(6):  # distinct texts, each refused, and refused again from the memo or not
+        for _ in range(2):
+            code = await ask(f"note {n}:\n{attacks}")
+            assert code is not None and code.startswith("injection"), code
+        assert stage._judged.kept.weight <= 100, "the memo stays within its signals"
+    assert await ask("What do the tides depend on?") is None
+    assert len(stage._judged.kept) >= 1, "an ordinary text's verdict is still kept"
