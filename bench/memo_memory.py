@@ -23,10 +23,10 @@ memo is emptied (resident memory would hide it: the heap reuses what earlier wor
 - ``stems``: compression's stem cache given the same kind of words. Budget:
   ``_STEM_CACHE_CHARS``.
 - ``patterns``: distinct tool-schema patterns ``x<n>\\pL{400}`` (a Unicode class repeated: a
-  4 MB program each): before, compiled by ``re2.compile`` (RE2's default 8 MB, and the re2
-  module's cache of 128 keeps them); now by ``check_patterns`` (1 MB each, none kept). RE2's
-  memory is C++, which tracemalloc does not see: this row reads resident memory, in a fresh
-  process. Entries are capped at 128 (the module cache's size).
+  4-8 MB program each): before, compiled by ``re2.compile`` (the re2 module's cache of 128
+  keeps them); now by ``check_patterns`` (each accepted, its verdict kept, the program not).
+  RE2's memory is C++, which tracemalloc does not see: this row reads resident memory in a
+  fresh process, after glibc gave back what is free. Entries are capped at 128.
 - ``bpe``: the tokenizer library's own BPE cache (Rust: resident memory too) given texts of
   distinct 250-character runs of punctuation (261 a text): before, as the library ships it
   (10,000 words, never let go); now resized to none by ``ModelTokenCounter``. Then SciFact's
@@ -117,6 +117,20 @@ def held(
     emptied = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return (after - emptied) / 2**20, seconds, looked
+
+
+def resident_mb() -> float:
+    """This process's resident memory, after glibc gave back what is free (freed C++ and Rust
+    memory would otherwise still count)."""
+    import ctypes
+    import os
+
+    from bench.replica_memory import rss_mb
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_mb(os.getpid())
 
 
 def twice(use: Callable[[], Any]) -> tuple[float, float]:
@@ -264,11 +278,8 @@ def stems(entries: int, budget: bool) -> dict[str, Any]:
 
 
 def patterns(entries: int, budget: bool) -> dict[str, Any]:
-    import os
-
     import re2
 
-    from bench.replica_memory import rss_mb
     from pipeline.guards.linear import _options
     from pipeline.tools.schema_check import SchemaLimits, SchemaRefused, check_patterns
 
@@ -283,14 +294,12 @@ def patterns(entries: int, budget: bool) -> dict[str, Any]:
             check_patterns([pattern], limits, "tools.0.function.parameters")
 
     use = now if budget else before
-    gc.collect()
-    start = rss_mb(os.getpid())
+    start = resident_mb()
     started = time.perf_counter()
     for pattern in sent:
         use(pattern)
     seconds = time.perf_counter() - started
-    gc.collect()
-    grown = rss_mb(os.getpid()) - start
+    grown = resident_mb() - start
     kept = re2._Regexp._make.cache_info().currsize
     first, again = twice(lambda: use("^id-[0-9]{6}$"))
     limit = limits.max_pattern_memory if budget else None
@@ -298,10 +307,8 @@ def patterns(entries: int, budget: bool) -> dict[str, Any]:
 
 
 def bpe(entries: int, budget: bool) -> dict[str, Any]:
-    import os
     import random
 
-    from bench.replica_memory import rss_mb
     from bench.retrieval_data import load_corpus
     from pipeline.model import tokens
 
@@ -316,14 +323,12 @@ def bpe(entries: int, budget: bool) -> dict[str, Any]:
         " ".join("".join(draw.choice(marks) for _ in range(250)) for _ in range(261))
         for _ in range(entries)
     ]
-    gc.collect()
-    start = rss_mb(os.getpid())
+    start = resident_mb()
     started = time.perf_counter()
     for text in texts:
         counter.count(text)
     seconds = time.perf_counter() - started
-    gc.collect()
-    grown = rss_mb(os.getpid()) - start
+    grown = resident_mb() - start
     abstracts = [document.text for document in load_corpus()[:500]]
     fresh = tokens.load_token_counter()
     if not budget:

@@ -271,6 +271,12 @@ def copy(args: argparse.Namespace) -> int:
                 f"--skip-prefix {skipped!r}: another deployment's prefix starts with this "
                 f"one's ({prefix!r}) and is longer"
             )
+        mine = _groups_under(skipped[len(prefix) :])
+        if mine:
+            raise ValueError(
+                f"--skip-prefix {skipped!r} would skip this deployment's own names too "
+                f"({', '.join(mine)}): name another deployment's whole prefix"
+            )
     plan = Copy(args, from_cluster, prefix)
     with contextlib.ExitStack() as clients:
         try:
@@ -332,6 +338,19 @@ def _copy(
     for batch in _batches(_names(source, glob_escaped(plan.prefix) + "*")):
         plan.run(source, target, plan.plan(batch))
     return plan.report()
+
+
+def _groups_under(rest: str) -> list[str]:
+    """The groups some of whose names (after the prefix, in either form) start with ``rest``,
+    or under which ``rest`` itself could be a name's start."""
+    found = []
+    for group in GROUPS:
+        for template in (group.single, group.cluster):
+            head = template.split("<", 1)[0]  # the literal start, before any part
+            if head.startswith(rest) or (rest.startswith(head) and "<" in template):
+                found.append(group.name)
+                break
+    return found
 
 
 def _ours(name: bytes, after: int, cluster: bool) -> bool:

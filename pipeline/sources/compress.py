@@ -129,11 +129,11 @@ def _pieces(
 _WORD = re.compile(r"\w\w+")  # retrieval.tokenize's words (its \b...\b is implied)
 # Passages longer than this are analysed each time, not kept; and the analyses kept hold at
 # most KEPT_ITEMS items (sentences and their distinct stems, ~80-110 bytes each) in each cache,
-# compression's and citations'. A passage's length and density are its writer's: an ordinary
-# chunk is ~130 items a cache (20 KB for both), one as dense as the chunker allows (a sentence
-# per word) ~1,300, and 4,096 of those held 1.1 GB.
+# compression's and citations'. A passage's length and density are its writer's: a SciFact
+# chunk is ~86 items a cache (so 4,096 of them fit, as before), one as dense as the chunker
+# allows (a sentence per word) ~1,300, and 4,096 of those held 1.1 GB.
 LONGEST_KEPT_TEXT = 8192
-KEPT_ITEMS = 200_000
+KEPT_ITEMS = 360_000
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -187,20 +187,18 @@ def _stems(text: str) -> frozenset[str]:
     """`set(tokenize(text))`, stemming each distinct word once per process: a request's
     sentences are mostly words seen before, and a dict lookup is far cheaper than the stemmer."""
     words = set(_WORD.findall(text.lower()))
-    stems = set(map(_STEM_CACHE.get, words))
-    if None in stems:
-        stems.discard(None)
-        for word in words:
-            if word not in _STEM_CACHE:
-                stemmed = tokenize(word)  # [] for a stop word
-                stem = stemmed[0] if stemmed else ""
-                stems.add(stem)
-                if len(word) > LONGEST_CACHED:
-                    continue  # not kept (a "word" of any length in a passage): not a word
-                _keep_stem(word, stem)
+    found = {word: _STEM_CACHE.get(word) for word in words}
+    stems = {stem for stem in found.values() if stem is not None}
+    # The words this read did not find, whatever another thread has added since (a word it
+    # added between the read and a second look was skipped, and its stem lost: a review's find).
+    for word in (word for word, stem in found.items() if stem is None):
+        stemmed = tokenize(word)  # [] for a stop word
+        stem = stemmed[0] if stemmed else ""
+        stems.add(stem)
+        if len(word) <= LONGEST_CACHED:  # longer: not kept (a "word" of any length)
+            _keep_stem(word, stem)
     stems.discard("")
-    stems.discard(None)
-    return frozenset(stems)  # type: ignore[arg-type]  # None was discarded
+    return frozenset(stems)
 
 
 def _keep_stem(word: str, stem: str) -> None:

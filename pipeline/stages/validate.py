@@ -50,7 +50,7 @@ class ValidateRequest:
         # 400 for unknown tools, 403 for a tool the caller's tenant may not use.
         offered_tools(params, self.server_tools, tenant=ctx.caller.tenant, access=self.tool_access)
         if params.tools:
-            await check_tool_schemas(params.tools, self.schema_limits)
+            await check_tool_schemas(params.tools, self.schema_limits, tenant=ctx.caller.tenant)
         response_format = params.sampling.get("response_format")
         if response_format is not None:
             self._not_with_tools(ctx)
@@ -58,7 +58,11 @@ class ValidateRequest:
             if schema is not None:
                 param = "response_format.json_schema.schema"
                 await check_schemas(
-                    [(param, schema)], self.schema_limits, kind="response", param=param
+                    [(param, schema)],
+                    self.schema_limits,
+                    kind="response",
+                    param=param,
+                    tenant=ctx.caller.tenant,
                 )
         return ctx
 

@@ -9,13 +9,16 @@ here may fetch a URL a caller names). Its regular expressions (``pattern``, the 
 ``patternProperties``) are bounded in length and compiled with RE2, never with Python's `re`:
 the meta-schema's `format: regex` check compiled them with `re`, where one class such as
 ``(?i)[Ā-￿]`` costs 6 ms, so a 2 KB schema kept a thread busy for seconds after its request had
-been refused. RE2 is bounded too: each pattern compiles within ``max_pattern_memory`` bytes,
-all of a schema's to at most ``max_patterns_program`` instructions, none is kept afterwards
-(``compile_callers``), and the compiling is done where the meta-schema check is: ``\\pL{400}``
-is a 4 MB program that took 0.3 s to compile on the event loop. Only a schema within the limits
-is checked against the JSON Schema meta-schema (formats not checked, so no `re`), in a small
-pool of its own under a time budget, so neither the event loop nor the threads that other
-requests share ever run it.
+been refused. RE2 is bounded too: each pattern compiles within RE2's memory budget, a request's
+distinct patterns to at most ``max_patterns_program`` instructions in all (``x\\pL{400}`` is
+478,000, 0.2 s; a name such as ``^[\\p{L} '-]{1,100}$`` 120,000; an e-mail address 18), and
+no program is kept afterwards (``compile_callers``): re2's own cache kept them for ever, 0.5 GB
+after 128. What each pattern compiled to (its size, or why it did not) is kept instead, in a
+bounded memo, so a pattern that every tool of a request shares, or that every request sends,
+is compiled once. The measuring and compiling run in a small pool of their own under a time
+budget (RE2 holds the GIL while it compiles, so the budget is what bounds the loop's wait),
+then a schema within the limits is checked against the JSON Schema meta-schema (formats not
+checked, so no `re`) there too.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from jsonschema.exceptions import best_match
 
 from pipeline.errors import InvalidRequest
 from pipeline.guards.linear import compile_callers
+from pipeline.kept import Kept
 
 BRANCHING: Final = frozenset({"anyOf", "oneOf", "allOf", "not", "if", "then", "else"})
 
@@ -45,10 +49,11 @@ class SchemaLimits:
     max_branches: int = 64
     max_pattern_chars: int = 1_000  # one regular expression
     max_patterns_chars: int = 4_000  # all of one schema's
-    # RE2's memory for one pattern's program (its default is 8 MB) and the instructions of all
-    # of one schema's: ordinary patterns are tens of instructions, ^.{0,1000}$ about 9,000.
-    max_pattern_memory: int = 1 << 20
-    max_patterns_program: int = 50_000
+    # RE2's memory for one pattern's program (its default) and the instructions of a request's
+    # distinct patterns: ordinary ones are tens of instructions, ^.{0,1000}$ 9,000, a Unicode
+    # name ^[\p{L}\p{M} .'-]{1,255}$ 339,000 (0.12 s to compile).
+    max_pattern_memory: int = 8 << 20
+    max_patterns_program: int = 500_000
     budget_s: float = 1.0
 
 
@@ -62,7 +67,7 @@ class SchemaRefused(InvalidRequest):
 
 def measure(schema: Any, limits: SchemaLimits, param: str, kind: str = "tool") -> list[str]:
     """Raise ``SchemaRefused`` if ``schema`` is over the limits or refers outside itself; its
-    regular expressions, within their lengths, to compile (``check_patterns``) off the loop."""
+    regular expressions, within their lengths, to compile (``check_patterns``)."""
     try:
         size = len(orjson.dumps(schema))
     except orjson.JSONEncodeError as exc:  # an integer past 64 bits, a non-string key
@@ -133,31 +138,57 @@ def check_lengths(patterns: list[str], limits: SchemaLimits, param: str, kind: s
         )
 
 
+# What a pattern compiled to, by (tenant, pattern, memory budget): its program's size, or why
+# RE2 refused it; never the program itself (up to 8 MB each). Per tenant, as the guard's memos
+# are: how fast a pattern is checked says nothing of what other tenants sent.
+_VERDICTS: Kept[tuple[str, str, int], int | str] = Kept(4096)
+
+
+def _verdict(pattern: str, max_mem: int, tenant: str) -> int | str:
+    key = (tenant, pattern, max_mem)
+    found = _VERDICTS.get(key)
+    if found is not None:
+        return found[0]
+    verdict: int | str
+    try:
+        verdict = compile_callers(pattern, max_mem=max_mem).programsize
+    except Exception as exc:  # re2.error: syntax RE2 lacks, or over its memory budget
+        reason = exc.args[0] if exc.args else exc
+        verdict = str(reason.decode("utf-8", "replace") if isinstance(reason, bytes) else reason)
+    _VERDICTS.put(key, verdict)
+    return verdict
+
+
 def check_patterns(
-    patterns: list[str], limits: SchemaLimits, param: str, kind: str = "tool"
+    patterns: list[str],
+    limits: SchemaLimits,
+    param: str,
+    kind: str = "tool",
+    seen: dict[str, int] | None = None,
+    tenant: str = "",
 ) -> None:
-    """Each regular expression of a schema short enough and one RE2 compiles within its
-    memory, all of them within ``max_patterns_program`` instructions, or ``SchemaRefused``
-    (guided decoding has no lookaround or backreferences either)."""
+    """Each regular expression of a schema short enough and one RE2 compiles, the request's
+    distinct ones (``seen``: those of its schemas checked before, with their sizes) within
+    ``max_patterns_program`` instructions in all, or ``SchemaRefused`` (guided decoding has no
+    lookaround or backreferences either)."""
     check_lengths(patterns, limits, param, kind)
-    program = 0
+    seen = {} if seen is None else seen
     for pattern in patterns:
-        try:
-            program += compile_callers(pattern, max_mem=limits.max_pattern_memory).programsize
-        except Exception as exc:  # re2.error: syntax RE2 lacks, or over its memory budget
-            reason = exc.args[0] if exc.args else exc
-            reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else reason
+        if pattern in seen:
+            continue
+        verdict = _verdict(pattern, limits.max_pattern_memory, tenant)
+        if isinstance(verdict, str):
             raise SchemaRefused(
                 f"{param}: the pattern {pattern[:60]!r} is not a regular expression this "
-                f"service accepts ({reason}); lookaround and backreferences are not supported, "
-                f"and a pattern's program may take {limits.max_pattern_memory} bytes.",
+                f"service accepts ({verdict}); lookaround and backreferences are not supported.",
                 param=param,
                 code=f"invalid_{kind}_schema",
-            ) from None
-        if program > limits.max_patterns_program:
+            )
+        seen[pattern] = verdict
+        if sum(seen.values()) > limits.max_patterns_program:
             raise SchemaRefused(
-                f"{param}: the schema's regular expressions compile to more than "
-                f"{limits.max_patterns_program} instructions; send simpler patterns.",
+                f"{param}: the regular expressions compile to more than "
+                f"{limits.max_patterns_program} instructions in all; send simpler patterns.",
                 param=param,
                 code=f"{kind}_schema_too_complex",
             )
@@ -168,15 +199,14 @@ def _local(ref: Any) -> bool:
 
 
 def _check(
-    schemas: Sequence[tuple[str, dict[str, Any]]],
-    patterns: Sequence[list[str]],
-    limits: SchemaLimits,
-    kind: str,
+    schemas: Sequence[tuple[str, Any]], limits: SchemaLimits, kind: str, tenant: str
 ) -> None:
-    """In the pool: each schema's patterns compiled, then every schema against the
-    meta-schema."""
-    for (param, _), found in zip(schemas, patterns, strict=True):
-        check_patterns(found, limits, param, kind)
+    """In the pool: each schema measured and its patterns compiled, in order, then every
+    schema against the meta-schema."""
+    seen: dict[str, int] = {}
+    for param, schema in schemas:
+        patterns = measure(schema, limits, param, kind)
+        check_patterns(patterns, limits, param, kind, seen, tenant)
     for param, schema in schemas:
         try:
             error = best_match(_META.iter_errors(schema))
@@ -195,7 +225,7 @@ def _check(
 
 
 async def check_tool_schemas(
-    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None
+    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None, *, tenant: str = ""
 ) -> None:
     """Every function's parameters schema within the limits and valid, or ``SchemaRefused``."""
     schemas = []
@@ -203,7 +233,7 @@ async def check_tool_schemas(
         schema = (tool.get("function") or {}).get("parameters")
         if schema is not None:
             schemas.append((f"tools.{index}.function.parameters", schema))
-    await check_schemas(schemas, limits, kind="tool", param="tools")
+    await check_schemas(schemas, limits, kind="tool", param="tools", tenant=tenant)
 
 
 async def check_schemas(
@@ -212,17 +242,17 @@ async def check_schemas(
     *,
     kind: str,
     param: str,
+    tenant: str = "",
 ) -> None:
     """Each ``(param, schema)`` within the limits and a valid JSON Schema, or ``SchemaRefused``
     naming its param; codes say `kind` (``tool_schema_too_large``, ``invalid_response_schema``)."""
     limits = limits or SchemaLimits()
-    patterns = [measure(schema, limits, name, kind) for name, schema in schemas]
     if not schemas:
         return
     try:
         async with asyncio.timeout(limits.budget_s):
             await asyncio.get_running_loop().run_in_executor(
-                _POOL, _check, schemas, patterns, limits, kind
+                _POOL, _check, schemas, limits, kind, tenant
             )
     except TimeoutError:
         raise SchemaRefused(

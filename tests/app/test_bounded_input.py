@@ -320,26 +320,47 @@ async def test_patterns_that_compile_to_huge_programs_are_refused_and_none_is_ke
     # re2.compile's own cache, for ever (full already: the guards' rules go through it).
     compiled = re2._Regexp._make.cache_info().misses
 
-    def tool(*patterns: str) -> dict[str, Any]:
+    def tool(*patterns: str, name: str = "f") -> dict[str, Any]:
         properties = {f"a{i}": {"type": "string", "pattern": p} for i, p in enumerate(patterns)}
-        return schema_tool({"type": "object", "properties": properties})
+        parameters = {"type": "object", "properties": properties}
+        return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
-    # A Unicode class repeated: a 4 MB program each (0.3 s to compile), 0.5 GB kept by re2's
-    # module-level cache after 32 such requests before.
-    for n in range(3):
-        response = await harness.chat(key, {**BODY, "tools": [tool(f"x{n}\\pL{{400}}")]})
-        error = assert_openai_error(response, 400, "invalid_request_error")
-        assert error["code"] == "invalid_tool_schema" and "too large" in error["message"]
-    # Many patterns each within its memory, too much work together.
-    many = [f"^{n}.{{0,999}}$" for n in range(8)]
-    response = await harness.chat(key, {**BODY, "tools": [tool(*many)]})
+    # Past RE2's memory budget: refused, as it always was.
+    response = await harness.chat(key, {**BODY, "tools": [tool("x\\pL{800}")]})
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert error["code"] == "invalid_tool_schema" and "too large" in error["message"]
+    # A Unicode class repeated 400 times: 478,000 instructions, 0.2 s to compile, and 4-8 MB
+    # that re2's module-level cache kept for ever (0.5 GB after 128). One is accepted; two
+    # distinct ones in a request are too much work together, across its tools too.
+    response = await harness.chat(key, {**BODY, "tools": [tool("x0\\pL{400}")]})
+    assert_openai_error(response, 503, "service_unavailable")  # past every check
+    two = [tool("x1\\pL{400}", name="f1"), tool("x2\\pL{400}", name="f2")]
+    response = await harness.chat(key, {**BODY, "tools": two})
     error = assert_openai_error(response, 400, "invalid_request_error")
     assert error["code"] == "tool_schema_too_complex" and "instructions" in error["message"]
-    # Patterns that pass are compiled to be checked, and not kept either.
+    assert error["param"] == "tools.1.function.parameters"
+    # Patterns people write pass: names in any script, many tools sharing one (compiled once).
+    for names in (["^[\\p{L}\\p{M} .'-]{1,255}$", "^[\\p{L} '-]{1,100}$"], ["^\\p{L}{1,30}$"]):
+        tools = [tool(*names, name=f"f{n}") for n in range(64)]
+        response = await harness.chat(key, {**BODY, "tools": tools})
+        assert_openai_error(response, 503, "service_unavailable")
     for n in range(3):
         response = await harness.chat(key, {**BODY, "tools": [tool(f"^id-{n}-[0-9]{{6}}$")]})
-        assert_openai_error(response, 503, "service_unavailable")  # past every check
+        assert_openai_error(response, 503, "service_unavailable")
     assert re2._Regexp._make.cache_info().misses == compiled, "none went through re2.compile"
+
+
+async def test_the_first_schema_that_fails_is_the_one_named(harness) -> None:
+    key = await harness.key()
+    lookaround = {"type": "object", "properties": {"a": {"type": "string", "pattern": "a(?=b)"}}}
+    oversized = {"type": "object", "description": "x" * 20_000}
+    tools = [
+        {"type": "function", "function": {"name": f"f{n}", "parameters": parameters}}
+        for n, parameters in enumerate((lookaround, oversized))
+    ]
+    response = await harness.chat(key, {**BODY, "tools": tools})
+    error = assert_openai_error(response, 400, "invalid_request_error")
+    assert (error["param"], error["code"]) == ("tools.0.function.parameters", "invalid_tool_schema")
 
 
 async def test_a_tool_schema_pattern_re2_reads_passes(harness) -> None:

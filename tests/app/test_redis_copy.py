@@ -361,7 +361,14 @@ def test_another_deployments_longer_prefix_is_skipped_when_named(
     for wrong in (prefix, "other:", prefix[:-1]):
         status, _, said = copy(redis_server.url, prefix, *to, "--skip-prefix", wrong)
         assert status == 2 and "is longer" in said, (wrong, said)
-    # Everything skipped is no copy (given twice, both count).
+    # One that would skip this deployment's own names (its API keys, its webhook secrets).
+    for own in (f"{prefix}api", f"{prefix}webhook-secret:ac"):
+        status, _, said = copy(redis_server.url, prefix, *to, "--skip-prefix", own)
+        assert status == 2 and "own names" in said, (own, said)
+    # Given twice, both count; with only another deployment's names there, no copy.
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.delete(f"{prefix}webhook-secret:acme")
+        client.set(f"{prefix}prod-eu:webhook-secret:acme", b"prod-eu's")
     status, _, said = copy(
         redis_server.url,
         prefix,
@@ -371,7 +378,7 @@ def test_another_deployments_longer_prefix_is_skipped_when_named(
         "--skip-prefix",
         staging,
         "--skip-prefix",
-        f"{prefix}webhook-",
+        f"{prefix}prod-eu:",
     )
     assert status == 1 and "no names under" in said and "3 names under" in said, said
 

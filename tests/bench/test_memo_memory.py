@@ -54,5 +54,5 @@ def test_each_memo_keeps_within_its_budget_and_without_it_keeps_everything(memo:
     assert rows["none"]["budget"] is None and rows["budget"]["budget"] is not None
     assert rows["budget"]["kept_weight"] <= rows["budget"]["budget"]
     assert rows["none"]["held_mb"] > 0, (memo, rows)
-    if memo == "patterns":  # RE2's programs: 8 MB each kept before, none now
-        assert rows["none"]["held_mb"] > 20 > rows["budget"]["held_mb"], rows
+    if memo == "patterns":  # RE2's programs: ~4 MB each kept before, none now
+        assert rows["none"]["held_mb"] > 10 > rows["budget"]["held_mb"], rows
