@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -40,6 +40,17 @@ class Kept(Generic[K, V]):
                 return None
             self._values.move_to_end(key)
             return (found[0],)
+
+    def remembered(
+        self, key: K, make: Callable[[], V], weight: Callable[[V], int] | None = None
+    ) -> V:
+        """The value kept for ``key``, else ``make()``'s, kept by its ``weight``."""
+        found = self.get(key)
+        if found is not None:
+            return found[0]
+        value = make()
+        self.put(key, value, weight(value) if weight else 0)
+        return value
 
     def put(self, key: K, value: V, weight: int = 0) -> None:
         if self.budget is not None and weight > self.budget:

@@ -156,12 +156,7 @@ class _KeptIfShort(Generic[P, R]):
         if not isinstance(text, str) or len(text) > LONGEST_KEPT_TEXT:
             return self._fn(*args, **kwargs)
         key = (args, tuple(sorted(kwargs.items())))
-        found = self.kept.get(key)
-        if found is not None:
-            return found[0]
-        value = self._fn(*args, **kwargs)
-        self.kept.put(key, value, self._weight(value))
-        return value
+        return self.kept.remembered(key, lambda: self._fn(*args, **kwargs), self._weight)
 
     def cache_clear(self) -> None:
         self.kept.clear()

@@ -230,12 +230,7 @@ class TextMemo(Generic[T]):
         if len(text) > MEMO_CHARS:
             raw = text.encode("utf-8", "surrogatepass")  # a JSON string may hold lone surrogates
             key = (tenant, hashlib.blake2b(raw, digest_size=16).digest())
-        found = self.kept.get(key)
-        if found is not None:
-            return found[0]
-        value = self.compute(text)
-        self.kept.put(key, value, self.weight(value) if self.weight else 0)
-        return value
+        return self.kept.remembered(key, lambda: self.compute(text), self.weight)
 
 
 class GuardInput:

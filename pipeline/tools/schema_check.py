@@ -67,7 +67,7 @@ class SchemaRefused(InvalidRequest):
 
 def measure(schema: Any, limits: SchemaLimits, param: str, kind: str = "tool") -> list[str]:
     """Raise ``SchemaRefused`` if ``schema`` is over the limits or refers outside itself; its
-    regular expressions, within their lengths, to compile (``check_patterns``)."""
+    regular expressions, for ``check_patterns`` to bound and compile."""
     try:
         size = len(orjson.dumps(schema))
     except orjson.JSONEncodeError as exc:  # an integer past 64 bits, a non-string key
@@ -118,7 +118,6 @@ def measure(schema: Any, limits: SchemaLimits, param: str, kind: str = "tool") -
                 code=f"{kind}_schema_too_complex",
             )
 
-    check_lengths(patterns, limits, param, kind)
     return patterns
 
 
@@ -145,18 +144,17 @@ _VERDICTS: Kept[tuple[str, str, int], int | str] = Kept(4096)
 
 
 def _verdict(pattern: str, max_mem: int, tenant: str) -> int | str:
-    key = (tenant, pattern, max_mem)
-    found = _VERDICTS.get(key)
-    if found is not None:
-        return found[0]
-    verdict: int | str
+    return _VERDICTS.remembered((tenant, pattern, max_mem), lambda: _compiled(pattern, max_mem))
+
+
+def _compiled(pattern: str, max_mem: int) -> int | str:
+    """The size of ``pattern``'s program, or why RE2 refused it."""
     try:
-        verdict = compile_callers(pattern, max_mem=max_mem).programsize
+        size: int = compile_callers(pattern, max_mem=max_mem).programsize
     except Exception as exc:  # re2.error: syntax RE2 lacks, or over its memory budget
         reason = exc.args[0] if exc.args else exc
-        verdict = str(reason.decode("utf-8", "replace") if isinstance(reason, bytes) else reason)
-    _VERDICTS.put(key, verdict)
-    return verdict
+        return str(reason.decode("utf-8", "replace") if isinstance(reason, bytes) else reason)
+    return size
 
 
 def check_patterns(
