@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 .PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
 	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
-	bench-all bench-redis-copy bench-memo bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
+	bench-all bench-redis-copy bench-memo bench-snapshots bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -110,6 +110,12 @@ bench-redis-copy: install redis
 bench-memo: install model
 	$(PY) -m bench.memo_memory --entries 1024 --memos pii injection
 	$(PY) -m bench.memo_memory --entries 4096 --memos passages pieces stems patterns bpe
+
+# What a loaded index snapshot holds against what the loaded-snapshot budget counts (its size
+# on disk before, `resident_bytes` now), and a replica of metadata-dense tenants under the
+# budget (BENCHMARKS.md, "What a loaded snapshot holds"). About 7 minutes.
+bench-snapshots: install
+	$(PY) -m bench.snapshot_memory --rounds 3 --tenants 6 --budget-mb 768
 
 bench-retrieval: install
 	$(PY) -m bench.retrieval_quality
@@ -254,7 +260,8 @@ bench: bench-e2e bench-small
 
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
-	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy bench-memo
+	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy bench-memo \
+	bench-snapshots
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

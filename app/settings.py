@@ -330,9 +330,11 @@ class RetrievalSettings(Durations):
     loaded_indexes_mb: int = Field(
         1024,
         ge=0,
-        description="How much of the tenants' index snapshots (their size on disk) one replica "
-        "keeps loaded: past it the least recently searched are let go, and loaded again from "
-        "disk on their next search (rag_index_let_go_total counts them). 0: no bound.",
+        description="How much memory the tenants' loaded index snapshots may hold in one "
+        "replica, counted from what each holds (its texts, metadata, arrays, and the filter "
+        "columns and views searches build on it; not its size on disk): past it the least "
+        "recently searched are let go, and loaded again from disk on their next search "
+        "(rag_index_let_go_total counts them). 0: no bound.",
     )
     embeddings: Backend = Field(
         "onnx-int8",

@@ -80,8 +80,8 @@ def main() -> None:
     print(
         f"\nbuilding a view (first search of a visible set on a snapshot): "
         f"p50 {statistics.median(builds):.1f} ms, max {max(builds):.1f} ms over {len(builds)}; "
-        f"a view of {len(view)} chunks holds {view.nbytes / 2**20:.1f} MiB of arrays "
-        f"(the snapshot {plain.nbytes / 2**20:.1f} MiB)"
+        f"a view of {len(view)} chunks holds {view.resident_bytes / 2**20:.1f} MiB "
+        f"(the snapshot {plain.resident_bytes / 2**20:.1f} MiB)"
     )
     # Viewers of different visible sets in turn on one snapshot: past what the views kept
     # allow (MAX_VIEWS and VIEW_BUDGET), a search rebuilds its view.
@@ -92,11 +92,11 @@ def main() -> None:
             started = time.perf_counter()
             retriever.search_index(shared, split.queries[qid], split.vectors[n], viewer=viewer)
             turns.append((time.perf_counter() - started) * 1000)
-        own = getattr(shared, "own_nbytes", plain.nbytes)
+        own = shared._own_bytes()
         print(
             f"{viewers} viewers in turn, {len(turns)} searches: p50 "
             f"{statistics.median(turns):.2f} ms, mean {statistics.fmean(turns):.2f} ms; the "
-            f"snapshot counts {shared.nbytes / 2**20:.1f} MiB with its kept views "
+            f"snapshot counts {shared.resident_bytes / 2**20:.1f} MiB with its kept views "
             f"(itself {own / 2**20:.1f} MiB, views held {len(shared._views)})"
         )
 

@@ -213,7 +213,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         before = rss_bytes()
         source = scifact_index(Path(tmp))
-        memory.append(("5k SciFact", len(source), source.nbytes, rss_bytes() - before))
+        memory.append(("5k SciFact", len(source), source.own_nbytes, rss_bytes() - before))
     lines += search_rows("5k SciFact", source, queries, vectors, dense=True)
     lines += rank_bm25_rows("5k SciFact", source, queries, len(queries))
     for size in (int(s) for s in args.sizes.split(",") if s):
@@ -222,7 +222,7 @@ def main() -> None:
         build = time.perf_counter()
         index = synthetic_index(size, source)
         build = time.perf_counter() - build
-        memory.append((f"{size // 1000}k synthetic", size, index.nbytes, rss_bytes() - before))
+        memory.append((f"{size // 1000}k synthetic", size, index.own_nbytes, rss_bytes() - before))
         label = f"{size // 1000}k synthetic"
         lines += search_rows(label, index, queries, vectors, dense=size <= 100_000)
         if size <= 100_000 and args.rank_bm25_100k:

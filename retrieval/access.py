@@ -21,6 +21,7 @@ name spelled differently fails closed (the document stays hidden).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,15 @@ class AccessColumns:
         self._public = public
         self._groups = {g: np.array(rows, dtype=np.int64) for g, rows in by_group.items()}
         self._users = {u: np.array(rows, dtype=np.int64) for u, rows in by_user.items()}
+
+    def nbytes(self) -> int:
+        """What these columns hold (their names are the access lists' own strings)."""
+        lists = (*self._groups.values(), *self._users.values())
+        return (
+            sys.getsizeof(self._groups)
+            + sys.getsizeof(self._users)
+            + sum(map(sys.getsizeof, (self._public, *lists)))
+        )
 
     @property
     def groups(self) -> frozenset[str]:

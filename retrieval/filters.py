@@ -17,6 +17,7 @@ offending key and operator.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -34,6 +35,9 @@ OPERATORS = ("$eq", "$in", *_RANGE_OPS)
 
 class FilterError(ValueError):
     """A filter specification that is not valid syntax."""
+
+
+_KEY_BYTES = sys.getsizeof(("s", ""))  # an `_eq_key` tuple
 
 
 def _eq_key(value: Scalar) -> _EqKey:
@@ -177,6 +181,19 @@ class MetadataColumns:
             arr = np.array(vals, dtype=np.float64 if kind == "n" else object)
             order = np.argsort(arr, kind="stable")
             self._ordered[key, kind] = (arr[order], np.array(rows, dtype=np.int64)[order])
+
+    def nbytes(self) -> int:
+        """What these columns hold: the lists' dicts, keys and row arrays, and the sorted
+        values' arrays (their strings are the metadata's own; a number's float is not)."""
+        total = sys.getsizeof(self._eq) + sys.getsizeof(self._ordered)
+        for by_value in self._eq.values():
+            total += sys.getsizeof(by_value)
+            for (kind, value), rows in by_value.items():
+                total += _KEY_BYTES + sys.getsizeof(rows)
+                total += sys.getsizeof(value) if kind == "n" else 0
+        for key, (values, rows) in self._ordered.items():
+            total += sys.getsizeof(key) + sys.getsizeof(values) + sys.getsizeof(rows)
+        return total
 
     def mask(self, clause: Clause) -> BoolArray:
         """Rows that pass one clause."""

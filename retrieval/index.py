@@ -4,9 +4,11 @@ columns, and the function that derives the next snapshot from it."""
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +20,25 @@ from retrieval.access import AccessColumns, AccessList, Viewer
 from retrieval.bm25 import BM25Index, count_terms, drop_unused_terms, stack_rows
 from retrieval.documents import Chunk, Metadata
 from retrieval.filters import MetadataColumns
+from retrieval.resident import (
+    access_bytes,
+    faiss_bytes,
+    metadata_bytes,
+    range_ints_bytes,
+    short_strings_bytes,
+    strings_bytes,
+)
 from retrieval.vectors import DenseIndex, FloatArray, build_approximate
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 # Views (`TenantIndex.visible_to`) kept per snapshot: one per distinct set of visible chunks,
-# at most `MAX_VIEWS` of them and at most `VIEW_BUDGET` times the snapshot's own array bytes in
-# all (a view copies its visible vectors, term counts and BM25 weights, and a dense-only search
-# adds a FAISS copy of its vectors: a viewer seeing 55% of SciFact holds 62% of the snapshot's
-# bytes, so twice the snapshot keeps three such views). The least recently used go first; the
-# newest view is always kept, so a viewer's next search reuses it.
+# at most `MAX_VIEWS` of them and at most `VIEW_BUDGET` times what the snapshot itself holds
+# (`resident_bytes`) in all. A view copies its visible vectors, term counts and BM25 weights,
+# points to its snapshot's texts and metadata, and a dense-only search adds a FAISS copy of
+# its vectors. The least recently used go first; the newest view is always kept, so a
+# viewer's next search reuses it.
 MAX_VIEWS = 8
 VIEW_BUDGET = 2.0
 
@@ -93,6 +103,8 @@ class TenantIndex:
         tf: sparse.csr_array,
         terms: list[str],
         approximate: Any | None = None,
+        *,
+        records_of: TenantIndex | None = None,
     ) -> None:
         if not len(records) == len(records.access) == len(vectors) == tf.shape[0]:
             raise ValueError("records, vectors and term counts disagree on the number of chunks")
@@ -115,6 +127,15 @@ class TenantIndex:
         for row, doc_id in enumerate(records.document_id):
             rows_by_document.setdefault(doc_id, []).append(row)
         self.rows_by_document = rows_by_document
+        # A view's snapshot, held weakly: a view must not keep a let-go snapshot alive.
+        self._records_of = None if records_of is None else weakref.ref(records_of)
+        # `resident_bytes`' parts: what it is built with (counted once, on first use), what
+        # searches built since, and the kept views' (as last counted).
+        self._base_bytes: int | None = None
+        self._built_bytes = 0
+        self._views_bytes = 0
+        # Told when a search built something on this snapshot (the loaded-snapshot budget).
+        self.on_grew: Callable[[TenantIndex], None] | None = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -125,7 +146,10 @@ class TenantIndex:
         if self._columns is None:
             with self._lazy:
                 if self._columns is None:
-                    self._columns = MetadataColumns(self.records.metadata)
+                    columns = MetadataColumns(self.records.metadata)
+                    self._built_bytes += columns.nbytes()
+                    self._columns = columns
+            self._grew()
         return self._columns
 
     @property
@@ -134,7 +158,10 @@ class TenantIndex:
         if self._access is None:
             with self._lazy:
                 if self._access is None:
-                    self._access = AccessColumns(self.records.access)
+                    access = AccessColumns(self.records.access)
+                    self._built_bytes += access.nbytes()
+                    self._access = access
+            self._grew()
         return self._access
 
     def visible_to(self, viewer: Viewer | None) -> TenantIndex:
@@ -151,6 +178,14 @@ class TenantIndex:
 
     def _view(self, mask: BoolArray) -> TenantIndex:
         key = hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest()
+        before = self._views_bytes
+        try:
+            return self._kept_view(key, mask)
+        finally:
+            if self._views_bytes != before:
+                self._grew()
+
+    def _kept_view(self, key: bytes, mask: BoolArray) -> TenantIndex:
         with self._view_lock:
             view = self._views.get(key)
             if view is None:
@@ -158,7 +193,7 @@ class TenantIndex:
                 tf, terms = drop_unused_terms(sparse.csr_array(self.tf[rows]), list(self.terms))
                 vectors = np.ascontiguousarray(self.vectors[rows], dtype=np.float32)
                 records = self.records.take(rows.tolist())
-                view = TenantIndex(self.version, records, vectors, tf, terms)
+                view = TenantIndex(self.version, records, vectors, tf, terms, records_of=self)
                 self._views[key] = view
             self._views.move_to_end(key)
             self._evict_views()
@@ -168,21 +203,29 @@ class TenantIndex:
         """Drop the least recently used views past `MAX_VIEWS` or `VIEW_BUDGET`, never the
         newest. Checked on every `visible_to`, so a view that grew since (a dense-only
         search built its FAISS copy) is counted at the next one."""
-        budget = VIEW_BUDGET * self.own_nbytes
+        budget = VIEW_BUDGET * self._own_bytes()
         while len(self._views) > 1 and (
-            len(self._views) > MAX_VIEWS or self._views_nbytes() > budget
+            len(self._views) > MAX_VIEWS or self._count_views() > budget
         ):
             self._views.popitem(last=False)
+        self._views_bytes = self._count_views()
 
-    def _views_nbytes(self) -> int:
-        return sum(view.view_cost for view in self._views.values())
+    def _count_views(self) -> int:
+        return sum(view.resident_bytes for view in self._views.values())
 
-    @property
-    def view_cost(self) -> int:
-        """Bytes this snapshot holds as a view: its arrays, and the exact FAISS copy of its
-        vectors once a dense-only search has built it (a view never has an HNSW index)."""
-        built = self._dense is not None and self.approximate is None
-        return self.own_nbytes + (int(self.vectors.nbytes) if built else 0)
+    def _grew(self) -> None:
+        """A search built something on this snapshot, or its views changed: a view's snapshot
+        counts it among its views now (its next `visible_to` lets views go for it), and the
+        snapshot's `on_grew` is told."""
+        if self._records_of is not None:
+            parent = self._records_of()
+            if parent is None:
+                return
+            with parent._view_lock:
+                parent._views_bytes = parent._count_views()
+            parent._grew()
+        elif self.on_grew is not None:
+            self.on_grew(self)
 
     @property
     def dense(self) -> DenseIndex:
@@ -190,7 +233,10 @@ class TenantIndex:
         if self._dense is None:
             with self._lazy:
                 if self._dense is None:
+                    if self.approximate is None:  # the exact search's FAISS copy of the vectors
+                        self._built_bytes += int(self.vectors.nbytes)
                     self._dense = DenseIndex(self.vectors, self.approximate)
+            self._grew()
         return self._dense
 
     @property
@@ -205,11 +251,37 @@ class TenantIndex:
         return int(self.vectors.nbytes + self.bm25.nbytes + tf_bytes)
 
     @property
-    def nbytes(self) -> int:
-        """Bytes held in arrays, the kept views' included (`view_cost`: at most `VIEW_BUDGET`
-        times `own_nbytes`); Python objects not counted."""
-        with self._view_lock:
-            return self.own_nbytes + self._views_nbytes()
+    def resident_bytes(self) -> int:
+        """What this snapshot holds in memory now (retrieval.resident): its arrays, records,
+        terms and HNSW graph; the filter and access columns and the exact FAISS copy searches
+        built since; and the kept views' (at most `VIEW_BUDGET` times the rest). A view counts
+        its records' lists, not the strings and metadata it shares with its snapshot. Cheap
+        after the first call, and read without a lock."""
+        return self._own_bytes() + self._views_bytes
+
+    def _own_bytes(self) -> int:
+        if self._base_bytes is None:
+            self._base_bytes = self._count_base()  # two threads may both count: the same
+        return self._base_bytes + self._built_bytes
+
+    def _count_base(self) -> int:
+        """The bytes of what this snapshot is built with (counted once: it never changes)."""
+        records = self.records
+        rows = len(records)
+        total = self.own_nbytes + sum(map(sys.getsizeof, records.columns()))
+        # The terms, their columns' numbers, and each document's row numbers.
+        total += sys.getsizeof(self.terms) + sys.getsizeof(self.bm25.vocab)
+        total += range_ints_bytes(len(self.terms)) + range_ints_bytes(rows)
+        total += sys.getsizeof(self.rows_by_document)
+        total += sum(map(sys.getsizeof, self.rows_by_document.values()))
+        if self.approximate is not None:
+            total += faiss_bytes(self.approximate)
+        if self._records_of is not None:
+            return total  # the strings, metadata and access lists are the snapshot's
+        total += strings_bytes(records.text) + strings_bytes(records.title)
+        total += short_strings_bytes(records.chunk_id) + short_strings_bytes(records.document_id)
+        total += short_strings_bytes(self.terms)
+        return total + metadata_bytes(records.metadata) + access_bytes(records.access)
 
 
 def derive(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import shutil
 import threading
@@ -173,9 +174,9 @@ class _Loaded:
 
 class _Kept:
     """The tenants whose snapshots this process holds loaded, least recently searched first,
-    each with its snapshot's size on disk. Past ``budget`` bytes (None: no limit) the least
-    recent are let go: loaded again from disk on their next search. The one just loaded is
-    never let go, however large."""
+    each with what its snapshot holds in memory (``TenantIndex.resident_bytes``). Past
+    ``budget`` bytes (None: no limit) the least recent are let go: loaded again from disk on
+    their next search. The one just loaded or searched is never let go, however large."""
 
     def __init__(self, budget: int | None) -> None:
         self.budget = budget
@@ -193,27 +194,21 @@ class _Kept:
     def loaded(
         self, tenant: str, size: int, kept: Callable[[str], bool] = lambda name: False
     ) -> list[str]:
-        """``tenant``'s snapshot of ``size`` bytes is loaded now: the tenants to let go, least
-        recently searched first, passing over those ``kept`` says must stay."""
+        """``tenant``'s snapshot, holding ``size`` bytes now, is loaded or grew: the tenants to
+        let go, least recently searched first, passing over those ``kept`` says must stay."""
         with self._lock:
             self.total += size - self.sizes.pop(tenant, 0)
             self.sizes[tenant] = size
             gone: list[str] = []
+            if self.budget is None or self.total <= self.budget:
+                return gone
             for name in list(self.sizes):
-                if self.budget is None or self.total <= self.budget:
+                if self.total <= self.budget:
                     break
                 if name != tenant and not kept(name):
                     self.total -= self.sizes.pop(name)
                     gone.append(name)
             return gone
-
-
-def _size_on_disk(directory: Path) -> int:
-    """The bytes of a snapshot's files (what loading it costs, near enough)."""
-    try:
-        return sum(path.stat().st_size for path in directory.iterdir() if path.is_file())
-    except OSError:
-        return 0
 
 
 def _published(directory: Path, pointer: str) -> TenantIndex:
@@ -235,9 +230,10 @@ class IndexStore:
     too_large). Above `approximate_above` chunks a tenant also gets an HNSW index for dense-only
     search. `reload_interval_s` bounds how often `current()` looks at the CURRENT pointer.
     A write waits for another writer of the tenant while it shows progress, and gives up after
-    `lock_wait_s` without any (None: waits for ever). `loaded_bytes` bounds the snapshots this
-    process keeps loaded, by their size on disk (None: no bound): past it the least recently
-    searched tenants' are let go, and loaded again on their next search.
+    `lock_wait_s` without any (None: waits for ever). `loaded_bytes` bounds what the snapshots
+    this process keeps loaded hold in memory, what searches build on them included (None: no
+    bound): past it the least recently searched tenants' are let go, and loaded again on their
+    next search.
     """
 
     def __init__(
@@ -619,15 +615,23 @@ class IndexStore:
 
     def _loaded_now(self, tenant: str, index: TenantIndex) -> None:
         """``index`` is the tenant's loaded snapshot now: let the least recently searched
-        others go while the loaded ones exceed ``loaded_bytes``. (Not under their locks: a
-        search that holds a snapshot keeps it; the next loads it again.)"""
-        size = _size_on_disk(self._dir(tenant) / index.version)
-        for name in self._kept.loaded(tenant, size, self._only_readable):
+        others go while the loaded ones hold more than ``loaded_bytes``, now and whenever a
+        search builds more on it. (Not under their locks: a search that holds a snapshot keeps
+        it; the next loads it again.)"""
+        index.on_grew = functools.partial(self._grew, tenant)
+        for name in self._kept.loaded(tenant, index.resident_bytes, self._only_readable):
             entry = self._loaded.get(name)
             if entry is not None:
                 entry.index = None
             if self.on_let_go is not None:
                 self.on_let_go(name)
+
+    def _grew(self, tenant: str, index: TenantIndex) -> None:
+        """A search built columns or a view on ``index``: counted, unless it is no longer the
+        tenant's loaded snapshot (let go or replaced meanwhile)."""
+        entry = self._loaded.get(tenant)
+        if entry is not None and entry.index is index:
+            self._loaded_now(tenant, index)
 
     def _only_readable(self, tenant: str) -> bool:
         """Whether the tenant's loaded snapshot is served in place of a newer one that cannot
@@ -637,7 +641,7 @@ class IndexStore:
 
     @property
     def loaded_bytes(self) -> int:
-        """The loaded snapshots' size on disk, as the budget counts it."""
+        """What the loaded snapshots hold in memory, as the budget counts it."""
         return self._kept.total
 
 

@@ -208,8 +208,8 @@ COALESCED: Final = Counter(
 )
 INDEX_LOADED_BYTES: Final = Gauge(
     "rag_index_loaded_bytes",
-    "Tenants' index snapshots this process holds loaded, by their size on disk "
-    "(RAG_RETRIEVAL__LOADED_INDEXES_MB bounds it).",
+    "What the tenants' index snapshots this process holds loaded hold in memory, what "
+    "searches built on them included (RAG_RETRIEVAL__LOADED_INDEXES_MB bounds it).",
 )
 INDEX_LET_GO: Final = Counter(
     "rag_index_let_go_total",

@@ -4,9 +4,11 @@ the top k are cut, on the BM25 and the dense side; old snapshots still load."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -362,19 +364,21 @@ def restricted_index(material, groups: int) -> TenantIndex:
 
 def test_views_are_counted_and_bounded_by_count_and_bytes(material, monkeypatch) -> None:
     index = restricted_index(material, groups=12)
-    assert index.nbytes == index.own_nbytes, "no view yet"
+    assert index.resident_bytes == index._own_bytes() > index.own_nbytes, "no view yet"
     first = index.visible_to(Viewer("u", frozenset({"g1"})))
-    assert index.nbytes == index.own_nbytes + first.view_cost
-    assert first.view_cost == first.own_nbytes > 0
+    assert index.resident_bytes == index._own_bytes() + first.resident_bytes
+    # A view holds its own arrays and lists; the texts and metadata are its snapshot's.
+    assert first.own_nbytes < first.resident_bytes < index._own_bytes() - index.own_nbytes
+    before = first.resident_bytes
     query_vectors = material[3]
     dense_search(index, query_vectors[0], viewer=Viewer("u", frozenset({"g1"})))
-    assert first.view_cost == first.own_nbytes + first.vectors.nbytes, "its FAISS copy counts"
-    assert index.nbytes == index.own_nbytes + first.view_cost
+    assert first.resident_bytes == before + first.vectors.nbytes, "its FAISS copy counts"
+    assert index.resident_bytes == index._own_bytes() + first.resident_bytes, "and at once"
     for n in range(12):
         index.visible_to(Viewer("u", frozenset({f"g{n}"})))
         assert 1 <= len(index._views) <= index_module.MAX_VIEWS
-        views_bytes = index.nbytes - index.own_nbytes
-        assert views_bytes <= index_module.VIEW_BUDGET * index.own_nbytes
+        views_bytes = index.resident_bytes - index._own_bytes()
+        assert views_bytes <= index_module.VIEW_BUDGET * index._own_bytes()
     assert len(index._views) < 12, "the byte budget evicted"
     # With bytes to spare, the count bounds them.
     monkeypatch.setattr(index_module, "VIEW_BUDGET", 1e9)
@@ -384,16 +388,34 @@ def test_views_are_counted_and_bounded_by_count_and_bytes(material, monkeypatch)
     # A budget of the two newest views' bytes keeps those two only.
     older = index.visible_to(Viewer("u", frozenset({"g0", "g1"})))
     last = index.visible_to(Viewer("u", frozenset({"g0", "g2"})))
-    pair = (older.view_cost + last.view_cost) / index.own_nbytes
+    pair = (older.resident_bytes + last.resident_bytes) / index._own_bytes()
     monkeypatch.setattr(index_module, "VIEW_BUDGET", pair)
     assert index.visible_to(Viewer("v", frozenset({"g0", "g2"}))) is last
     assert list(index._views.values()) == [older, last]
-    assert index.nbytes == index.own_nbytes + older.view_cost + last.view_cost
+    assert index.resident_bytes == index._own_bytes() + older.resident_bytes + last.resident_bytes
     # A budget smaller than one view still keeps the newest, so its next search reuses it.
     monkeypatch.setattr(index_module, "VIEW_BUDGET", 0.0)
     again = index.visible_to(Viewer("u", frozenset({"g2"})))
     assert index.visible_to(Viewer("v", frozenset({"g2"}))) is again
     assert len(index._views) == 1
+
+
+def test_a_view_does_not_keep_a_let_go_snapshot_alive(material) -> None:
+    # A view tells its snapshot what it built (the loaded-snapshot budget counts it), so it
+    # points back to it: weakly, or a snapshot the budget let go would wait for the cyclic
+    # garbage collector, however large, while it still counted as freed.
+    index = restricted_index(material, groups=3)
+    view = index.visible_to(Viewer("u", frozenset({"g1"})))
+    dense_search(index, material[3][0], viewer=Viewer("u", frozenset({"g1"})))
+    snapshot = weakref.ref(index)
+    gc.disable()
+    try:
+        del index
+        assert snapshot() is None, "freed as its last reference went"
+    finally:
+        gc.enable()
+    assert len(view) > 0 and view.resident_bytes > 0
+    view._grew()  # a search of a view whose snapshot is gone: nothing to tell
 
 
 def test_concurrent_searches_of_one_visible_set_build_one_view(material, monkeypatch) -> None:

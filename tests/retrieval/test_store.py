@@ -19,10 +19,13 @@ from prometheus_client import REGISTRY
 import retrieval.store as store_module
 from app.services import build_index_store
 from app.settings import RetrievalSettings
+from bench.snapshot_memory import corpus
+from retrieval.access import Viewer
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
+from retrieval.filters import parse_filters
 from retrieval.hybrid import HybridRetriever, SearchResult
-from retrieval.snapshots import IndexUnreadable
+from retrieval.snapshots import IndexUnreadable, read_snapshot
 from retrieval.store import IndexStore
 
 from .conftest import CORPUS, CountingEmbedder
@@ -516,9 +519,12 @@ def test_a_writer_waits_for_one_that_makes_progress_and_gives_up_on_one_that_sta
         holder.join()
 
 
-def _snapshot_bytes(store: IndexStore, tenant: str) -> int:
-    directory = store.root / tenant / store.version(tenant)
-    return sum(path.stat().st_size for path in directory.iterdir())
+def _searched_bytes(store: IndexStore, tenant: str) -> int:
+    """What the tenant's published snapshot holds once loaded and searched (a search builds
+    its access columns), read apart from ``store``."""
+    index = read_snapshot(store.root / tenant / store.version(tenant))
+    index.visible_to(None)
+    return index.resident_bytes
 
 
 def _budgeted(
@@ -529,7 +535,7 @@ def _budgeted(
     writer = IndexStore(root, embedder)
     for tenant in tenants:
         writer.upsert(tenant, CORPUS)
-    budget = int(_snapshot_bytes(writer, tenants[0]) * room)
+    budget = int(_searched_bytes(writer, tenants[0]) * room)
     return writer, IndexStore(root, embedder, loaded_bytes=budget, reload_interval_s=0)
 
 
@@ -555,7 +561,7 @@ def test_snapshots_past_the_loaded_budget_are_let_go_least_recently_searched_fir
     writer.upsert("c", CORPUS[:2])  # another replica's write: the next search loads it
     found = _search(replica, embedder, question, "c")
     assert found.version == writer.version("c") and let_go == ["b", "a"]
-    assert replica.loaded_bytes == _snapshot_bytes(writer, "b") + _snapshot_bytes(writer, "c")
+    assert replica.loaded_bytes == _searched_bytes(writer, "b") + _searched_bytes(writer, "c")
 
 
 def test_a_snapshot_larger_than_the_whole_budget_is_still_served(
@@ -567,7 +573,56 @@ def test_a_snapshot_larger_than_the_whole_budget_is_still_served(
     assert replica._loaded["a"].index is None and replica._loaded["b"].index is not None
     assert _search(replica, embedder, "what causes ocean tides", "a").hits[0].document_id == "tides"
     assert replica._loaded["b"].index is None
-    assert replica.loaded_bytes == _snapshot_bytes(replica, "a")
+    assert replica.loaded_bytes == _searched_bytes(replica, "a")
+
+
+def test_what_searches_build_counts_against_the_budget_at_once(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    # A review (2026-12-07): the budget counted snapshots by their size on disk, once, at
+    # load. A tenant whose metadata is as dense as an ingest key may send held 11.5x that
+    # loaded and 19.5x once a filtered search had built its filter columns, which were never
+    # counted: the default 1 GB budget could mean 20 GB. Now what a search builds (filter
+    # columns, a viewer's view) counts as it is built, and lets other tenants go.
+    writer = IndexStore(tmp_path / "indexes", embedder)
+    writer.upsert("a", CORPUS)
+    writer.upsert("m", corpus("metadata", 60))
+    writer.upsert("v", corpus("access", 60))
+    plain, dense = _searched_bytes(writer, "a"), _searched_bytes(writer, "m")
+    on_disk = sum(p.stat().st_size for p in (writer.root / "m" / writer.version("m")).iterdir())
+    assert dense > 5 * on_disk, "loaded, it holds far more than its files"
+    index = read_snapshot(writer.root / "m" / writer.version("m"))
+    index.visible_to(None)
+    _ = index.columns
+    columns = index.resident_bytes - dense
+    assert columns > dense // 3, "a filter's columns are most of a snapshot again"
+    budget = plain + dense + columns // 2
+    replica = IndexStore(writer.root, embedder, loaded_bytes=budget, reload_interval_s=0)
+    let_go: list[str] = []
+    replica.on_let_go = let_go.append
+    question = "what causes ocean tides"
+    _search(replica, embedder, question, "a")
+    retriever = HybridRetriever(replica)
+    retriever.search("m", "a question", None, top_k=3)
+    assert replica.loaded_bytes == plain + dense and let_go == []
+    filtered = retriever.search(
+        "m", "a question", None, top_k=3, filters=parse_filters({"k00": "x"})
+    )
+    assert filtered.version == writer.version("m")
+    assert let_go == ["a"], "the columns were counted as they were built"
+    assert replica.loaded_bytes == dense + columns
+    # A viewer's view counts as it is built too.
+    viewer = Viewer("user-1", frozenset({"group-1"}))
+    retriever.search("v", "a question", None, top_k=3, viewer=viewer)
+    loaded = replica._loaded["v"].index
+    assert loaded is not None and len(loaded._views) == 1
+    view = next(iter(loaded._views.values()))
+    assert view.resident_bytes > 0
+    assert (
+        replica._kept.sizes["v"]
+        == loaded.resident_bytes
+        == loaded._own_bytes() + view.resident_bytes
+    )
 
 
 @pytest.mark.parametrize(("megabytes", "budget"), [(1, 2**20), (0, None)])
@@ -579,7 +634,8 @@ def test_the_loaded_budget_is_a_setting_in_megabytes_and_0_is_no_bound(
     assert store._kept.budget == budget
     store.upsert("a", CORPUS[:2])
     loaded = REGISTRY.get_sample_value("rag_index_loaded_bytes")
-    assert loaded == store.loaded_bytes == _snapshot_bytes(store, "a")
+    index = store._loaded["a"].index
+    assert index is not None and loaded == store.loaded_bytes == index.resident_bytes
 
 
 def test_a_snapshot_served_in_place_of_an_unreadable_one_is_never_let_go(
