@@ -184,15 +184,17 @@ class MetadataColumns:
 
     def nbytes(self) -> int:
         """What these columns hold: the lists' dicts, keys and row arrays, and the sorted
-        values' arrays (their strings are the metadata's own; a number's float is not)."""
+        values' arrays. Their strings are the metadata's own, and so is a number's float
+        unless it was made from an int (a whole number: counted, a float's own included)."""
         total = sys.getsizeof(self._eq) + sys.getsizeof(self._ordered)
         for by_value in self._eq.values():
             total += sys.getsizeof(by_value)
             for (kind, value), rows in by_value.items():
                 total += _KEY_BYTES + sys.getsizeof(rows)
-                total += sys.getsizeof(value) if kind == "n" else 0
-        for key, (values, rows) in self._ordered.items():
-            total += sys.getsizeof(key) + sys.getsizeof(values) + sys.getsizeof(rows)
+                if kind == "n" and float(value).is_integer():
+                    total += sys.getsizeof(value)
+        for key, found in self._ordered.items():
+            total += sys.getsizeof(key) + sys.getsizeof(found) + sum(map(sys.getsizeof, found))
         return total
 
     def mask(self, clause: Clause) -> BoolArray:

@@ -139,6 +139,8 @@ def _check(meta: dict[str, Any], records: ChunkRecords, vectors: Any, tf: Any, t
         raise ValueError("a chunk's id or text is not a string")
     if not all(title is None or isinstance(title, str) for title in records.title):
         raise ValueError("a chunk's title is not a string")
+    if not all(isinstance(metadata, dict) for metadata in records.metadata):
+        raise ValueError("a chunk's metadata is not an object")
     if vectors.ndim != 2 or vectors.shape[0] != chunks:
         raise ValueError(f"vectors of shape {vectors.shape} for {chunks} chunks")
     if vectors.shape[1] != meta.get("dimension", vectors.shape[1]):

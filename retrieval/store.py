@@ -192,11 +192,23 @@ class _Kept:
                 self.sizes.move_to_end(tenant)
 
     def loaded(
-        self, tenant: str, size: int, kept: Callable[[str], bool] = lambda name: False
+        self,
+        tenant: str,
+        index: TenantIndex,
+        loaded_of: Callable[[str], TenantIndex | None],
+        kept: Callable[[str], bool],
+        let_go: Callable[[str], None],
     ) -> list[str]:
-        """``tenant``'s snapshot, holding ``size`` bytes now, is loaded or grew: the tenants to
-        let go, least recently searched first, passing over those ``kept`` says must stay."""
+        """``tenant``'s snapshot ``index`` is loaded or grew: counted at what it holds now,
+        unless ``loaded_of`` says it is no longer the tenant's loaded one (replaced or let go
+        meanwhile). Then the tenants past the budget are let go (``let_go``), least recently
+        searched first, passing over those ``kept`` says must stay; their names returned. All
+        under one lock, so a late count never brings back a tenant let go, nor writes back an
+        older figure (a review's finds)."""
         with self._lock:
+            if loaded_of(tenant) is not index:
+                return []
+            size = index.resident_bytes
             self.total += size - self.sizes.pop(tenant, 0)
             self.sizes[tenant] = size
             gone: list[str] = []
@@ -207,6 +219,7 @@ class _Kept:
                     break
                 if name != tenant and not kept(name):
                     self.total -= self.sizes.pop(name)
+                    let_go(name)
                     gone.append(name)
             return gone
 
@@ -392,14 +405,23 @@ class IndexStore:
         )
 
     def delete(self, tenant: str, document_ids: Sequence[str]) -> IngestResult:
-        """Remove documents by id and publish a new version (none when no id is indexed)."""
+        """Remove documents by id and publish a new version (none when no id is indexed). No
+        version that holds them is kept on disk: the one before is removed once the new one is
+        published (a delete cannot be taken back with ``restore``), and first when the disk
+        has no room for the new one (a delete is how a tenant frees room)."""
         started = time.perf_counter()
         with self._writer(tenant) as old:
             present = {d for d in document_ids if old is not None and d in old.rows_by_document}
             if old is None or not present:
                 return self._unchanged(tenant, started)
             removed = sum(len(old.rows_by_document[d]) for d in present)
-            index = self._publish(tenant, old, present, [], [], None)
+            try:
+                index = self._publish(tenant, old, present, [], [], None, keep_previous=False)
+            except IndexStorageFull:
+                if not prune(self._dir(tenant), current=old.version, previous=None):
+                    raise
+                log.warning("no room for tenant %s's delete: the version before it goes", tenant)
+                index = self._publish(tenant, old, present, [], [], None, keep_previous=False)
         return IngestResult(
             index.version,
             len(present),
@@ -574,7 +596,11 @@ class IndexStore:
         chunks: list[Chunk],
         tokens: list[list[str]],
         vectors: FloatArray | None,
+        *,
+        keep_previous: bool = True,
     ) -> TenantIndex:
+        """Derive, write and publish the next version; the version before it is kept on disk
+        (``restore`` may publish it again) unless ``keep_previous`` is False."""
         directory = self._dir(tenant)
         clean_leftovers(directory)
         version = next_version(directory)
@@ -608,30 +634,36 @@ class IndexStore:
                     log.error("no room for tenant %s's next index snapshot: %s", tenant, exc)
                     raise IndexStorageFull(tenant) from exc
                 raise
-        prune(directory, current=version, previous=old.version if old else None)
+        prune(directory, current=version, previous=old.version if old and keep_previous else None)
         self._entry(tenant).published(index)
         self._loaded_now(tenant, index)
         return index
 
     def _loaded_now(self, tenant: str, index: TenantIndex) -> None:
-        """``index`` is the tenant's loaded snapshot now: let the least recently searched
-        others go while the loaded ones hold more than ``loaded_bytes``, now and whenever a
-        search builds more on it. (Not under their locks: a search that holds a snapshot keeps
-        it; the next loads it again.)"""
-        index.on_grew = functools.partial(self._grew, tenant)
-        for name in self._kept.loaded(tenant, index.resident_bytes, self._only_readable):
-            entry = self._loaded.get(name)
-            if entry is not None:
-                entry.index = None
-            if self.on_let_go is not None:
+        """``index`` is the tenant's loaded snapshot now: counted, now and whenever a search
+        builds more on it (``_count``)."""
+        index.on_grew = functools.partial(self._count, tenant)
+        _ = index.resident_bytes  # the first count is O(chunks): not under the budget's lock
+        self._count(tenant, index)
+
+    def _count(self, tenant: str, index: TenantIndex) -> None:
+        """Count what ``index`` holds, if it is still the tenant's loaded snapshot, and let
+        the least recently searched others go while the loaded ones hold more than
+        ``loaded_bytes``. (Not under their locks: a search that holds a snapshot keeps it; the
+        next loads it again.)"""
+        gone = self._kept.loaded(tenant, index, self._loaded_index, self._only_readable, self._drop)
+        if self.on_let_go is not None:
+            for name in gone:
                 self.on_let_go(name)
 
-    def _grew(self, tenant: str, index: TenantIndex) -> None:
-        """A search built columns or a view on ``index``: counted, unless it is no longer the
-        tenant's loaded snapshot (let go or replaced meanwhile)."""
+    def _loaded_index(self, tenant: str) -> TenantIndex | None:
         entry = self._loaded.get(tenant)
-        if entry is not None and entry.index is index:
-            self._loaded_now(tenant, index)
+        return None if entry is None else entry.index
+
+    def _drop(self, tenant: str) -> None:
+        entry = self._loaded.get(tenant)
+        if entry is not None:
+            entry.index = None
 
     def _only_readable(self, tenant: str) -> bool:
         """Whether the tenant's loaded snapshot is served in place of a newer one that cannot

@@ -8,6 +8,8 @@ want it).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +65,30 @@ class DenseIndex:
     use (it copies the vectors, so it is only made when dense-only search is actually asked for).
     """
 
-    def __init__(self, vectors: FloatArray, approximate: Any | None = None) -> None:
+    def __init__(
+        self,
+        vectors: FloatArray,
+        approximate: Any | None = None,
+        on_built: Callable[[int], None] | None = None,
+    ) -> None:
         self.vectors = vectors
         self.approximate = approximate
         self._flat: Any | None = None
+        self._building = threading.Lock()
+        self._on_built = on_built  # told the bytes of the exact index once it is built
 
     def _exact(self) -> Any:
         if self._flat is None:
-            flat = faiss.IndexFlatIP(self.vectors.shape[1])
-            flat.add(np.ascontiguousarray(self.vectors, dtype=np.float32))
-            self._flat = flat
+            with self._building:
+                if self._flat is None:
+                    flat = faiss.IndexFlatIP(self.vectors.shape[1])
+                    flat.add(np.ascontiguousarray(self.vectors, dtype=np.float32))
+                    self._flat = flat
+                    built = int(self.vectors.nbytes)
+                else:
+                    built = 0
+            if built and self._on_built is not None:
+                self._on_built(built)
         return self._flat
 
     def search(

@@ -75,8 +75,12 @@ def clean_leftovers(directory: Path) -> None:
                 path.unlink(missing_ok=True)
 
 
-def prune(directory: Path, current: str, previous: str | None) -> None:
-    """Keep only the current and the previous version (and drop any never published)."""
+def prune(directory: Path, current: str, previous: str | None) -> bool:
+    """Keep only the current and the previous version (and drop any never published); whether
+    any was removed."""
+    removed = False
     for path in directory.iterdir():
         if _VERSION_DIR.fullmatch(path.name) and path.name not in (current, previous):
             shutil.rmtree(path, ignore_errors=True)
+            removed = True
+    return removed

@@ -378,7 +378,7 @@ def test_views_are_counted_and_bounded_by_count_and_bytes(material, monkeypatch)
         index.visible_to(Viewer("u", frozenset({f"g{n}"})))
         assert 1 <= len(index._views) <= index_module.MAX_VIEWS
         views_bytes = index.resident_bytes - index._own_bytes()
-        assert views_bytes <= index_module.VIEW_BUDGET * index._own_bytes()
+        assert views_bytes <= index_module.VIEW_BUDGET * index.own_nbytes
     assert len(index._views) < 12, "the byte budget evicted"
     # With bytes to spare, the count bounds them.
     monkeypatch.setattr(index_module, "VIEW_BUDGET", 1e9)
@@ -388,7 +388,7 @@ def test_views_are_counted_and_bounded_by_count_and_bytes(material, monkeypatch)
     # A budget of the two newest views' bytes keeps those two only.
     older = index.visible_to(Viewer("u", frozenset({"g0", "g1"})))
     last = index.visible_to(Viewer("u", frozenset({"g0", "g2"})))
-    pair = (older.resident_bytes + last.resident_bytes) / index._own_bytes()
+    pair = (older.resident_bytes + last.resident_bytes) / index.own_nbytes
     monkeypatch.setattr(index_module, "VIEW_BUDGET", pair)
     assert index.visible_to(Viewer("v", frozenset({"g0", "g2"}))) is last
     assert list(index._views.values()) == [older, last]

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.filters import parse_filters
 from retrieval.hybrid import HybridRetriever, SearchResult
+from retrieval.index import TenantIndex
 from retrieval.snapshots import IndexUnreadable, read_snapshot
 from retrieval.store import IndexStore
 
@@ -69,8 +71,9 @@ def test_every_ingest_and_delete_publishes_a_new_version(store: IndexStore) -> N
     versions = [store.upsert("t", CORPUS[:2]).version]
     versions.append(store.upsert("t", CORPUS[:2]).version)
     versions.append(store.delete("t", ["aspirin"]).version)
-    assert len(set(versions)) == 3 and store.version("t") == versions[-1]
-    # Only the last two versions are kept on disk.
+    versions.append(store.upsert("t", CORPUS[2:3]).version)
+    assert len(set(versions)) == 4 and store.version("t") == versions[-1]
+    # Only the last two versions are kept on disk (none before a delete: see below).
     on_disk = sorted(p.name for p in (store.root / "t").iterdir() if not p.name.startswith("."))
     assert on_disk == sorted(["CURRENT", *versions[-2:]])
 
@@ -245,6 +248,12 @@ def damage(directory: Path, how: str) -> None:
     elif how == "another format":
         meta = json.loads((directory / "meta.json").read_text())
         (directory / "meta.json").write_text(json.dumps({**meta, "format": 999}))
+    elif how == "metadata not an object":
+        # A review's find (2026-12-07): counting what the snapshot holds raised after it was
+        # loaded, two searches were a 500, and the tenant was then served uncounted.
+        chunks = json.loads((directory / "chunks.json").read_text())
+        chunks["metadata"][0] = ["year", 2019]
+        (directory / "chunks.json").write_text(json.dumps(chunks))
 
 
 DAMAGE = [
@@ -255,6 +264,7 @@ DAMAGE = [
     "terms cut short",
     "a file missing",
     "another format",
+    "metadata not an object",
 ]
 
 
@@ -625,6 +635,83 @@ def test_what_searches_build_counts_against_the_budget_at_once(
     )
 
 
+def _tiny_docs(n: int, words: int = 3) -> list[Document]:
+    return [
+        Document(f"d{i}", " ".join(f"w{i}x{j}" for j in range(words)), metadata={"k": "v"})
+        for i in range(n)
+    ]
+
+
+def _paused_count(store: IndexStore, thread: str) -> tuple[threading.Event, threading.Event]:
+    """Make ``thread``'s next count wait, before it takes the budget's lock, until ``go``."""
+    waiting, go = threading.Event(), threading.Event()
+    original = store._kept.loaded
+
+    def loaded(*args: Any) -> list[str]:
+        if threading.current_thread().name == thread and not go.is_set():
+            waiting.set()
+            go.wait(10)
+        return original(*args)
+
+    store._kept.loaded = loaded  # type: ignore[method-assign]
+    return waiting, go
+
+
+def test_a_late_count_changes_nothing_it_should_not(tmp_path: Path) -> None:
+    # A review's finds (2026-12-07): the check that a snapshot was still the tenant's loaded
+    # one and its count were not under one lock, nor was the size read there. (1) A search
+    # that built columns on a snapshot just replaced wrote the old one's size back. (2) A
+    # tenant let go meanwhile was counted again as loaded, and then let the tenant just
+    # loaded go. (3) A load's count that came after a search's wrote the older figure back.
+    from bench.replica_memory import RandomEmbedder
+
+    root = tmp_path / "indexes"
+    store = IndexStore(root, RandomEmbedder(), loaded_bytes=2**40, reload_interval_s=0)
+    store.upsert("t", _tiny_docs(10))
+    small = store.current("t")
+    assert small is not None
+    waiting, go = _paused_count(store, "search")
+    search = threading.Thread(target=lambda: small.columns, name="search")
+    search.start()
+    assert waiting.wait(10)
+    store.upsert("t", _tiny_docs(600, 30))
+    large = store.current("t")
+    assert large is not None and store.loaded_bytes == large.resident_bytes
+    go.set()
+    search.join()
+    assert store.loaded_bytes == large.resident_bytes, "(1) the old snapshot's count is dropped"
+
+    seed = IndexStore(tmp_path / "two", RandomEmbedder())
+    seed.upsert("a", _tiny_docs(300, 20))
+    seed.upsert("b", _tiny_docs(300, 20))
+    store = IndexStore(tmp_path / "two", RandomEmbedder(), loaded_bytes=1)  # one at a time
+    a = store.current("a")
+    assert a is not None
+    waiting, go = _paused_count(store, "search")
+    search = threading.Thread(target=lambda: a.columns, name="search")
+    search.start()
+    assert waiting.wait(10)
+    b = store.current("b")  # lets a go
+    assert store._loaded["a"].index is None and list(store._kept.sizes) == ["b"]
+    go.set()
+    search.join()
+    assert list(store._kept.sizes) == ["b"], "(2) a, let go, is not counted again"
+    assert store._loaded["b"].index is b and store.loaded_bytes == b.resident_bytes
+
+    store = IndexStore(tmp_path / "two", RandomEmbedder(), loaded_bytes=2**40)
+    waiting, go = _paused_count(store, "loader")
+    loader = threading.Thread(target=lambda: store.current("a"), name="loader")
+    loader.start()
+    assert waiting.wait(10)
+    index = store._loaded["a"].index  # the entry has it: a search gets it
+    assert index is not None
+    _ = index.columns  # a filtered search builds its columns, counted at once
+    assert store.loaded_bytes == index.resident_bytes
+    go.set()
+    loader.join()
+    assert store.loaded_bytes == index.resident_bytes, "(3) the load's older figure is not kept"
+
+
 @pytest.mark.parametrize(("megabytes", "budget"), [(1, 2**20), (0, None)])
 def test_the_loaded_budget_is_a_setting_in_megabytes_and_0_is_no_bound(
     tmp_path: Path, embedder: Embedder, megabytes: int, budget: int | None
@@ -705,6 +792,65 @@ def test_a_full_disk_publishes_nothing_and_leaves_nothing_behind(
         _search(store, embedder, "daily aspirin and heart attacks").hits[0].document_id == "aspirin"
     )
     assert len(store.upsert("t", CORPUS[3:5]).version) > 0 and len(store.current("t") or ()) == 5
+
+
+def _versions_on_disk(store: IndexStore, tenant: str) -> list[str]:
+    return sorted(p.name for p in (store.root / tenant).iterdir() if p.name[0].isdigit())
+
+
+def test_a_delete_leaves_no_version_on_disk_that_holds_what_it_removed(
+    store: IndexStore,
+) -> None:
+    # A deleted document stayed on disk in the version kept before the delete (for `rag
+    # restore`) until the tenant's next write, however long that was, and `rag restore
+    # --version` published it again.
+    store.upsert("t", CORPUS)
+    store.upsert("t", CORPUS[:1])  # so that a version is kept before the one the delete follows
+    before = store.version("t")
+    assert len(_versions_on_disk(store, "t")) == 2
+    result = store.delete("t", ["tides"])
+    assert _versions_on_disk(store, "t") == [result.version]
+    removed = b"gravitational pull of the Moon"
+    for path in (store.root / "t").rglob("*"):
+        assert not path.is_file() or removed not in path.read_bytes(), path
+    with pytest.raises(ValueError, match="there is no version"):
+        store.restore("t", before)
+    assert len(store.current("t") or ()) == len(CORPUS) - 1
+    # An ingest still keeps the version before it, to be taken back.
+    again = store.upsert("t", CORPUS[-1:])
+    assert _versions_on_disk(store, "t") == sorted([result.version, again.version])
+    assert store.restore("t", result.version) is not None
+
+
+def test_a_delete_frees_room_on_a_full_disk_and_an_ingest_does_not_take_it(
+    store: IndexStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a full disk a delete, written as a new version beside the two kept, was a 507: the
+    # way a tenant frees room was refused for want of room. Now it removes the version kept
+    # before the current one and tries again. (A disk of fixed size, simulated: no room past
+    # what the tenant holds once both versions are written.)
+    import errno
+
+    store.upsert("t", CORPUS)
+    store.upsert("t", CORPUS[:1])
+    size = sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file())
+    real = store_module.write_snapshot
+
+    def disk_of_fixed_size(index: TenantIndex, directory: Path) -> None:
+        real(index, directory)
+        if sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file()) > size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "write_snapshot", disk_of_fixed_size)
+    kept = _versions_on_disk(store, "t")
+    with pytest.raises(store_module.IndexStorageFull):
+        store.upsert("t", CORPUS[1:2])  # an ingest gives nothing up for room
+    assert _versions_on_disk(store, "t") == kept
+    current = store.version("t")
+    result = store.delete("t", ["aspirin"])
+    assert _versions_on_disk(store, "t") == [result.version] and result.version != current
+    assert len(store.current("t") or ()) == len(CORPUS) - 1
+    assert sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file()) < size
 
 
 def test_a_failure_after_the_pointers_swap_is_a_published_write(
