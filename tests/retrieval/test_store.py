@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +166,8 @@ def test_snapshots_published_during_searches_do_not_disturb_them(
 
 _KILLED_WRITER = """
 import sys, time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from retrieval import Document, Embedder, IndexStore
 store = IndexStore(Path(sys.argv[1]), Embedder())
@@ -657,6 +661,21 @@ def _paused_count(store: IndexStore, thread: str) -> tuple[threading.Event, thre
     return waiting, go
 
 
+@contextmanager
+def _columns_built_meanwhile(store: IndexStore, index: TenantIndex) -> Iterator[None]:
+    """A filtered search builds ``index``'s columns in a thread; its count waits (before the
+    budget's lock) until the block ends."""
+    waiting, go = _paused_count(store, "search")
+    search = threading.Thread(target=lambda: index.columns, name="search")
+    search.start()
+    assert waiting.wait(10)
+    try:
+        yield
+    finally:
+        go.set()
+        search.join()
+
+
 def test_a_late_count_changes_nothing_it_should_not(tmp_path: Path) -> None:
     # A review's finds (2026-12-07): the check that a snapshot was still the tenant's loaded
     # one and its count were not under one lock, nor was the size read there. (1) A search
@@ -670,15 +689,10 @@ def test_a_late_count_changes_nothing_it_should_not(tmp_path: Path) -> None:
     store.upsert("t", _tiny_docs(10))
     small = store.current("t")
     assert small is not None
-    waiting, go = _paused_count(store, "search")
-    search = threading.Thread(target=lambda: small.columns, name="search")
-    search.start()
-    assert waiting.wait(10)
-    store.upsert("t", _tiny_docs(600, 30))
-    large = store.current("t")
-    assert large is not None and store.loaded_bytes == large.resident_bytes
-    go.set()
-    search.join()
+    with _columns_built_meanwhile(store, small):
+        store.upsert("t", _tiny_docs(600, 30))
+        large = store.current("t")
+        assert large is not None and store.loaded_bytes == large.resident_bytes
     assert store.loaded_bytes == large.resident_bytes, "(1) the old snapshot's count is dropped"
 
     seed = IndexStore(tmp_path / "two", RandomEmbedder())
@@ -687,14 +701,9 @@ def test_a_late_count_changes_nothing_it_should_not(tmp_path: Path) -> None:
     store = IndexStore(tmp_path / "two", RandomEmbedder(), loaded_bytes=1)  # one at a time
     a = store.current("a")
     assert a is not None
-    waiting, go = _paused_count(store, "search")
-    search = threading.Thread(target=lambda: a.columns, name="search")
-    search.start()
-    assert waiting.wait(10)
-    b = store.current("b")  # lets a go
-    assert store._loaded["a"].index is None and list(store._kept.sizes) == ["b"]
-    go.set()
-    search.join()
+    with _columns_built_meanwhile(store, a):
+        b = store.current("b")  # lets a go
+        assert store._loaded["a"].index is None and list(store._kept.sizes) == ["b"]
     assert list(store._kept.sizes) == ["b"], "(2) a, let go, is not counted again"
     assert store._loaded["b"].index is b and store.loaded_bytes == b.resident_bytes
 
