@@ -114,7 +114,10 @@ async def test_a_department_feature_becomes_a_default_retrieval_filter(harness) 
     )
     assert ingested.status_code == 200, ingested.text
     await load(harness, "ann", department="sales")
-    question = f"What is the expense policy? ({unique_question()[-10:]})"
+    # A fixed question: a random suffix moved engineering-0's cosine across the relevance
+    # gate's threshold in 2% of runs (0.345 to 0.461 against 0.356 over 300 suffixes), and a
+    # fresh-clone CI run failed so (2026-12-07). This one is 0.48 to 0.62 for all four.
+    question = "What is the expense policy?"
     ask = body(question, rag={"explain": True, "top_k": 4})
 
     harness.exporter.clear()
