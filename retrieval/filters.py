@@ -189,9 +189,9 @@ class MetadataColumns:
         total = sys.getsizeof(self._eq) + sys.getsizeof(self._ordered)
         for by_value in self._eq.values():
             total += sys.getsizeof(by_value)
-            for (kind, value), rows in by_value.items():
+            for (_kind, value), rows in by_value.items():
                 total += _KEY_BYTES + sys.getsizeof(rows)
-                if kind == "n" and float(value).is_integer():
+                if isinstance(value, float) and value.is_integer():
                     total += sys.getsizeof(value)
         for key, found in self._ordered.items():
             total += sys.getsizeof(key) + sys.getsizeof(found) + sum(map(sys.getsizeof, found))

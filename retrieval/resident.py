@@ -93,12 +93,8 @@ def metadata_bytes(metadata: Sequence[Metadata]) -> int:
 def access_bytes(lists: Sequence[AccessList | None]) -> int:
     """Bytes of a snapshot's access lists: each object (its two attributes' slots), its two
     sets and their names; one that several chunks share is counted once."""
-    seen: set[int] = set()
     total = 0
-    for entry in lists:
-        if entry is None or id(entry) in seen:
-            continue
-        seen.add(id(entry))
+    for entry in {id(entry): entry for entry in lists if entry is not None}.values():
         total += _getsizeof(entry) + 32  # its attributes' values (no `__dict__` until asked)
         for names in (entry.groups, entry.users):
             total += _getsizeof(names) + short_strings_bytes(list(names))

@@ -166,6 +166,11 @@ class _Loaded:
     # The last pointer that could not be loaded, until when it is not tried again, and why.
     failed: tuple[str, float, IndexUnreadable] | None = None
 
+    @property
+    def serves_unreadable(self) -> bool:
+        """Whether its loaded snapshot is served in place of a newer one that cannot be read."""
+        return self.failed is not None and self.index is not None
+
     def published(self, index: TenantIndex) -> None:
         """This process has just pointed CURRENT at ``index`` (a write, a restore)."""
         self.index, self.pointer, self.failed = index, index.version, None
@@ -191,22 +196,17 @@ class _Kept:
             if tenant in self.sizes:
                 self.sizes.move_to_end(tenant)
 
-    def loaded(
-        self,
-        tenant: str,
-        index: TenantIndex,
-        loaded_of: Callable[[str], TenantIndex | None],
-        kept: Callable[[str], bool],
-        let_go: Callable[[str], None],
-    ) -> list[str]:
+    def loaded(self, tenant: str, index: TenantIndex, entries: dict[str, _Loaded]) -> list[str]:
         """``tenant``'s snapshot ``index`` is loaded or grew: counted at what it holds now,
-        unless ``loaded_of`` says it is no longer the tenant's loaded one (replaced or let go
-        meanwhile). Then the tenants past the budget are let go (``let_go``), least recently
-        searched first, passing over those ``kept`` says must stay; their names returned. All
+        unless ``entries`` (the store's) no longer hold it for the tenant (replaced or let go
+        meanwhile). Then the tenants past the budget are let go (their entries' snapshot
+        dropped), least recently searched first, passing over one served in place of a newer
+        that cannot be read (the process's only readable copy); their names returned. All
         under one lock, so a late count never brings back a tenant let go, nor writes back an
         older figure (a review's finds)."""
         with self._lock:
-            if loaded_of(tenant) is not index:
+            entry = entries.get(tenant)
+            if entry is None or entry.index is not index:
                 return []
             size = index.resident_bytes
             self.total += size - self.sizes.pop(tenant, 0)
@@ -217,9 +217,11 @@ class _Kept:
             for name in list(self.sizes):
                 if self.total <= self.budget:
                     break
-                if name != tenant and not kept(name):
+                other = entries.get(name)
+                if name != tenant and not (other is not None and other.serves_unreadable):
                     self.total -= self.sizes.pop(name)
-                    let_go(name)
+                    if other is not None:
+                        other.index = None
                     gone.append(name)
             return gone
 
@@ -651,25 +653,10 @@ class IndexStore:
         the least recently searched others go while the loaded ones hold more than
         ``loaded_bytes``. (Not under their locks: a search that holds a snapshot keeps it; the
         next loads it again.)"""
-        gone = self._kept.loaded(tenant, index, self._loaded_index, self._only_readable, self._drop)
+        gone = self._kept.loaded(tenant, index, self._loaded)
         if self.on_let_go is not None:
             for name in gone:
                 self.on_let_go(name)
-
-    def _loaded_index(self, tenant: str) -> TenantIndex | None:
-        entry = self._loaded.get(tenant)
-        return None if entry is None else entry.index
-
-    def _drop(self, tenant: str) -> None:
-        entry = self._loaded.get(tenant)
-        if entry is not None:
-            entry.index = None
-
-    def _only_readable(self, tenant: str) -> bool:
-        """Whether the tenant's loaded snapshot is served in place of a newer one that cannot
-        be read: it is this process's only readable copy, and is not let go."""
-        entry = self._loaded.get(tenant)
-        return entry is not None and entry.failed is not None and entry.index is not None
 
     @property
     def loaded_bytes(self) -> int:

@@ -80,15 +80,13 @@ class DenseIndex:
     def _exact(self) -> Any:
         if self._flat is None:
             with self._building:
-                if self._flat is None:
+                built = self._flat is None
+                if built:
                     flat = faiss.IndexFlatIP(self.vectors.shape[1])
                     flat.add(np.ascontiguousarray(self.vectors, dtype=np.float32))
                     self._flat = flat
-                    built = int(self.vectors.nbytes)
-                else:
-                    built = 0
             if built and self._on_built is not None:
-                self._on_built(built)
+                self._on_built(int(self.vectors.nbytes))
         return self._flat
 
     def search(
