@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 .PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
 	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
-	bench-all bench-redis-copy bench-memo bench-snapshots bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
+	bench-all bench-redis-copy bench-memo bench-snapshots bench-erase bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -116,6 +116,11 @@ bench-memo: install model
 # budget (BENCHMARKS.md, "What a loaded snapshot holds"). About 7 minutes.
 bench-snapshots: install
 	$(PY) -m bench.snapshot_memory --rounds 3 --tenants 6 --budget-mb 768
+
+# What a delete's erasure of cached answers costs against a bare SCAN and DEL, and what the
+# erased-version check adds to a stored answer (BENCHMARKS.md, "A delete erases"). About 1 minute.
+bench-erase: install redis
+	$(PY) -m bench.cache_erase
 
 bench-retrieval: install
 	$(PY) -m bench.retrieval_quality
@@ -261,7 +266,7 @@ bench: bench-e2e bench-small
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
 	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy bench-memo \
-	bench-snapshots
+	bench-snapshots bench-erase
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

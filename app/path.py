@@ -16,11 +16,14 @@ its messages are stored as guard_in left them (PII redacted).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.model.salt import PrefixCacheSalt
 from pipeline.routing.load import LoadPolicy
 from pipeline.runner import INPUTS, Concurrent, Runner, Stage, Step
@@ -36,6 +39,7 @@ from pipeline.stages.retrieve import Retrieve
 from pipeline.stages.route import ChooseRoute
 from pipeline.stages.tools import PlannedTools
 from pipeline.stages.validate import ValidateRequest
+from pipeline.store.kv import KeyValueStore
 from pipeline.store.singleflight import SingleFlight
 from pipeline.tools.planner import ToolPlanner
 from retrieval import RelevanceGate
@@ -43,6 +47,8 @@ from retrieval import RelevanceGate
 if TYPE_CHECKING:
     from app.services import Services
     from app.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
     )
     steps.extend(optional(guard_out_stage(services)))
     if settings.cache.enabled:
-        steps.append(CacheStore(response_cache(settings, services)))
+        steps.append(CacheStore(response_cache(settings, services.kv)))
     return steps
 
 
@@ -138,9 +144,22 @@ def optional(*stages: Stage | None) -> list[Stage]:
     return [stage for stage in stages if stage is not None]
 
 
-def response_cache(settings: Settings, services: Services) -> ResponseCache:
+def response_cache(settings: Settings, kv: KeyValueStore) -> ResponseCache:
     prefix = f"{settings.redis.key_prefix}cache:"
-    return ResponseCache(services.kv, ttl=settings.cache.ttl_seconds, prefix=prefix)
+    return ResponseCache(kv, ttl=settings.cache.ttl_seconds, prefix=prefix)
+
+
+async def erase_cached_answers(
+    settings: Settings, kv: KeyValueStore, tenant: str, versions: Collection[str]
+) -> int | None:
+    """A delete's erasure of the tenant's cached answers (``ResponseCache.erase``): how many
+    went; None when Redis could not take it (the answers then expire within the cache's TTL,
+    and no request finds them meanwhile: the index version is part of their keys)."""
+    try:
+        return await response_cache(settings, kv).erase(tenant, versions)
+    except (StoreUnavailable, StoreBusy) as exc:
+        log.warning("tenant %s's cached answers were not erased after a delete: %s", tenant, exc)
+        return None
 
 
 def single_flight(settings: Settings, services: Services) -> SingleFlight | None:
@@ -151,7 +170,7 @@ def single_flight(settings: Settings, services: Services) -> SingleFlight | None
     return SingleFlight(
         services.kv,
         prefix=f"{settings.redis.key_prefix}flight:",
-        cached=response_cache(settings, services).get,
+        cached=response_cache(settings, services.kv).get,
         # XREAD BLOCK well within the Redis client's socket timeout.
         poll_ms=max(10, int(settings.redis.timeout_seconds * 250)),
     )
@@ -164,7 +183,7 @@ def cache_lookup_stage(
         return None
     search = services.retrieval
     return CacheLookup(
-        response_cache(settings, services),
+        response_cache(settings, services.kv),
         search.version if search is not None else no_index,
         personalised=personalised,
         versions=services.versions(),

@@ -4,14 +4,17 @@ retrieval backend (retrieval.backends), as the app's requests do."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from pathlib import Path
 
 from app.cli.backend import backend_router
 from app.cli.ingest_files import FileReader, Skipped, read_documents
+from app.path import erase_cached_answers
 from app.services import build_converter
 from app.settings import get_settings
+from app.stores import command_kv
 from retrieval import Document, DocumentError
 from retrieval.backends import RetrievalBackend
 from retrieval.backends.embedded import EmbeddedBackend
@@ -125,16 +128,35 @@ def delete(args: argparse.Namespace) -> int:
         missing = [d for d in wanted if d not in present]
         result = store.delete(args.tenant, wanted) if len(missing) < len(wanted) else None
     if result is not None:
+        erased = asyncio.run(_erase_cached_answers(args.tenant, result.replaced))
         print(
             f"deleted {result.documents} documents ({result.chunks} chunks); "
-            f"version {result.version}"
+            f"version {result.version}; "
+            + ("cached answers not erased" if erased is None else f"{erased} cached answers erased")
         )
+        if erased is None:
+            print(
+                "rag delete: Redis could not be reached, so the tenant's cached answers were "
+                "not erased; no request finds them (the index version is part of their keys), "
+                "and they expire within RAG_CACHE__TTL_SECONDS",
+                file=sys.stderr,
+            )
     for document_id in missing:
         print(
             f"rag delete: document {document_id!r} not found for tenant {args.tenant!r}",
             file=sys.stderr,
         )
     return 1 if missing else 0
+
+
+async def _erase_cached_answers(tenant: str, versions: tuple[str, ...]) -> int | None:
+    """As the API's delete does (``app.path.erase_cached_answers``)."""
+    settings = get_settings()
+    kv = command_kv(settings)
+    try:
+        return await erase_cached_answers(settings, kv, tenant, versions)
+    finally:
+        await kv.aclose()
 
 
 def restore(args: argparse.Namespace) -> int:

@@ -128,6 +128,8 @@ class IngestResult(_IndexChange):
 class DeleteResult(_IndexChange):
     object: Literal["delete.result"]
     deleted: Literal[True]
+    # The tenant's cached answers removed with it; null when Redis could not be reached.
+    cached_answers_removed: int | None
 
 
 class Passage(BaseModel):

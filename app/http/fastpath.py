@@ -118,7 +118,7 @@ class AliasBook:
         self.services = services
         self.lookup = lookup
         self.guard = guard
-        self.prefix = lookup.cache.prefix.rstrip(":") + "-alias:"
+        self.prefix = lookup.cache.alias_prefix
         settings = services.settings.model_dump_json().encode()
         versions = orjson.dumps(
             {"prompt": PROMPT_VERSION, **lookup.versions}, option=orjson.OPT_SORT_KEYS

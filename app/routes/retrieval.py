@@ -18,6 +18,7 @@ from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.openapi import answers as declared
 from app.http.openapi import link
 from app.http.schemas import Filters
+from app.path import erase_cached_answers
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from pipeline.sources.filters import parse_request_filters
@@ -193,7 +194,16 @@ async def delete_document(
             param="document_id",
             code="document_not_found",
         )
-    return {**_ingest_body(result), "object": "delete.result", "deleted": True}
+    # Answers that quoted it go too (all the tenant's: a key does not say what made it).
+    erased = await erase_cached_answers(
+        services.settings, services.kv, principal.tenant, result.replaced
+    )
+    return {
+        **_ingest_body(result),
+        "object": "delete.result",
+        "deleted": True,
+        "cached_answers_removed": erased,
+    }
 
 
 @router.post(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -24,7 +24,7 @@ from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.model.messages import content_text
 from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.runner import StageSpec
-from pipeline.store.kv import KeyValueStore
+from pipeline.store.kv import KeyValueStore, glob_escaped
 from pipeline.telemetry import attributes as attr
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,14 @@ IndexVersion = Callable[[str], str]
 # past it, a request of another body takes the full path. It bounds what replacing an entry
 # deletes in one script.
 MAX_COPIES = 256
-# KEYS: the entry, its copies' set. ARGV: the answer, its TTL in seconds. The answer replaces
-# the entry and its copies go with it, together: a copy deleted apart could outlive a failed
-# delete, unnamed, and answer the replaced answer for its TTL. (The copies are keys the script
-# is not given: on Redis Cluster they need the entry's hash slot, docs/scaling.md.)
+# KEYS: the entry, its copies' set, the tenant's erased versions. ARGV: the answer, its TTL in
+# seconds, the index version it was made from. The answer replaces the entry and its copies go
+# with it, together: a copy deleted apart could outlive a failed delete, unnamed, and answer the
+# replaced answer for its TTL. (The copies are keys the script is not given: on Redis Cluster
+# they need the entry's hash slot, docs/scaling.md.) Nothing is stored, -1, when a delete has
+# erased the version (``ResponseCache.erase``).
 _PUT = """
+if ARGV[3] ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local copies = redis.call('SMEMBERS', KEYS[2])
 for _, copy in ipairs(copies) do redis.call('DEL', copy) end
@@ -60,6 +63,31 @@ redis.call('SADD', KEYS[3], KEYS[2])
 redis.call('PEXPIRE', KEYS[3], ttl)
 return 1
 """
+# KEYS: the tenant's erased versions. ARGV: how long they stay erased (seconds), the versions.
+_ERASED = """
+redis.call('SADD', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+# KEYS: entries and their copies' sets, in pairs. Each entry, its copies and its set go
+# together (as ``_PUT`` replaces them), so that no copy outlives its entry. How many entries.
+_DROP = """
+local dropped = 0
+for i = 1, #KEYS, 2 do
+  for _, copy in ipairs(redis.call('SMEMBERS', KEYS[i + 1])) do redis.call('DEL', copy) end
+  dropped = dropped + redis.call('DEL', KEYS[i])
+  redis.call('DEL', KEYS[i + 1])
+end
+return dropped
+"""
+# Entries dropped by one script (a tenant's are in one hash slot on a cluster).
+DROP_BATCH = 256
+# Names an erasure's SCAN step looks at: the whole keyspace is walked, so a step of 10,000
+# (about a millisecond of Redis's time) makes it tens of round trips, not hundreds.
+SCAN_STEP = 10_000
+# The least time a delete's versions stay erased: longer than any request that searched them
+# may take to store its answer (a replica still keyed on them, a long generation).
+ERASED_AT_LEAST_S = 3600
 
 
 def _normalise_content(content: Any) -> Any:
@@ -141,17 +169,29 @@ def cache_key(
 class ResponseCache:
     """Complete answers in Redis, under ``{prefix}{tenant}:{sha256}``, with a TTL.
 
-    An entry may have copies under other names (``copy``: the fast path's aliases), listed in
-    ``{entry}:copies``: an answer stored under the entry's key (a ``Cache-Control: no-cache``
-    refresh, or two misses racing) deletes them, so that no copy serves the answer it replaced.
+    An entry may have copies under other names (``copy``: the fast path's aliases, under
+    ``alias_prefix``), listed in ``{entry}:copies``: an answer stored under the entry's key (a
+    ``Cache-Control: no-cache`` refresh, or two misses racing) deletes them, so that no copy
+    serves the answer it replaced.
+
+    A delete of documents erases the tenant's cached answers (``erase``), and no answer made
+    from an index version it names is stored after it.
     """
 
     def __init__(self, kv: KeyValueStore, *, ttl: int = 3600, prefix: str = "rag:cache:") -> None:
         self.kv = kv
         self.ttl = ttl
         self.prefix = prefix
+        self.alias_prefix = prefix.rstrip(":") + "-alias:"
         self._put = kv.script(_PUT)
         self._copy = kv.script(_COPY)
+        # Recorded even with Redis out of memory: it is small, and it is what keeps a deleted
+        # document out of answers stored later.
+        self._erased = kv.script(_ERASED, when_full="run")
+        self._drop = kv.script(_DROP)
+
+    def _erased_key(self, tag: str) -> str:
+        return f"{self.prefix.rstrip(':')}-erased:{tag}"
 
     async def get(self, key: str) -> Completion | None:
         """The stored answer; None where there is none, or where what is stored cannot be read
@@ -165,14 +205,54 @@ class ResponseCache:
             log.warning("a cached answer cannot be read (%s): taken as a miss", exc)
             return None
 
-    async def put(self, key: str, completion: Completion, *, ttl: int | None = None) -> None:
-        """Store the answer under ``key`` and delete the copies of the one it replaces."""
+    async def put(
+        self, key: str, completion: Completion, *, ttl: int | None = None, version: str = ""
+    ) -> bool:
+        """Store the answer under ``key`` and delete the copies of the one it replaces; False,
+        and nothing stored, when the index ``version`` it was made from has been erased."""
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
         entry = self.prefix + key
         answer = orjson.dumps(completion.to_dict())
-        await self.kv.run_script(
-            "cache_put", self._put, [entry, entry + ":copies"], [answer, lifetime]
+        erased = self._erased_key(key.rpartition(":")[0])  # the key's tenant part (tagged)
+        done = await self.kv.run_script(
+            "cache_put", self._put, [entry, entry + ":copies", erased], [answer, lifetime, version]
         )
+        return bool(done != -1)
+
+    async def erase(self, tenant: str, versions: Collection[str]) -> int:
+        """Delete every cached answer of ``tenant`` and their copies (how many answers), after
+        marking ``versions`` erased: from then on, for at least the cache's TTL, no answer made
+        from them is stored (a request that searched one before a delete, ending after it).
+
+        A delete calls this with the versions that held what it removed: the tenant's other
+        answers go too (one miss each), since an entry's key does not say which version made
+        it. Marked first, then swept: an answer stored meanwhile is either refused or swept."""
+        tag = self.kv.tag(tenant)
+        if versions:
+            lifetime = max(self.ttl, ERASED_AT_LEAST_S)
+            await self.kv.run_script(
+                "cache_erased", self._erased, [self._erased_key(tag)], [lifetime, *versions]
+            )
+        # One walk of the keyspace finds the entries, their copies' sets and the copies: the
+        # prefix's own names, then any text (the copies' "-alias"), then the tenant. A tenant
+        # holds no colon and a digest none, so no other tenant's name matches.
+        base = self.prefix.removesuffix(":")
+        found = await self.kv.scan(f"{glob_escaped(base)}*:{glob_escaped(tag)}:*", count=SCAN_STEP)
+        names = [n.decode() for n in found]
+        entries = {n.removesuffix(":copies") for n in names if n.startswith(self.prefix)}
+        dropped = await self._drop_all(entries)
+        # Copies whose entry's set is gone (each expires with its entry anyway).
+        await self._drop_all(n for n in names if n.startswith(self.alias_prefix))
+        return dropped
+
+    async def _drop_all(self, names: Iterable[str]) -> int:
+        """Delete entries (or copies), each with its copies; how many there were."""
+        ordered = sorted(names)
+        dropped = 0
+        for start in range(0, len(ordered), DROP_BATCH):
+            keys = [k for e in ordered[start : start + DROP_BATCH] for k in (e, e + ":copies")]
+            dropped += int(await self.kv.run_script("cache_drop", self._drop, keys, []))
+        return dropped
 
     async def copy(self, key: str, name: str) -> bool:
         """Copy the entry under ``key`` to ``name``, with its TTL, until an answer replaces it
@@ -184,16 +264,25 @@ class ResponseCache:
         return bool(done)
 
 
+def keyed_version(ctx: RequestContext) -> str | None:
+    """The index version the request's cache key holds (None: no lookup ran)."""
+    for record in ctx.records:
+        if record.name == "cache_lookup":
+            version = record.info.get(attr.info_key(attr.CACHE_INDEX_VERSION))
+            return None if version is None else str(version)
+    return None
+
+
 def searched_the_keyed_version(ctx: RequestContext) -> bool:
     """Whether every search of the request (the retrieve stage's, if it ran, and each
     ``search_documents`` call, in ``ctx.index_versions``) searched the index version the cache
     key holds: a tool searches whatever index is current when it runs, which an ingest may
     have replaced since the lookup."""
-    info = {record.name: record.info for record in ctx.records}
-    keyed = info.get("cache_lookup", {}).get(attr.info_key(attr.CACHE_INDEX_VERSION))
+    keyed = keyed_version(ctx)
     if keyed is None:
         return True
     searched = set(ctx.index_versions)
+    info = {record.name: record.info for record in ctx.records}
     retrieved = info.get("retrieve", {}).get(attr.info_key(attr.RETRIEVAL_INDEX_VERSION))
     if retrieved is not None:
         searched.add(retrieved)
@@ -347,17 +436,18 @@ class CacheStore:
 
         async def store(completion: Completion) -> None:
             if not_kept(ctx) is None:
-                await self._store(key, completion)
+                await self._store(key, completion, keyed_version(ctx) or "")
 
         ctx.answer.on_complete(store)
         ctx.annotate(**{attr.CACHE_STORED: "when_complete"})
         return ctx
 
-    async def _store(self, key: str, completion: Completion) -> bool:
+    async def _store(self, key: str, completion: Completion, version: str) -> bool:
+        """Whether the answer was stored: not when it may not be (``storable``), when Redis is
+        down, or when a delete has erased the version it was made from."""
         if not storable(completion):
             return False
         try:
-            await self.cache.put(key, completion, ttl=completion.cache_ttl)
+            return await self.cache.put(key, completion, ttl=completion.cache_ttl, version=version)
         except StoreUnavailable:
             return False
-        return True

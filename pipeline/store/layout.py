@@ -96,6 +96,8 @@ GROUPS: tuple[Group, ...] = (
     # names of its fast-path aliases (old-form names after a copy); flights and rate-limit
     # windows last seconds to minutes.
     Group("cache", "cache:<any>", "cache:<any>", copied=False),
+    # The index versions a delete erased: no answer made from them is cached (ResponseCache).
+    Group("erased index versions", "cache-erased:<tenant>", "cache-erased:{<tenant>}"),
     Group("cache aliases", "cache-alias:<any>", "cache-alias:<any>", copied=False),
     Group("coalesced flights", "flight:<any>", "flight:<any>", copied=False),
     Group("rate-limit windows", "ratelimit:<any>", "ratelimit:<any>", copied=False),

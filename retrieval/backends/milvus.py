@@ -33,6 +33,7 @@ Milvus calls block: PassageSearch runs them in its search and ingest thread pool
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -786,9 +787,14 @@ class MilvusBackend:
             if not present:
                 return self._result(tenant, started, 0, 0, self.version(tenant))
             self.versions.check()  # as a write: refused whole while Redis cannot version it
+            seen = self.versions.get(tenant)  # what this replica's searches were keyed with
             removed = self._delete_documents(tenant, present)
             version = self.versions.bump(tenant)
-        return self._result(tenant, started, len(present), removed, version)
+        result = self._result(tenant, started, len(present), removed, version)
+        # The versions searched until now held what goes: the one this bump follows (another
+        # replica's, maybe) and the one this replica had seen.
+        held = {seen, str(int(version) - 1) if version.isdigit() else seen} - {version}
+        return dataclasses.replace(result, replaced=tuple(sorted(held)))
 
     def _present(self, tenant: str, document_ids: set[str]) -> set[str]:
         keys = {_doc_key(tenant, d): d for d in document_ids}

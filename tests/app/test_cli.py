@@ -8,14 +8,25 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import redis
 from opentelemetry import trace
 
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from retrieval import Document, HybridRetriever, IndexStore
 from tests.support.cli import rag
+from tests.support.servers import free_port
+
+
+def own_redis(redis_server) -> dict[str, str]:
+    """The test's Redis, under a prefix of its own (a delete erases cached answers there)."""
+    return {
+        "RAG_REDIS__URL": redis_server.url,
+        "RAG_REDIS__KEY_PREFIX": f"cli{uuid.uuid4().hex[:6]}:",
+    }
 
 
 def test_keys_create_prints_a_key_that_resolves_to_the_principal(redis_server) -> None:
@@ -76,7 +87,7 @@ def test_keys_create_refuses_no_scopes_and_weak_custom_keys_and_revoke_takes_the
 
 
 def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
-    tmp_path: Path, shared_embedder
+    tmp_path: Path, shared_embedder, redis_server
 ) -> None:
     docs = tmp_path / "docs"
     (docs / "sub").mkdir(parents=True)
@@ -106,7 +117,7 @@ def test_ingest_reads_a_folder_and_beir_jsonl_and_skips_what_it_cannot_read(
         )
     )
     index_dir = tmp_path / "index"
-    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
+    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir), **own_redis(redis_server)}
 
     folder = rag("ingest", str(docs), "--tenant", "files", env=env)
     assert folder.returncode == 0, folder.stderr
@@ -188,13 +199,18 @@ def test_keys_list_shows_ids_not_keys_and_a_lost_key_is_revoked_by_its_id(redis_
 
 
 def test_delete_of_a_document_the_tenant_does_not_have_is_not_found_with_exit_code_1(
-    tmp_path: Path, shared_embedder
+    tmp_path: Path, shared_embedder, redis_server
 ) -> None:
     index_dir = tmp_path / "index"
     store = IndexStore(index_dir, shared_embedder)
     store.upsert("ours", [Document(id=i, text=f"Document {i} about tides.") for i in ("a", "b")])
     store.upsert("theirs", [Document(id="c", text="Document c about volcanoes.")])
-    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir)}
+    redis_env = own_redis(redis_server)
+    env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir), **redis_env}
+    cache = f"{redis_env['RAG_REDIS__KEY_PREFIX']}cache:"
+    answers = {f"{cache}{tenant}:{n:064x}": b"{}" for tenant in ("ours", "theirs") for n in (1, 2)}
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.mset(answers)
 
     other = rag("delete", "--tenant", "ours", "c", env=env)
     assert other.returncode == 1
@@ -204,10 +220,16 @@ def test_delete_of_a_document_the_tenant_does_not_have_is_not_found_with_exit_co
         "theirs", "volcanoes", None, top_k=10
     )
     assert [h.document_id for h in theirs.hits] == ["c"]
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.exists(*answers) == 4, "nothing deleted, no answer erased"
 
     mixed = rag("delete", "--tenant", "ours", "a", "nope", env=env)
     assert mixed.returncode == 1
     assert "deleted 1 documents" in mixed.stdout  # the ids the tenant has are still deleted
+    assert "2 cached answers erased" in mixed.stdout  # the tenant's, and no other's
+    with redis.Redis.from_url(redis_server.url) as client:
+        kept = sorted(k.decode() for k in client.keys(f"{cache}*"))
+        assert kept == sorted(a for a in answers if ":theirs:" in a)
     assert "document 'nope' not found for tenant 'ours'" in mixed.stderr
     assert "'a' not found" not in mixed.stderr
 
@@ -215,9 +237,13 @@ def test_delete_of_a_document_the_tenant_does_not_have_is_not_found_with_exit_co
     assert no_index.returncode == 1
     assert "document 'a' not found for tenant 'nobody'" in no_index.stderr
 
-    found = rag("delete", "--tenant", "ours", "b", env=env)
+    # Redis down: the document is deleted all the same, and the command says what was not.
+    unreachable = {**env, "RAG_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0"}
+    found = rag("delete", "--tenant", "ours", "b", env=unreachable)
     assert found.returncode == 0, found.stderr
     assert "deleted 1 documents" in found.stdout and "not found" not in found.stderr
+    assert "cached answers not erased" in found.stdout
+    assert "Redis could not be reached" in found.stderr and "Traceback" not in found.stderr
     left = HybridRetriever(IndexStore(index_dir, shared_embedder)).search(
         "ours", "document tides", None, top_k=10
     )
@@ -314,11 +340,12 @@ def test_ingest_while_another_writer_holds_the_tenant_gives_up_in_time_saying_so
 
 
 def test_delete_while_another_writer_holds_the_tenant_says_run_it_again_later(
-    tmp_path: Path, shared_embedder
+    tmp_path: Path, shared_embedder, redis_server
 ) -> None:
     index_dir = tmp_path / "index"
     IndexStore(index_dir, shared_embedder).upsert("busy", [Document(id="a", text="Tides.")])
     env = {
+        **own_redis(redis_server),
         "RAG_RETRIEVAL__INDEX_DIR": str(index_dir),
         "RAG_RETRIEVAL__WRITE_LOCK_WAIT_SECONDS": "0.5",
     }

@@ -18,6 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
 
+from app.path import response_cache
+from pipeline.answer.completion import Completion
 from pipeline.features.store import FeatureRow, FeatureStore
 from pipeline.jobs.signing import WebhookSecrets
 from pipeline.store.keys import ApiKeyStore
@@ -87,6 +89,8 @@ async def test_a_deployment_moved_to_a_cluster_keeps_its_keys_features_limits_se
         assert await features.write_many([FeatureRow("acme", "alice", {"request_count": 7})])
         await kv.hset(tenant_record(kv, prefix, "acme"), {"rpm": 100, "key_tpm": 5000})
         secret = await WebhookSecrets(kv, prefix=prefix).current("acme")
+        # A delete of another tenant's documents: the versions it erased.
+        assert await response_cache(old, kv).erase("gone", ["00000001-abcdef"]) == 0
     versions = RedisVersions(redis_server.url, prefix, reload_interval_s=0)
     version = versions.bump("acme")
     versions.close()
@@ -109,7 +113,13 @@ async def test_a_deployment_moved_to_a_cluster_keeps_its_keys_features_limits_se
     assert status == 0, said
     for group in ("API keys", "features", "features' hourly counts", "request logs"):
         assert copied[group]["copied"] >= 1, (group, copied)
-    for group in ("tenant limits", "webhook secrets", "index versions", "backend records"):
+    for group in (
+        "tenant limits",
+        "webhook secrets",
+        "index versions",
+        "backend records",
+        "erased index versions",
+    ):
         assert copied[group]["copied"] == 1, (group, copied)
     assert copied["jobs"]["copied"] >= 4  # the stream, the record, its indexes
     assert copied["rate-limit windows"]["copied"] == 0
@@ -145,6 +155,15 @@ async def test_a_deployment_moved_to_a_cluster_keeps_its_keys_features_limits_se
         }
         assert await WebhookSecrets(kv, prefix=prefix).current("acme") == secret
         assert len(await h.services.keys.keys_of("acme")) == 2  # the tenant's set came too
+        # The cache's scripts on a cluster: an erased version is still refused (the erased
+        # versions' key shares the entry's slot), and an erasure finds the tenant's answer.
+        cache = response_cache(new, kv)
+        late = f"{kv.tag('gone')}:{'0' * 64}"
+        assert not await cache.put(
+            late, Completion("Hi.", "stop", "smollm2"), version="00000001-abcdef"
+        )
+        assert await cache.erase("acme", []) == 1
+        assert (await h.chat(key, body)).headers["x-cache"] == "miss"
         # Revoking runs the script that deletes a record, its id and its set entry together.
         assert await h.services.keys.revoke(revoked_later) is not None
         refused = await h.chat(revoked_later, body)

@@ -11,6 +11,8 @@ import pytest
 
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import make_settings
+from tests.pipeline.test_singleflight import settled
+from tests.support.faultproxy import FaultProxy
 from tests.support.servers import free_port
 
 DOCS = [
@@ -239,6 +241,97 @@ async def test_chat_retrieves_cites_sources_and_ingest_changes_the_cache_key(
         await ingest(harness, key, [{"id": "new-doc", "text": "Penguins cannot fly either."}])
         after = await harness.chat(key, request)
         assert after.headers["x-cache"] == "miss", "an ingest must invalidate cached answers"
+
+
+def flightless(top_k: int = 2) -> dict:
+    """A question the kiwi document answers, asked for the first time."""
+    return {
+        "model": "smollm2",
+        "messages": [
+            {"role": "user", "content": f"Which bird is flightless? ({uuid.uuid4().hex[:6]})"}
+        ],
+        "max_tokens": 12,
+        "temperature": 0,
+        "rag": {"top_k": top_k},
+    }
+
+
+async def cached_names(harness, tenant: str) -> list[bytes]:
+    """The names of the tenant's cached answers, their copies' sets and fast-path copies."""
+    prefix = harness.services.settings.redis.key_prefix
+    kv = harness.services.kv
+    return await kv.scan(f"{prefix}cache:{tenant}:*") + await kv.scan(
+        f"{prefix}cache-alias:{tenant}:*"
+    )
+
+
+async def test_a_delete_erases_the_tenants_cached_answers_and_no_other_tenants(
+    make_app, redis_server, vllm
+) -> None:
+    prefix = f"erase{uuid.uuid4().hex[:6]}:"
+    settings = make_settings(redis_server.url, vllm.url, redis={"key_prefix": prefix})
+    async with make_app(settings) as harness:
+        key = await harness.key(scopes="chat,retrieve,ingest")
+        other = await harness.key(tenant="globex", scopes="chat,retrieve,ingest")
+        request = flightless()
+        for each in (key, other):
+            await ingest(harness, each, DOCS)
+            first = await harness.chat(each, request)
+            assert first.status_code == 200, first.text
+            assert [s["document_id"] for s in first.json()["rag"]["sources"]] == ["kiwi-1"]
+        for _ in range(2):  # a hit, then one served from its fast-path copy
+            assert (await harness.chat(key, request)).headers["x-cache"] == "hit"
+        stored = await cached_names(harness, "acme")
+        assert any(b"cache-alias:" in n for n in stored), "the copy the test means to erase"
+        theirs = set(await cached_names(harness, "globex"))
+        answers = [n for n in stored if not n.endswith(b":copies")]
+        quoting = [n for n in answers if b"kiwi-1" in (await harness.services.kv.get(n) or b"")]
+        assert quoting, "a cached answer names the document"
+
+        deleted = await harness.client.delete("/v1/documents/kiwi-1", headers=auth(key))
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json()["cached_answers_removed"] == 1
+        assert await cached_names(harness, "acme") == []
+        assert set(await cached_names(harness, "globex")) == theirs, "another tenant's stay"
+        assert (await harness.chat(other, request)).headers["x-cache"] == "hit"
+        after = await harness.chat(key, request)
+        assert after.headers["x-cache"] == "miss"
+        assert "kiwi-1" not in {s["document_id"] for s in after.json()["rag"]["sources"]}
+
+
+async def test_an_answer_that_searched_before_a_delete_and_ends_after_it_is_not_cached(
+    make_app, redis_server, vllm
+) -> None:
+    prefix = f"late{uuid.uuid4().hex[:6]}:"
+    with FaultProxy(vllm.url) as llm:
+        settings = make_settings(redis_server.url, llm.url, redis={"key_prefix": prefix})
+        async with make_app(settings) as harness:
+            key = await harness.key(scopes="chat,ingest")
+            await ingest(harness, key, DOCS)
+            # The answer is stored before its response ends (so the check at the end is
+            # not early).
+            plain = await harness.chat(key, flightless())
+            assert plain.headers["x-cache"] == "miss" and await cached_names(harness, "acme")
+            harness.exporter.clear()
+
+            def retrieved() -> bool:
+                return any(
+                    s.name == "stage retrieve" for s in harness.exporter.get_finished_spans()
+                )
+
+            llm.pause()  # the answer's generation waits while the delete runs
+            try:
+                asking = asyncio.create_task(harness.chat(key, flightless()))
+                await settled(lambda: retrieved() and llm.held > 0, seconds=60)
+                deleted = await harness.client.delete("/v1/documents/kiwi-1", headers=auth(key))
+                assert deleted.status_code == 200, deleted.text
+            finally:
+                llm.passing()
+            late = await asking
+            assert late.status_code == 200, late.text
+            assert [s["document_id"] for s in late.json()["rag"]["sources"]] == ["kiwi-1"]
+            assert late.headers["x-cache"] == "miss"
+            assert await cached_names(harness, "acme") == [], "it quotes a deleted document"
 
 
 async def test_searches_keep_answering_while_an_ingest_publishes_a_new_version(harness) -> None:
