@@ -17,7 +17,6 @@ its messages are stored as guard_in left them (PII redacted).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -150,16 +149,21 @@ def response_cache(settings: Settings, kv: KeyValueStore) -> ResponseCache:
 
 
 async def erase_cached_answers(
-    settings: Settings, kv: KeyValueStore, tenant: str, versions: Collection[str]
+    settings: Settings, kv: KeyValueStore, tenant: str, version: str
 ) -> int | None:
-    """A delete's erasure of the tenant's cached answers (``ResponseCache.erase``): how many
-    went; None when Redis could not take it (the answers then expire within the cache's TTL,
-    and no request finds them meanwhile: the index version is part of their keys)."""
+    """A delete's erasure of the tenant's cached answers (``ResponseCache.erase``; ``version``:
+    the one the delete published): how many went; None when Redis could not take it (the
+    answers then expire within the cache's TTL, and no request finds them meanwhile: the index
+    version is part of their keys)."""
     try:
-        return await response_cache(settings, kv).erase(tenant, versions)
+        return await response_cache(settings, kv).erase(tenant, version)
     except (StoreUnavailable, StoreBusy) as exc:
         log.warning("tenant %s's cached answers were not erased after a delete: %s", tenant, exc)
-        return None
+    except Exception:
+        # The delete is published already: an answer other than 200 would make the caller
+        # try again, and meet a 404.
+        log.exception("tenant %s's cached answers were not erased after a delete", tenant)
+    return None
 
 
 def single_flight(settings: Settings, services: Services) -> SingleFlight | None:

@@ -59,7 +59,6 @@ from retrieval.versions import (
     clean_leftovers,
     is_version,
     next_version,
-    on_disk,
     point,
     prune,
     publish,
@@ -135,9 +134,7 @@ def _idle_s(path: Path) -> float:
 @dataclass(frozen=True)
 class IngestResult:
     """What an upsert or delete did: the new version, the documents and chunks it added (upsert)
-    or removed (delete), its wall time, and the index totals after it. ``replaced``, for a
-    delete: every version it made obsolete that may hold what it removed (the response cache
-    keeps no answer made from them: ``ResponseCache.erase``)."""
+    or removed (delete), its wall time, and the index totals after it."""
 
     version: str
     documents: int
@@ -145,7 +142,6 @@ class IngestResult:
     seconds: float
     total_documents: int = 0
     total_chunks: int = 0
-    replaced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -421,7 +417,6 @@ class IndexStore:
             if old is None or not present:
                 return self._unchanged(tenant, started)
             removed = sum(len(old.rows_by_document[d]) for d in present)
-            held = {old.version, *on_disk(self._dir(tenant))}  # each may hold what goes
             try:
                 index = self._publish(tenant, old, present, [], [], None, keep_previous=False)
             except IndexStorageFull:
@@ -436,7 +431,6 @@ class IndexStore:
             time.perf_counter() - started,
             index.documents,
             len(index),
-            tuple(sorted(held - {index.version})),
         )
 
     def import_chunks(

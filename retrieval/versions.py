@@ -33,11 +33,6 @@ def is_version(name: str) -> bool:
     return _VERSION_DIR.fullmatch(name) is not None
 
 
-def on_disk(directory: Path) -> list[str]:
-    """The names of the versions in `directory`, published or not."""
-    return [p.name for p in directory.iterdir() if _VERSION_DIR.fullmatch(p.name)]
-
-
 def next_version(directory: Path) -> str:
     """A new version name: a sequence number above every version on disk, and a random suffix
     (so a tenant deleted and re-created never reuses a name a cache may still hold)."""

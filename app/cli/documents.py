@@ -128,7 +128,7 @@ def delete(args: argparse.Namespace) -> int:
         missing = [d for d in wanted if d not in present]
         result = store.delete(args.tenant, wanted) if len(missing) < len(wanted) else None
     if result is not None:
-        erased = asyncio.run(_erase_cached_answers(args.tenant, result.replaced))
+        erased = asyncio.run(_erase_cached_answers(args.tenant, result.version))
         print(
             f"deleted {result.documents} documents ({result.chunks} chunks); "
             f"version {result.version}; "
@@ -149,12 +149,12 @@ def delete(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
-async def _erase_cached_answers(tenant: str, versions: tuple[str, ...]) -> int | None:
+async def _erase_cached_answers(tenant: str, version: str) -> int | None:
     """As the API's delete does (``app.path.erase_cached_answers``)."""
     settings = get_settings()
     kv = command_kv(settings)
     try:
-        return await erase_cached_answers(settings, kv, tenant, versions)
+        return await erase_cached_answers(settings, kv, tenant, version)
     finally:
         await kv.aclose()
 

@@ -196,7 +196,7 @@ async def delete_document(
         )
     # Answers that quoted it go too (all the tenant's: a key does not say what made it).
     erased = await erase_cached_answers(
-        services.settings, services.kv, principal.tenant, result.replaced
+        services.settings, services.kv, principal.tenant, result.version
     )
     return {
         **_ingest_body(result),

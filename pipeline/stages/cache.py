@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -35,14 +36,17 @@ IndexVersion = Callable[[str], str]
 # past it, a request of another body takes the full path. It bounds what replacing an entry
 # deletes in one script.
 MAX_COPIES = 256
-# KEYS: the entry, its copies' set, the tenant's erased versions. ARGV: the answer, its TTL in
+# KEYS: the entry, its copies' set, the tenant's erasure mark. ARGV: the answer, its TTL in
 # seconds, the index version it was made from. The answer replaces the entry and its copies go
 # with it, together: a copy deleted apart could outlive a failed delete, unnamed, and answer the
 # replaced answer for its TTL. (The copies are keys the script is not given: on Redis Cluster
 # they need the entry's hash slot, docs/scaling.md.) Nothing is stored, -1, when a delete has
-# erased the version (``ResponseCache.erase``).
+# erased the version: its number (the digits it starts with) is below the mark
+# (``ResponseCache.erase``).
 _PUT = """
-if ARGV[3] ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then return -1 end
+local mark = tonumber(redis.call('GET', KEYS[3]) or '')
+local made = tonumber(string.match(ARGV[3], '^%d+') or '')
+if mark and made and made < mark then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local copies = redis.call('SMEMBERS', KEYS[2])
 for _, copy in ipairs(copies) do redis.call('DEL', copy) end
@@ -63,11 +67,14 @@ redis.call('SADD', KEYS[3], KEYS[2])
 redis.call('PEXPIRE', KEYS[3], ttl)
 return 1
 """
-# KEYS: the tenant's erased versions. ARGV: how long they stay erased (seconds), the versions.
-_ERASED = """
-redis.call('SADD', KEYS[1], unpack(ARGV, 2))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
+# KEYS: the tenant's erasure mark. ARGV: how long it lasts (seconds), the number of the index
+# version a delete published: versions numbered below it are erased (a mark never goes down).
+_ERASE_BELOW = """
+local mark = tonumber(redis.call('GET', KEYS[1]) or '')
+local below = tonumber(ARGV[2])
+if mark and mark > below then below = mark end
+redis.call('SET', KEYS[1], string.format('%d', below), 'EX', ARGV[1])
+return below
 """
 # KEYS: entries and their copies' sets, in pairs. Each entry, its copies and its set go
 # together (as ``_PUT`` replaces them), so that no copy outlives its entry. How many entries.
@@ -80,14 +87,18 @@ for i = 1, #KEYS, 2 do
 end
 return dropped
 """
-# Entries dropped by one script (a tenant's are in one hash slot on a cluster).
-DROP_BATCH = 256
+# Entries dropped by one script (a tenant's are in one hash slot on a cluster): with their
+# copies (at most MAX_COPIES each) a few thousand deletes, a few milliseconds of Redis's time.
+DROP_BATCH = 32
 # Names an erasure's SCAN step looks at: the whole keyspace is walked, so a step of 10,000
 # (about a millisecond of Redis's time) makes it tens of round trips, not hundreds.
 SCAN_STEP = 10_000
-# The least time a delete's versions stay erased: longer than any request that searched them
-# may take to store its answer (a replica still keyed on them, a long generation).
+# The least time a delete's mark lasts: longer than any request that searched a version below
+# it may take to store its answer (a replica still keyed on one, a long generation).
 ERASED_AT_LEAST_S = 3600
+# The number an index version starts with: both backends number versions in the order they are
+# published (the embedded store's "00000012-3fa9c1", a Milvus tenant's counter "12").
+_VERSION_NUMBER = re.compile(r"\d+")
 
 
 def _normalise_content(content: Any) -> Any:
@@ -175,7 +186,7 @@ class ResponseCache:
     serves the answer it replaced.
 
     A delete of documents erases the tenant's cached answers (``erase``), and no answer made
-    from an index version it names is stored after it.
+    from an index version before the one it published is stored after it.
     """
 
     def __init__(self, kv: KeyValueStore, *, ttl: int = 3600, prefix: str = "rag:cache:") -> None:
@@ -187,7 +198,7 @@ class ResponseCache:
         self._copy = kv.script(_COPY)
         # Recorded even with Redis out of memory: it is small, and it is what keeps a deleted
         # document out of answers stored later.
-        self._erased = kv.script(_ERASED, when_full="run")
+        self._erase_below = kv.script(_ERASE_BELOW, when_full="run")
         self._drop = kv.script(_DROP)
 
     def _erased_key(self, tag: str) -> str:
@@ -219,30 +230,36 @@ class ResponseCache:
         )
         return bool(done != -1)
 
-    async def erase(self, tenant: str, versions: Collection[str]) -> int:
+    async def erase(self, tenant: str, version: str) -> int:
         """Delete every cached answer of ``tenant`` and their copies (how many answers), after
-        marking ``versions`` erased: from then on, for at least the cache's TTL, no answer made
-        from them is stored (a request that searched one before a delete, ending after it).
+        marking every index version numbered below ``version`` (the one a delete published)
+        erased: from then on, for at least the cache's TTL, no answer made from one is stored
+        (a request that searched one before the delete, ending after it). A version that
+        starts with no number marks nothing.
 
-        A delete calls this with the versions that held what it removed: the tenant's other
-        answers go too (one miss each), since an entry's key does not say which version made
-        it. Marked first, then swept: an answer stored meanwhile is either refused or swept."""
+        The tenant's other answers go too (one miss each), since an entry's key does not say
+        which version made it. Marked first, then swept: an answer stored meanwhile is either
+        refused or swept."""
         tag = self.kv.tag(tenant)
-        if versions:
+        number = _VERSION_NUMBER.match(version)
+        if number is not None:
             lifetime = max(self.ttl, ERASED_AT_LEAST_S)
+            mark = [self._erased_key(tag)]
             await self.kv.run_script(
-                "cache_erased", self._erased, [self._erased_key(tag)], [lifetime, *versions]
+                "cache_erase_below", self._erase_below, mark, [lifetime, int(number.group())]
             )
         # One walk of the keyspace finds the entries, their copies' sets and the copies: the
-        # prefix's own names, then any text (the copies' "-alias"), then the tenant. A tenant
-        # holds no colon and a digest none, so no other tenant's name matches.
+        # prefix's own names, then any text (the copies' "-alias"), then the tenant. The
+        # pattern also matches another tenant's names whose digest is this tenant's name (64
+        # hex digits is a valid name): only the names that start as the tenant's are kept.
         base = self.prefix.removesuffix(":")
-        found = await self.kv.scan(f"{glob_escaped(base)}*:{glob_escaped(tag)}:*", count=SCAN_STEP)
-        names = [n.decode() for n in found]
-        entries = {n.removesuffix(":copies") for n in names if n.startswith(self.prefix)}
+        pattern = f"{glob_escaped(base)}*:{glob_escaped(tag)}:*"
+        names = [n.decode(errors="replace") for n in await self.kv.scan(pattern, count=SCAN_STEP)]
+        ours, copies = f"{self.prefix}{tag}:", f"{self.alias_prefix}{tag}:"
+        entries = {n.removesuffix(":copies") for n in names if n.startswith(ours)}
         dropped = await self._drop_all(entries)
         # Copies whose entry's set is gone (each expires with its entry anyway).
-        await self._drop_all(n for n in names if n.startswith(self.alias_prefix))
+        await self._drop_all(n for n in names if n.startswith(copies))
         return dropped
 
     async def _drop_all(self, names: Iterable[str]) -> int:

@@ -41,6 +41,8 @@ from redis.exceptions import (
     MaxConnectionsError,
     NoScriptError,
     OutOfMemoryError,
+    RedisClusterException,
+    RedisClusterUnreachableError,
     RedisError,
     ResponseError,
 )
@@ -55,8 +57,14 @@ ScriptArg = str | int | float | bytes
 
 
 # redis-py's exceptions, converted here and nowhere else: those that mean Redis cannot be
-# reached open the circuit; any other Redis error fails the one command.
-UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+# reached open the circuit; any other Redis error fails the one command. A cluster's own
+# (no node answers, a slot uncovered) are not RedisErrors: they are listed apart.
+UNREACHABLE: Final = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    RedisClusterUnreachableError,
+)
 # Set (``KeyValueStore.untraced``) in a task whose many round trips one span of its own sums
 # up (a coalesced flight's publisher and reader): no span per command there.
 _UNTRACED: ContextVar[bool] = ContextVar("rag_kv_untraced", default=False)
@@ -201,7 +209,7 @@ class KeyValueStore:
                 # is unreachable.
                 async with Bound(self.timeout):
                     result = await fn()
-            except (*UNREACHABLE, RedisError) as exc:
+            except (*UNREACHABLE, RedisError, RedisClusterException) as exc:
                 if isinstance(exc, UNREACHABLE) and not isinstance(exc, MaxConnectionsError):
                     self._down_until = time.monotonic() + self.retry_after
                 metrics.redis_failed(command, type(exc).__name__)

@@ -33,7 +33,6 @@ Milvus calls block: PassageSearch runs them in its search and ingest thread pool
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -95,6 +94,12 @@ from retrieval.vectors import FloatArray
 from retrieval.versions import NO_VERSION
 
 MAX_TEXT_BYTES = 65_535
+# Every read sees every write acknowledged before it (pymilvus creates collections "Bounded":
+# on a Milvus server a search may miss the last few seconds' writes). A write bumps the
+# tenant's version once Milvus has acknowledged it, and answers are cached under the version:
+# a search keyed on the new version that still saw a deleted document (or missed a new one)
+# would be cached under it for the cache's TTL. Milvus Lite is strongly consistent anyway.
+CONSISTENCY = "Strong"
 MAX_ID_BYTES = 2048
 MAX_EQ_TERMS = 4096
 MAX_ACCESS_TERMS = 64
@@ -436,7 +441,11 @@ class MilvusBackend:
         for key in self.typed_fields:
             index.add_index(typed_column(key), index_type="INVERTED")
         self.client.create_collection(
-            name, schema=schema, index_params=index, timeout=self.timeout_s
+            name,
+            schema=schema,
+            index_params=index,
+            timeout=self.timeout_s,
+            consistency_level=CONSISTENCY,
         )
         return Collection(name, dict(self.typed_fields))
 
@@ -455,6 +464,7 @@ class MilvusBackend:
                     filter=expr,
                     output_fields=fields,
                     timeout=self.timeout_s,
+                    consistency_level=CONSISTENCY,
                     **options,
                 )
             )
@@ -563,6 +573,7 @@ class MilvusBackend:
                     output_fields=_OUTPUT,
                     search_params={"metric_type": "BM25"},
                     timeout=self.timeout_s,
+                    consistency_level=CONSISTENCY,
                 )
                 break
             except Exception as exc:
@@ -787,14 +798,9 @@ class MilvusBackend:
             if not present:
                 return self._result(tenant, started, 0, 0, self.version(tenant))
             self.versions.check()  # as a write: refused whole while Redis cannot version it
-            seen = self.versions.get(tenant)  # what this replica's searches were keyed with
             removed = self._delete_documents(tenant, present)
             version = self.versions.bump(tenant)
-        result = self._result(tenant, started, len(present), removed, version)
-        # The versions searched until now held what goes: the one this bump follows (another
-        # replica's, maybe) and the one this replica had seen.
-        held = {seen, str(int(version) - 1) if version.isdigit() else seen} - {version}
-        return dataclasses.replace(result, replaced=tuple(sorted(held)))
+        return self._result(tenant, started, len(present), removed, version)
 
     def _present(self, tenant: str, document_ids: set[str]) -> set[str]:
         keys = {_doc_key(tenant, d): d for d in document_ids}

@@ -10,10 +10,8 @@ from bench.cache_erase import main
 
 def test_both_arms_erase_the_tenant_alone_and_the_figures_are_written(tmp_path: Path) -> None:
     out = tmp_path / "erase.json"
-    results = main(
-        ["--entries", "30", "--other-keys", "800", "--rounds", "2", "--puts", "20"]
-        + ["--out", str(out)]
-    )
+    sizes = ["--entries", "30", "--other-keys", "800", "--rounds", "2", "--puts", "20"]
+    results = main([*sizes, "--out", str(out)])
     assert out.read_text().startswith("{")
     (row,) = results["erase"]
     assert row["entries"] == 30 and len(row["rounds_ms"]["erase"]) == 2
