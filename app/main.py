@@ -26,7 +26,7 @@ from app.path import build_paths
 from app.routes import chat, files, health, jobs, models, retrieval
 from app.routes import metrics as metrics_route
 from app.routes.jobs import JobRequest
-from app.routes.retrieval import IngestRequest, RetrieveRequest
+from app.routes.retrieval import DeleteRequest, IngestRequest, RetrieveRequest
 from app.services import Services
 from app.settings import Settings, get_settings
 from app.telemetry import build_tracer_provider, tracer_from
@@ -97,7 +97,9 @@ def create_app(
     app.include_router(files.router)
     if settings.telemetry.metrics:
         app.include_router(metrics_route.router)
-    document_models(app, [ChatCompletionRequest, JobRequest, IngestRequest, RetrieveRequest])
+    document_models(
+        app, [ChatCompletionRequest, JobRequest, IngestRequest, DeleteRequest, RetrieveRequest]
+    )
     # Added last = outermost: the root span covers everything, including the key and size
     # checks; the key is checked, then the rate limits, before anything reads the body.
     app.add_middleware(RateLimits)

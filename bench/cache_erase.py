@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,25 +109,42 @@ async def puts(cache: ResponseCache, count: int, rounds: int) -> dict[str, Any]:
     }
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def filled_cache(other_keys: int) -> AsyncIterator[ResponseCache]:
+    """A response cache on a private redis-server holding ``other_keys`` answers of other
+    tenants (the keyspace an erasure walks)."""
     server = RedisServer()
     server.start()
     kv = KeyValueStore.from_url(server.url, trace.NoOpTracer(), timeout=30.0)
     try:
         cache = ResponseCache(kv, ttl=3600)
-        for n in range(8):  # other tenants' answers: the keyspace a SCAN walks
-            await fill(cache, f"other{n}", args.other_keys // 8, copies=False)
-        results = {
+        for n in range(8):
+            await fill(cache, f"other{n}", other_keys // 8, copies=False)
+        yield cache
+        assert await kv.client.dbsize() >= other_keys, "an erasure touched other tenants"
+    finally:
+        await kv.aclose()
+        server.stop()
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    async with filled_cache(args.other_keys) as cache:
+        return {
             "other_keys": args.other_keys,
             "rounds": args.rounds,
             "erase": [await erasures(cache, n, args.rounds) for n in args.entries],
             "put": await puts(cache, args.puts, args.rounds),
         }
-        assert await kv.client.dbsize() >= args.other_keys, "an erasure touched other tenants"
-        return results
-    finally:
-        await kv.aclose()
-        server.stop()
+
+
+def run_and_save(
+    run: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """A benchmark's results, written to ``args.out`` as JSON."""
+    results = asyncio.run(run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -136,9 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--puts", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path("bench/results/cache_erase.json"))
     args = parser.parse_args(argv)
-    results = asyncio.run(run(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    results = run_and_save(run, args)
     print(f"{'entries':>8} {'floor ms':>9} {'erase ms':>9} {'erase/floor':>12}")
     for row in results["erase"]:
         ms = row["ms"]

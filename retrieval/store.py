@@ -24,6 +24,7 @@ operator's edit), ``restore`` publishes the newest kept one that can (``rag rest
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -32,7 +33,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,7 +135,8 @@ def _idle_s(path: Path) -> float:
 @dataclass(frozen=True)
 class IngestResult:
     """What an upsert or delete did: the new version, the documents and chunks it added (upsert)
-    or removed (delete), its wall time, and the index totals after it."""
+    or removed (delete), its wall time, and the index totals after it; for a delete, the ids it
+    was given that the tenant does not have (``absent``, in the order given, once each)."""
 
     version: str
     documents: int
@@ -142,6 +144,12 @@ class IngestResult:
     seconds: float
     total_documents: int = 0
     total_chunks: int = 0
+    absent: tuple[str, ...] = ()
+
+
+def absent_from(document_ids: Sequence[str], present: Collection[str]) -> tuple[str, ...]:
+    """The ids of a delete that are not ``present``, in the order given, once each."""
+    return tuple(d for d in dict.fromkeys(document_ids) if d not in present)
 
 
 @dataclass(frozen=True)
@@ -415,7 +423,8 @@ class IndexStore:
         with self._writer(tenant) as old:
             present = {d for d in document_ids if old is not None and d in old.rows_by_document}
             if old is None or not present:
-                return self._unchanged(tenant, started)
+                unchanged = self._unchanged(tenant, started)
+                return dataclasses.replace(unchanged, absent=absent_from(document_ids, present))
             removed = sum(len(old.rows_by_document[d]) for d in present)
             try:
                 index = self._publish(tenant, old, present, [], [], None, keep_previous=False)
@@ -431,6 +440,7 @@ class IndexStore:
             time.perf_counter() - started,
             index.documents,
             len(index),
+            absent_from(document_ids, present),
         )
 
     def import_chunks(

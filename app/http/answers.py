@@ -132,6 +132,12 @@ class DeleteResult(_IndexChange):
     cached_answers_removed: int | None
 
 
+class DeleteBatchResult(_IndexChange):
+    object: Literal["delete.result"]
+    not_found: list[str]  # the ids the tenant does not have (nothing else changed for them)
+    cached_answers_removed: int | None
+
+
 class Passage(BaseModel):
     document_id: str
     chunk_id: str

@@ -1,4 +1,5 @@
-"""Documents in, passages out: POST /v1/documents, DELETE /v1/documents/{id}, POST /v1/retrieve.
+"""Documents in, passages out: POST /v1/documents, DELETE /v1/documents/{id},
+POST /v1/documents/delete (many at once), POST /v1/retrieve.
 
 The tenant always comes from the API key. Ingest needs the ``ingest`` scope; search needs
 ``retrieve``. Search runs through the same filter, retrieval and relevance gate code as chat,
@@ -46,6 +47,11 @@ MetadataValue = (
     | bool
     | Annotated[list[MetadataText], Field(max_length=MAX_METADATA_LIST_ITEMS)]
 )
+# A document id, as ``retrieval.Document`` checks it, so the schema says it: no whitespace,
+# control characters or '#'.
+DocumentId = Annotated[
+    str, Field(min_length=1, max_length=256, pattern=rf"^[^#\x00-\x1f\x7f{SPACE}]+$")
+]
 # A group or user name of an access list (retrieval.access): the id rules, and no ',' either.
 AccessName = Annotated[
     str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=rf"^[^#,\x00-\x1f\x7f{SPACE}]+$")
@@ -76,10 +82,9 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # As ``retrieval.Document`` checks them, so the schema says it: an id without whitespace,
-    # control characters or '#', a text with something that shows, metadata keys of word
-    # characters.
-    id: str = Field(min_length=1, max_length=256, pattern=rf"^[^#\x00-\x1f\x7f{SPACE}]+$")
+    # As ``retrieval.Document`` checks them, so the schema says it: a text with something that
+    # shows, metadata keys of word characters.
+    id: DocumentId
     text: str = Field(pattern=rf"[^{INVISIBLE}]")  # something that shows
     title: str = Field("", max_length=1000)
     metadata: dict[Annotated[str, Field(max_length=64, pattern=METADATA_KEY)], MetadataValue] = (
@@ -98,6 +103,16 @@ class IngestRequest(BaseModel):
     documents: list[DocumentIn] = Field(
         min_length=1,
         description="Upserted in order, as one new version: an id given twice keeps its last copy.",
+    )
+
+
+class DeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[DocumentId] = Field(
+        min_length=1,
+        description="Deleted as one new version; an id the tenant does not have is listed in "
+        "`not_found`, and an id given twice counts once.",
     )
 
 
@@ -194,16 +209,40 @@ async def delete_document(
             param="document_id",
             code="document_not_found",
         )
-    # Answers that quoted it go too (all the tenant's: a key does not say what made it).
-    erased = await erase_cached_answers(
-        services.settings, services.kv, principal.tenant, result.version
+    return {**await _deleted(services, principal.tenant, result), "deleted": True}
+
+
+@router.post(
+    "/v1/documents/delete",
+    response_model=None,
+    openapi_extra=request_body(DeleteRequest),
+    operation_id="deleteDocuments",
+    responses=declared(200, answers.DeleteBatchResult, 400, 403, 413),
+)
+async def delete_documents(
+    request: Request, services: ServicesDep, principal: IngestPrincipal
+) -> dict[str, Any]:
+    """Many documents at once: one new version and one erasure of cached answers, where one
+    request per id publishes (and writes whole) a version each."""
+    body = await read_body(await request.body(), DeleteRequest, LIMITS)
+    limit = services.settings.retrieval.max_batch_documents
+    if len(body.ids) > limit:
+        raise PayloadTooLarge(
+            f"{len(body.ids)} ids in one request; the limit is {limit}.", param="ids"
+        )
+    result = await _search(services).delete(principal.tenant, body.ids)
+    return {**await _deleted(services, principal.tenant, result), "not_found": list(result.absent)}
+
+
+async def _deleted(services: ServicesDep, tenant: str, result: IngestResult) -> dict[str, Any]:
+    """A delete's answer. Cached answers that may quote what it removed go too: all the
+    tenant's, since a key does not say what made it (none when nothing was removed)."""
+    erased = (
+        await erase_cached_answers(services.settings, services.kv, tenant, result.version)
+        if result.documents
+        else 0
     )
-    return {
-        **_ingest_body(result),
-        "object": "delete.result",
-        "deleted": True,
-        "cached_answers_removed": erased,
-    }
+    return {**_ingest_body(result), "object": "delete.result", "cached_answers_removed": erased}
 
 
 @router.post(

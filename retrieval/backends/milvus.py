@@ -33,6 +33,7 @@ Milvus calls block: PassageSearch runs them in its search and ingest thread pool
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -88,7 +89,7 @@ from retrieval.hybrid import (
     top_positions,
 )
 from retrieval.relevance import DEFAULT_MODEL, RelevanceModel
-from retrieval.store import IngestResult
+from retrieval.store import IngestResult, absent_from
 from retrieval.tenants import check_tenant
 from retrieval.vectors import FloatArray
 from retrieval.versions import NO_VERSION
@@ -795,12 +796,15 @@ class MilvusBackend:
         wanted = set(document_ids)
         with self._lock(tenant):
             present = self._present(tenant, wanted)
+            absent = absent_from(document_ids, present)
             if not present:
-                return self._result(tenant, started, 0, 0, self.version(tenant))
+                unchanged = self._result(tenant, started, 0, 0, self.version(tenant))
+                return dataclasses.replace(unchanged, absent=absent)
             self.versions.check()  # as a write: refused whole while Redis cannot version it
             removed = self._delete_documents(tenant, present)
             version = self.versions.bump(tenant)
-        return self._result(tenant, started, len(present), removed, version)
+        result = self._result(tenant, started, len(present), removed, version)
+        return dataclasses.replace(result, absent=absent)
 
     def _present(self, tenant: str, document_ids: set[str]) -> set[str]:
         keys = {_doc_key(tenant, d): d for d in document_ids}

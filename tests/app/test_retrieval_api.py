@@ -9,6 +9,8 @@ import uuid
 
 import pytest
 
+from app.path import response_cache
+from pipeline.answer.completion import Completion
 from tests.app.test_errors import assert_openai_error
 from tests.conftest import make_settings
 from tests.pipeline.test_singleflight import settled
@@ -152,6 +154,85 @@ async def test_reingest_replaces_and_delete_removes(harness) -> None:
     assert assert_openai_error(missing, 404, "invalid_request_error")["code"] == (
         "document_not_found"
     )
+
+
+def held(harness, tenant: str) -> set[str]:
+    """The ids of the tenant's documents, as its index holds them."""
+    return harness.services.retrieval.backend(tenant).document_ids(tenant)
+
+
+async def test_many_documents_are_deleted_as_one_version_and_the_ids_not_there_are_named(
+    harness,
+) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    other = await harness.key(tenant="globex", scopes="retrieve,ingest")
+    for each in (key, other):
+        await ingest(harness, each, DOCS)
+    before = (await search(harness, key, "kiwi"))["index_version"]
+    cache = response_cache(harness.services.settings, harness.services.kv)
+    answer = Completion(model="smollm2", content="The kiwi.", finish_reason="stop")
+    for tenant in ("acme", "globex"):
+        assert await cache.put(f"{tenant}:{'1' * 64}", answer, version=before)
+
+    ids = ["kiwi-1", "nope", "fjord-2", "kiwi-1"]
+    deleted = await harness.client.post(
+        "/v1/documents/delete", json={"ids": ids}, headers=auth(key)
+    )
+    assert deleted.status_code == 200, deleted.text
+    body = deleted.json()
+    assert body["object"] == "delete.result"
+    assert (body["documents"], body["not_found"], body["total_documents"]) == (2, ["nope"], 1)
+    assert body["cached_answers_removed"] == 1  # this tenant's answer, not globex's
+    # One new version for the two documents (a DELETE each would have published two).
+    assert int(body["version"][:8]) == int(before[:8]) + 1
+    assert held(harness, "acme") == {"kiwi-fruit-3"}
+    assert held(harness, "globex") == {"kiwi-1", "fjord-2", "kiwi-fruit-3"}
+    assert await cache.get(f"globex:{'1' * 64}") == answer
+
+    # None of them there: nothing changes, and nothing is erased.
+    none = await harness.client.post(
+        "/v1/documents/delete", json={"ids": ["kiwi-1", "never"]}, headers=auth(key)
+    )
+    assert none.status_code == 200, none.text
+    assert none.json()["not_found"] == ["kiwi-1", "never"]
+    assert (none.json()["documents"], none.json()["version"]) == (0, body["version"])
+    assert none.json()["cached_answers_removed"] == 0
+
+
+async def test_a_delete_of_many_refuses_what_it_cannot_take_and_deletes_nothing(harness) -> None:
+    key = await harness.key(scopes="retrieve,ingest")
+    await ingest(harness, key, DOCS)
+    limit = harness.services.settings.retrieval.max_batch_documents
+    refused: list[tuple[object, int, str | None]] = [
+        ({"ids": []}, 400, "ids"),
+        ({"ids": "kiwi-1"}, 400, "ids"),
+        ({"ids": ["kiwi-1", "a b"]}, 400, "ids.1"),
+        ({"ids": ["kiwi-1#0"]}, 400, "ids.0"),
+        ({"ids": ["x" * 257]}, 400, "ids.0"),
+        ({"ids": [1]}, 400, "ids.0"),
+        ({"ids": None}, 400, "ids"),
+        ({}, 400, "ids"),
+        ({"ids": ["kiwi-1"], "filter": {"topic": "birds"}}, 400, "filter"),
+        ([{"ids": ["kiwi-1"]}], 400, None),
+        ({"ids": [f"d{n}" for n in range(limit + 1)]}, 413, "ids"),
+    ]
+    for body, status, param in refused:
+        response = await harness.client.post("/v1/documents/delete", json=body, headers=auth(key))
+        error = assert_openai_error(response, status, "invalid_request_error")
+        assert param is None or error["param"] == param, (body, error)
+    for raw in (b"", b"not json", b'{"ids": ["kiwi-1"]', b'{"ids": ["kiwi-1"], "ids": []}'):
+        response = await harness.client.post(
+            "/v1/documents/delete",
+            content=raw,
+            headers={**auth(key), "content-type": "application/json"},
+        )
+        assert 400 <= response.status_code < 500, (raw, response.text)
+    reader = await harness.key(scopes="chat,retrieve")
+    forbidden = await harness.client.post(
+        "/v1/documents/delete", json={"ids": ["kiwi-1"]}, headers=auth(reader)
+    )
+    assert_openai_error(forbidden, 403, "permission_error")
+    assert held(harness, "acme") == {"kiwi-1", "fjord-2", "kiwi-fruit-3"}
 
 
 async def test_bad_documents_are_refused_with_4xx(make_app, redis_server) -> None:

@@ -178,6 +178,28 @@ def test_every_v1_operation_declares_the_refusals_it_can_answer() -> None:
     assert {link["operationId"] for link in links.values()} == {"getJob", "cancelJob", "listJobs"}
 
 
+def test_every_reference_in_the_document_names_a_schema_it_holds() -> None:
+    """A route that reads its body itself names its model by reference (``request_body``): a
+    model left out of ``document_models`` was a dangling reference, and the fuzzer, finding no
+    schema, sent no body at all (a fuzz find: POST /v1/documents/delete, 12 of 12 refused)."""
+    document = create_app(make_settings("redis://127.0.0.1:9/0", "http://127.0.0.1:9")).openapi()
+    schemas = document["components"]["schemas"]
+
+    def references(node: object) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+            return found + [r for value in node.values() for r in references(value)]
+        if isinstance(node, list):
+            return [r for item in node for r in references(item)]
+        return []
+
+    named = references(document)
+    assert len(named) > 50
+    for reference in named:
+        assert reference.startswith("#/components/schemas/"), reference
+        assert reference.removeprefix("#/components/schemas/") in schemas, reference
+
+
 def test_a_stop_string_longer_than_four_characters_is_accepted() -> None:
     """Found writing the document: `stop`'s "at most 4" bounded the string's characters too."""
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}

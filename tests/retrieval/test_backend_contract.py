@@ -177,13 +177,15 @@ def test_a_delete_removes_every_chunk_and_a_missing_id_changes_nothing(
 ) -> None:
     long_text = " ".join(f"word{i} about glaciers" for i in range(400))
     backend.upsert(tenant, [Document("long", long_text), *CORPUS[:2]])
-    result = backend.delete(tenant, ["long", "nope"])
+    result = backend.delete(tenant, ["long", "nope", "long"])
     assert result.documents == 1 and result.chunks > 3
+    assert result.absent == ("nope",)  # the ids the tenant does not have, once each
     assert backend.stats(tenant).chunks == 2
     assert "long" not in documents(search(backend, embedder, tenant, "glaciers"))
     version = backend.version(tenant)
-    nothing = backend.delete(tenant, ["nope"])
+    nothing = backend.delete(tenant, ["nope", "long"])
     assert nothing.documents == 0 and backend.version(tenant) == version
+    assert nothing.absent == ("nope", "long")
 
 
 def test_an_empty_index_answers_with_nothing(
