@@ -51,6 +51,7 @@ _DESCRIPTIONS: Final = {
     502: "The model server answered with an error.",
     503: "A part the request needs (Redis, the model server) is busy or down; retry later.",
     504: "The request did not complete before its deadline.",
+    507: "The index volume has no room for the write; nothing was written.",
 }
 RETRY_AFTER: Final = {
     "Retry-After": {
@@ -159,6 +160,9 @@ def _configured_bounds(schema: dict[str, Any], services: Any) -> None:
     ingest = components.get("IngestRequest", {}).get("properties", {})
     if "documents" in ingest:
         ingest["documents"]["maxItems"] = settings.retrieval.max_batch_documents
+    deletes = components.get("DeleteRequest", {}).get("properties", {})
+    if "ids" in deletes:
+        deletes["ids"]["maxItems"] = settings.retrieval.max_batch_documents
     document = components.get("DocumentIn", {}).get("properties", {})
     if "text" in document:
         document["text"]["maxLength"] = settings.retrieval.max_document_chars

@@ -337,7 +337,7 @@ def _none_accepted(uploads: list[Upload]) -> PipelineError:
     response_model=None,
     openapi_extra=_MULTIPART_BODY,
     operation_id="uploadFiles",
-    responses=declared(200, FileUpload, 400, 403, 413, 415),
+    responses=declared(200, FileUpload, 400, 403, 413, 415, 507),
 )
 async def upload_files(
     request: Request, services: ServicesDep, principal: IngestPrincipal

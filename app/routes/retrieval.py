@@ -112,7 +112,8 @@ class DeleteRequest(BaseModel):
     ids: list[DocumentId] = Field(
         min_length=1,
         description="Deleted as one new version; an id the tenant does not have is listed in "
-        "`not_found`, and an id given twice counts once.",
+        "`not_found`, and an id given twice is deleted once. An id that breaks the id rules "
+        "refuses the whole request (400).",
     )
 
 
@@ -157,7 +158,7 @@ INGESTED_LINKS = {
     response_model=None,
     openapi_extra=request_body(IngestRequest),
     operation_id="ingestDocuments",
-    responses=declared(200, answers.IngestResult, 400, 403, 413, links=INGESTED_LINKS),
+    responses=declared(200, answers.IngestResult, 400, 403, 413, 507, links=INGESTED_LINKS),
 )
 async def ingest_documents(
     request: Request, services: ServicesDep, principal: IngestPrincipal
@@ -197,7 +198,7 @@ async def ingest_documents(
     "/v1/documents/{document_id:path}",
     response_model=None,
     operation_id="deleteDocument",
-    responses=declared(200, answers.DeleteResult, 403, 404),
+    responses=declared(200, answers.DeleteResult, 403, 404, 507),
 )
 async def delete_document(
     document_id: str, services: ServicesDep, principal: IngestPrincipal
@@ -217,20 +218,21 @@ async def delete_document(
     response_model=None,
     openapi_extra=request_body(DeleteRequest),
     operation_id="deleteDocuments",
-    responses=declared(200, answers.DeleteBatchResult, 400, 403, 413),
+    responses=declared(200, answers.DeleteBatchResult, 400, 403, 413, 507),
 )
 async def delete_documents(
     request: Request, services: ServicesDep, principal: IngestPrincipal
 ) -> dict[str, Any]:
     """Many documents at once: one new version and one erasure of cached answers, where one
     request per id publishes (and writes whole) a version each."""
+    search = _search(services)  # retrieval off: a 503 before the body is read
     body = await read_body(await request.body(), DeleteRequest, LIMITS)
     limit = services.settings.retrieval.max_batch_documents
     if len(body.ids) > limit:
         raise PayloadTooLarge(
             f"{len(body.ids)} ids in one request; the limit is {limit}.", param="ids"
         )
-    result = await _search(services).delete(principal.tenant, body.ids)
+    result = await search.delete(principal.tenant, body.ids)
     return {**await _deleted(services, principal.tenant, result), "not_found": list(result.absent)}
 
 

@@ -200,6 +200,25 @@ def test_every_reference_in_the_document_names_a_schema_it_holds() -> None:
         assert reference.removeprefix("#/components/schemas/") in schemas, reference
 
 
+async def test_the_document_says_the_batch_limits_and_a_full_index_disk(
+    make_app, redis_server
+) -> None:
+    """What the routes check against the configuration, the served document says (a review's
+    find: the delete's id limit was a 413 the document did not declare), and the writes
+    declare the 507 of a full index disk."""
+    settings = make_settings(redis_server.url, "http://127.0.0.1:9")
+    async with make_app(settings) as h:
+        document = (await h.client.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    limit = settings.retrieval.max_batch_documents
+    for model, field in (("IngestRequest", "documents"), ("DeleteRequest", "ids")):
+        assert schemas[model]["properties"][field]["maxItems"] == limit, model
+    writes = ("/v1/documents", "/v1/documents/delete", "/v1/files")
+    for path in writes:
+        assert "507" in document["paths"][path]["post"]["responses"], path
+    assert "507" in document["paths"]["/v1/documents/{document_id}"]["delete"]["responses"]
+
+
 def test_a_stop_string_longer_than_four_characters_is_accepted() -> None:
     """Found writing the document: `stop`'s "at most 4" bounded the string's characters too."""
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}

@@ -287,3 +287,65 @@ def test_every_read_asks_for_strong_consistency(
     # What a new collection is created with cannot be seen here: Milvus Lite describes every
     # collection as Strong.
     assert asked and set(asked) == {"Strong"}, asked
+
+
+def test_which_documents_a_delete_finds_is_read_one_row_a_document(
+    milvus: MilvusBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Milvus caps a query at 16,384 rows: the presence check read every chunk of up to 500
+    # documents, so a batch delete of long documents reported some as not found and left
+    # them in place (a review's reproducer: 61 of 304). One row a document (its first chunk)
+    # is what the check reads now; documents of many chunks show it without 16,384 rows.
+    small = typed_backend(milvus, collection=f"rows_{new_tenant()}", chunk_words=8, overlap_words=0)
+    tenant = new_tenant()
+    words = " ".join(f"tide{i} moon" for i in range(200))
+    small.upsert(tenant, [Document(f"long{n}", words) for n in range(3)])
+    rows: list[int] = []
+    real = small.client.query
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        if "doc_key in" in str(kwargs.get("filter")) and kwargs.get("output_fields") == ["doc_key"]:
+            rows.append(len(found))
+        return found
+
+    monkeypatch.setattr(small.client, "query", spy)
+    result = small.delete(tenant, ["long0", "long1", "nope"])
+    assert (result.documents, result.absent) == (2, ("nope",))
+    assert result.chunks > 40  # long documents: many chunks each
+    assert rows == [2], rows
+    assert small.document_ids(tenant) == {"long2"}
+
+
+def test_a_delete_that_fails_part_way_still_moves_the_version_on(
+    milvus: MilvusBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delete goes to Milvus 500 documents a part: when a later part fails, what the first
+    # took is gone, and answers cached under the version before it must not be served again.
+    from pymilvus import MilvusException
+
+    import retrieval.backends.milvus as backend_module
+    from retrieval.backends import BackendUnavailable
+
+    small = typed_backend(milvus, collection=f"parts_{new_tenant()}")
+    tenant = new_tenant()
+    small.upsert(tenant, [Document(name, f"Tides, case {name}.") for name in ("a", "b", "c")])
+    before = small.version(tenant)
+    parts = backend_module._parts
+    monkeypatch.setattr(backend_module, "_parts", lambda items, size: parts(items, 1))
+    deletes = 0
+    real = small.client.delete
+
+    def second_fails(*args: Any, **kwargs: Any) -> Any:
+        nonlocal deletes
+        deletes += 1
+        if deletes == 2:
+            raise MilvusException(message="the second part failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(small.client, "delete", second_fails)
+    with pytest.raises(BackendUnavailable):
+        small.delete(tenant, ["a", "b"])
+    left = small.document_ids(tenant)
+    assert "c" in left and len(left & {"a", "b"}) == 1  # the first part went
+    assert small.version(tenant) != before
