@@ -138,6 +138,13 @@ def _ingest_body(result: IngestResult) -> dict[str, Any]:
     }
 
 
+def _check_batch(services: ServicesDep, count: int, field: str) -> None:
+    """A 413 for more items in one request than ``RAG_RETRIEVAL__MAX_BATCH_DOCUMENTS``."""
+    limit = services.settings.retrieval.max_batch_documents
+    if count > limit:
+        raise PayloadTooLarge(f"{count} {field} in one request; the limit is {limit}.", param=field)
+
+
 def _search(services: ServicesDep) -> PassageSearch:
     if services.retrieval is None:
         raise ServiceUnavailable("Retrieval is switched off on this server.", code="disabled")
@@ -165,12 +172,7 @@ async def ingest_documents(
 ) -> dict[str, Any]:
     search = _search(services)
     body = await read_body(await request.body(), IngestRequest, LIMITS)
-    limit = services.settings.retrieval.max_batch_documents
-    if len(body.documents) > limit:
-        raise PayloadTooLarge(
-            f"{len(body.documents)} documents in one request; the limit is {limit}.",
-            param="documents",
-        )
+    _check_batch(services, len(body.documents), "documents")
     documents = []
     for position, item in enumerate(body.documents):
         try:
@@ -227,11 +229,7 @@ async def delete_documents(
     request per id publishes (and writes whole) a version each."""
     search = _search(services)  # retrieval off: a 503 before the body is read
     body = await read_body(await request.body(), DeleteRequest, LIMITS)
-    limit = services.settings.retrieval.max_batch_documents
-    if len(body.ids) > limit:
-        raise PayloadTooLarge(
-            f"{len(body.ids)} ids in one request; the limit is {limit}.", param="ids"
-        )
+    _check_batch(services, len(body.ids), "ids")
     result = await search.delete(principal.tenant, body.ids)
     return {**await _deleted(services, principal.tenant, result), "not_found": list(result.absent)}
 

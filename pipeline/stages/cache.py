@@ -193,7 +193,8 @@ class ResponseCache:
         self.kv = kv
         self.ttl = ttl
         self.prefix = prefix
-        self.alias_prefix = prefix.rstrip(":") + "-alias:"
+        self._base = prefix.rstrip(":")  # the names of the copies and marks start alike
+        self.alias_prefix = f"{self._base}-alias:"
         self._put = kv.script(_PUT)
         self._copy = kv.script(_COPY)
         # Recorded even with Redis out of memory: it is small, and it is what keeps a deleted
@@ -202,7 +203,7 @@ class ResponseCache:
         self._drop = kv.script(_DROP)
 
     def _erased_key(self, tag: str) -> str:
-        return f"{self.prefix.rstrip(':')}-erased:{tag}"
+        return f"{self._base}-erased:{tag}"
 
     async def get(self, key: str) -> Completion | None:
         """The stored answer; None where there is none, or where what is stored cannot be read
@@ -252,8 +253,7 @@ class ResponseCache:
         # prefix's own names, then any text (the copies' "-alias"), then the tenant. The
         # pattern also matches another tenant's names whose digest is this tenant's name (64
         # hex digits is a valid name): only the names that start as the tenant's are kept.
-        base = self.prefix.removesuffix(":")
-        pattern = f"{glob_escaped(base)}*:{glob_escaped(tag)}:*"
+        pattern = f"{glob_escaped(self._base)}*:{glob_escaped(tag)}:*"
         names = [n.decode(errors="replace") for n in await self.kv.scan(pattern, count=SCAN_STEP)]
         ours, copies = f"{self.prefix}{tag}:", f"{self.alias_prefix}{tag}:"
         entries = {n.removesuffix(":copies") for n in names if n.startswith(ours)}
