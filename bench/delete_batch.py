@@ -7,10 +7,11 @@ against one request each (``DELETE /v1/documents/{id}``), side by side in one ru
 SciFact (5,183 documents, vectors from a random embedder: a delete never embeds) is indexed
 once in a real ``IndexStore``; each arm works on a fresh copy of its directory, so both start
 from the same index. A private redis-server holds ``--other-keys`` cached answers of other
-tenants, which each erasure walks past. What a delete route does, without HTTP:
+tenants (an erasure walked past them before it read the tenant's own entries). What a delete
+route does, without HTTP:
 
 - ``one each``: for each id, ``IndexStore.delete`` of that id (a version written and
-  published) and ``ResponseCache.erase`` (a walk of Redis's keys);
+  published) and ``ResponseCache.erase`` (the tenant's cached answers);
 - ``one for all``: one ``IndexStore.delete`` of every id and one erasure.
 
 Per arm: wall time and versions published; medians over the rounds, the order alternating, and

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -25,7 +26,7 @@ from pipeline.errors import StoreBusy, StoreUnavailable
 from pipeline.model.messages import content_text
 from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.runner import StageSpec
-from pipeline.store.kv import KeyValueStore, glob_escaped
+from pipeline.store.kv import KeyValueStore
 from pipeline.telemetry import attributes as attr
 
 log = logging.getLogger(__name__)
@@ -36,18 +37,32 @@ IndexVersion = Callable[[str], str]
 # past it, a request of another body takes the full path. It bounds what replacing an entry
 # deletes in one script.
 MAX_COPIES = 256
-# KEYS: the entry, its copies' set, the tenant's erasure mark. ARGV: the answer, its TTL in
-# seconds, the index version it was made from. The answer replaces the entry and its copies go
-# with it, together: a copy deleted apart could outlive a failed delete, unnamed, and answer the
-# replaced answer for its TTL. (The copies are keys the script is not given: on Redis Cluster
-# they need the entry's hash slot, docs/scaling.md.) Nothing is stored, -1, when a delete has
-# erased the version: its number (the digits it starts with) is below the mark
-# (``ResponseCache.erase``).
+# KEYS: the entry, its copies' set, the tenant's erasure mark, the tenant's entries (a sorted
+# set of their digests, each scored by when its entry expires, in ms). ARGV: the answer, its TTL
+# in seconds, the index version it was made from, the entry's digest, PRUNE_STEP.
+#
+# The answer replaces the entry and its copies go with it, together: a copy deleted apart could
+# outlive a failed delete, unnamed, and answer the replaced answer for its TTL. (The copies are
+# keys the script is not given: on Redis Cluster they need the entry's hash slot,
+# docs/scaling.md.) Nothing is stored, -1, when a delete has erased the version: its number (the
+# digits it starts with) is below the mark (``ResponseCache.erase``).
+#
+# The tenant's entries are what an erasure reads, instead of the whole keyspace: each put names
+# its entry there and drops up to PRUNE_STEP names whose entries have expired, so the set holds
+# about the tenant's live entries while puts go on, and it goes itself when they stop (it lasts
+# as long as its longest-lived entry).
 _PUT = """
 local mark = tonumber(redis.call('GET', KEYS[3]) or '')
 local made = tonumber(string.match(ARGV[3], '^%d+') or '')
 if mark and made and made < mark then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local life = tonumber(ARGV[2]) * 1000
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
+if #gone > 0 then redis.call('ZREM', KEYS[4], unpack(gone)) end
+redis.call('ZADD', KEYS[4], now + life, ARGV[4])
+if redis.call('PTTL', KEYS[4]) < life then redis.call('PEXPIRE', KEYS[4], life) end
 local copies = redis.call('SMEMBERS', KEYS[2])
 for _, copy in ipairs(copies) do redis.call('DEL', copy) end
 if #copies > 0 then redis.call('DEL', KEYS[2]) end
@@ -76,23 +91,38 @@ if mark and mark > below then below = mark end
 redis.call('SET', KEYS[1], string.format('%d', below), 'EX', ARGV[1])
 return below
 """
-# KEYS: entries and their copies' sets, in pairs. Each entry, its copies and its set go
-# together (as ``_PUT`` replaces them), so that no copy outlives its entry. How many entries.
-_DROP = """
-local dropped = 0
-for i = 1, #KEYS, 2 do
-  for _, copy in ipairs(redis.call('SMEMBERS', KEYS[i + 1])) do redis.call('DEL', copy) end
-  dropped = dropped + redis.call('DEL', KEYS[i])
-  redis.call('DEL', KEYS[i + 1])
-end
-return dropped
+# KEYS: the tenant's entries (as ``_PUT`` names them), the name the sweep takes them under.
+# What the tenant had named when the sweep began, renamed: answers stored later are named anew,
+# and the sweep ends however fast they come. How many names it took.
+_TAKE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RENAME', KEYS[1], KEYS[2])
+return redis.call('ZCARD', KEYS[2])
 """
-# Entries dropped by one script (a tenant's are in one hash slot on a cluster): with their
-# copies (at most MAX_COPIES each) a few thousand deletes, a few milliseconds of Redis's time.
+# KEYS: the names a sweep took (``_TAKE``). ARGV: the prefix of the entries' names (the
+# tenant's), how many to drop. The first entries named there go, each with its copies and their
+# set together (as ``_PUT`` replaces them), so that no copy outlives its entry, and their names
+# with them. How many of them were still stored, and how many names are left. (The entries are
+# keys the script is not given: on a Redis Cluster they share the set's hash slot, as the copies
+# share their entry's.)
+_DROP = """
+local names = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+local dropped = 0
+for _, name in ipairs(names) do
+  local entry = ARGV[1] .. name
+  for _, copy in ipairs(redis.call('SMEMBERS', entry .. ':copies')) do redis.call('DEL', copy) end
+  dropped = dropped + redis.call('DEL', entry)
+  redis.call('DEL', entry .. ':copies')
+end
+if #names > 0 then redis.call('ZREM', KEYS[1], unpack(names)) end
+return {dropped, redis.call('ZCARD', KEYS[1])}
+"""
+# Entries dropped by one script: with their copies (at most MAX_COPIES each) a few thousand
+# deletes, a few milliseconds of Redis's time.
 DROP_BATCH = 32
-# Names an erasure's SCAN step looks at: the whole keyspace is walked, so a step of 10,000
-# (about a millisecond of Redis's time) makes it tens of round trips, not hundreds.
-SCAN_STEP = 10_000
+# Expired names a put drops from its tenant's entries: more than the one it adds, so the set
+# shrinks to the live entries while puts go on, and a put never pays for a long backlog at once.
+PRUNE_STEP = 8
 # The least time a delete's mark lasts: longer than any request that searched a version below
 # it may take to store its answer (a replica still keyed on one, a long generation).
 ERASED_AT_LEAST_S = 3600
@@ -200,10 +230,14 @@ class ResponseCache:
         # Recorded even with Redis out of memory: it is small, and it is what keeps a deleted
         # document out of answers stored later.
         self._erase_below = kv.script(_ERASE_BELOW, when_full="run")
+        self._take = kv.script(_TAKE)
         self._drop = kv.script(_DROP)
 
     def _erased_key(self, tag: str) -> str:
         return f"{self._base}-erased:{tag}"
+
+    def _entries_key(self, tag: str) -> str:
+        return f"{self._base}-entries:{tag}"
 
     async def get(self, key: str) -> Completion | None:
         """The stored answer; None where there is none, or where what is stored cannot be read
@@ -225,9 +259,10 @@ class ResponseCache:
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
         entry = self.prefix + key
         answer = orjson.dumps(completion.to_dict())
-        erased = self._erased_key(key.rpartition(":")[0])  # the key's tenant part (tagged)
+        tag, _, digest = key.rpartition(":")  # the key's tenant part (tagged), its digest
+        keys = [entry, entry + ":copies", self._erased_key(tag), self._entries_key(tag)]
         done = await self.kv.run_script(
-            "cache_put", self._put, [entry, entry + ":copies", erased], [answer, lifetime, version]
+            "cache_put", self._put, keys, [answer, lifetime, version, digest, PRUNE_STEP]
         )
         return bool(done != -1)
 
@@ -239,8 +274,10 @@ class ResponseCache:
         starts with no number marks nothing.
 
         The tenant's other answers go too (one miss each), since an entry's key does not say
-        which version made it. Marked first, then swept: an answer stored meanwhile is either
-        refused or swept."""
+        which version made it. Marked first, then swept: an answer stored meanwhile is refused,
+        swept, or made from the version the delete published. The sweep reads the entries the
+        tenant's puts named, so it costs the tenant's answers, not the keyspace's (a walk of
+        every key cost about a second per million keys: ``bench.cache_erase``)."""
         tag = self.kv.tag(tenant)
         number = _VERSION_NUMBER.match(version)
         if number is not None:
@@ -249,26 +286,17 @@ class ResponseCache:
             await self.kv.run_script(
                 "cache_erase_below", self._erase_below, mark, [lifetime, int(number.group())]
             )
-        # One walk of the keyspace finds the entries, their copies' sets and the copies: the
-        # prefix's own names, then any text (the copies' "-alias"), then the tenant. The
-        # pattern also matches another tenant's names whose digest is this tenant's name (64
-        # hex digits is a valid name): only the names that start as the tenant's are kept.
-        pattern = f"{glob_escaped(self._base)}*:{glob_escaped(tag)}:*"
-        names = [n.decode(errors="replace") for n in await self.kv.scan(pattern, count=SCAN_STEP)]
-        ours, copies = f"{self.prefix}{tag}:", f"{self.alias_prefix}{tag}:"
-        entries = {n.removesuffix(":copies") for n in names if n.startswith(ours)}
-        dropped = await self._drop_all(entries)
-        # Copies whose entry's set is gone (each expires with its entry anyway).
-        await self._drop_all(n for n in names if n.startswith(copies))
-        return dropped
-
-    async def _drop_all(self, names: Iterable[str]) -> int:
-        """Delete entries (or copies), each with its copies; how many there were."""
-        ordered = sorted(names)
-        dropped = 0
-        for start in range(0, len(ordered), DROP_BATCH):
-            keys = [k for e in ordered[start : start + DROP_BATCH] for k in (e, e + ":copies")]
-            dropped += int(await self.kv.run_script("cache_drop", self._drop, keys, []))
+        # What the tenant's puts have named so far, under a name of the sweep's own: answers
+        # stored from now on were made from the new version (or refused), and are left.
+        taken = f"{self._base}-erasing:{tag}:{uuid.uuid4().hex}"
+        keys = [self._entries_key(tag), taken]
+        left = int(await self.kv.run_script("cache_take", self._take, keys, []))
+        dropped, prefix = 0, f"{self.prefix}{tag}:"
+        while left:
+            found = await self.kv.run_script(
+                "cache_drop", self._drop, [taken], [prefix, DROP_BATCH]
+            )
+            dropped, left = dropped + int(found[0]), int(found[1])
         return dropped
 
     async def copy(self, key: str, name: str) -> bool:

@@ -98,6 +98,19 @@ GROUPS: tuple[Group, ...] = (
     Group("cache", "cache:<any>", "cache:<any>", copied=False),
     # The index versions a delete erased: no answer made from them is cached (ResponseCache).
     Group("erased index versions", "cache-erased:<tenant>", "cache-erased:{<tenant>}"),
+    # Each tenant's cached answers, named for an erasure to find (rebuilt as answers are).
+    Group(
+        "cached answers by tenant",
+        "cache-entries:<tenant>",
+        "cache-entries:{<tenant>}",
+        copied=False,
+    ),
+    Group(
+        "cached answers being erased",
+        "cache-erasing:<tenant>:<rest>",
+        "cache-erasing:{<tenant>}:<rest>",
+        copied=False,
+    ),
     Group("cache aliases", "cache-alias:<any>", "cache-alias:<any>", copied=False),
     Group("coalesced flights", "flight:<any>", "flight:<any>", copied=False),
     Group("rate-limit windows", "ratelimit:<any>", "ratelimit:<any>", copied=False),

@@ -105,6 +105,7 @@ async def test_a_deployment_moved_to_a_cluster_keeps_its_keys_features_limits_se
     assert status == 0, said
     assert planned["API keys"]["to copy"] == 5  # two records, their ids, the tenant's set
     assert planned["cache"]["not copied"] >= 1 and planned["cache aliases"]["not copied"] >= 1
+    assert planned["cached answers by tenant"]["not copied"] >= 1
     with redis.RedisCluster.from_url(redis_cluster.url) as client:
         assert not list(client.scan_iter(match=f"{prefix}*"))
 

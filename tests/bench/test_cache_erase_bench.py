@@ -15,5 +15,8 @@ def test_both_arms_erase_the_tenant_alone_and_the_figures_are_written(tmp_path: 
     assert out.read_text().startswith("{")
     (row,) = results["erase"]
     assert row["entries"] == 30 and len(row["rounds_ms"]["erase"]) == 2
-    assert row["ms"]["erase"] > 0 and row["ms"]["floor"] > 0
-    assert results["put"]["puts"] == 40 and results["put"]["us"]["checked"] > 0
+    assert row["ms"]["erase"] > 0 and row["ms"]["walk"] > 0
+    put = results["put"]
+    assert put["puts"] == 40 and put["us"]["indexed"] > 0 and put["us"]["before"] > 0
+    # 20 answers named (the before arm names none), and each name weighs less than its answer.
+    assert 0 < put["index_bytes_per_answer"] < put["answer_bytes"]

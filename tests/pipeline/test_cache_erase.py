@@ -4,15 +4,17 @@ index version is stored after it."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from opentelemetry import trace
 
 from pipeline.answer.completion import Completion
 from pipeline.errors import StoreUnavailable
-from pipeline.stages.cache import DROP_BATCH, ERASED_AT_LEAST_S, ResponseCache
+from pipeline.stages.cache import DROP_BATCH, ERASED_AT_LEAST_S, PRUNE_STEP, ResponseCache
 from pipeline.store.kv import KeyValueStore
 
 ANSWER = Completion(model="smollm2", content="The kiwi lays a large egg.", finish_reason="stop")
@@ -107,12 +109,90 @@ async def test_an_erasure_larger_than_one_script_removes_everything(
     cache: ResponseCache,
 ) -> None:
     many = DROP_BATCH * 2 + 7
-    pipe = cache.kv.client.pipeline(transaction=False)
-    for n in range(many):
-        pipe.set(f"{cache.prefix}acme:{n:064x}", b"{}", ex=600)
-    await pipe.execute()
+    await asyncio.gather(*(cache.put(key("acme"), ANSWER) for _ in range(many)))
     assert await cache.erase("acme", "") == many
     assert await names(cache, "acme") == set()
+    assert not await cache.kv.client.exists(entries_of(cache, "acme")), "its names went too"
+    assert not await cache.kv.scan(f"{cache.prefix.removesuffix(':')}-erasing:*")
+
+
+def entries_of(cache: ResponseCache, tenant: str) -> str:
+    return f"{cache.prefix.removesuffix(':')}-entries:{tenant}"
+
+
+async def test_an_erasure_reads_the_tenants_entries_not_the_keyspace(
+    cache: ResponseCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its cost is the tenant's answers: a walk of every key Redis holds took about a second
+    # per million keys (bench.cache_erase).
+    ours = [key("acme") for _ in range(5)]
+    for entry in ours:
+        assert await cache.put(entry, ANSWER)
+    theirs = key("globex")
+    assert await cache.put(theirs, ANSWER)
+
+    async def no_walk(*args: object, **kwargs: object) -> list[bytes]:
+        raise AssertionError("an erasure walked the keyspace")
+
+    monkeypatch.setattr(cache.kv, "scan", no_walk)
+    assert await cache.erase("acme", "00000002-bbbbbb") == 5
+    monkeypatch.undo()
+    assert await names(cache, "acme") == set()
+    assert await cache.get(theirs) == ANSWER
+
+
+async def test_the_tenants_entries_hold_the_live_answers_and_expire_with_them(
+    cache: ResponseCache,
+) -> None:
+    index = entries_of(cache, "acme")
+    client = cache.kv.client
+    lasting = key("acme")
+    assert await cache.put(lasting, ANSWER, ttl=60)
+    short = [key("acme") for _ in range(PRUNE_STEP + 3)]
+    for entry in short:
+        assert await cache.put(entry, ANSWER, ttl=1)
+    assert await client.zcard(index) == 1 + len(short)
+    assert 59_000 < await client.pttl(index) <= 60_000, "as long as its longest-lived entry"
+    await asyncio.sleep(1.2)  # the short entries have expired; their names are still there
+    late = key("acme")
+    assert await cache.put(late, ANSWER, ttl=60)
+    # A put drops at most PRUNE_STEP expired names, so none pays for a long backlog; the next
+    # drops the rest, and the set names the live entries alone.
+    assert await client.zcard(index) == 1 + len(short) - PRUNE_STEP + 1
+    assert await cache.put(late, ANSWER, ttl=60)  # the same entry again: named once
+    live = {entry.rpartition(":")[2].encode() for entry in (lasting, late)}
+    assert set(await client.zrange(index, 0, -1)) == live
+    assert await cache.erase("acme", "") == 2
+    # And the set goes with its last entry when puts stop.
+    assert await cache.put(key("acme"), ANSWER, ttl=1)
+    await asyncio.sleep(1.1)
+    assert not await client.exists(index)
+
+
+async def test_answers_stored_while_the_sweep_runs_are_left_and_it_ends(
+    cache: ResponseCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweep takes what the tenant had named when it began. Answers stored while it runs
+    # were made from the version the delete published (older ones are refused): they stay, and
+    # a tenant storing them as fast as the sweep drops cannot keep it going.
+    old = [key("acme") for _ in range(DROP_BATCH * 3)]
+    await asyncio.gather(*(cache.put(entry, ANSWER, version="00000001-a") for entry in old))
+    run_script, new = cache.kv.run_script, []
+
+    async def store_one_between(name: str, *args: Any) -> Any:
+        if name == "cache_drop":
+            new.append(key("acme"))
+            assert await cache.put(new[-1], ANSWER, version="00000002-b")
+            assert not await cache.put(key("acme"), ANSWER, version="00000001-a")
+        return await run_script(name, *args)
+
+    monkeypatch.setattr(cache.kv, "run_script", store_one_between)
+    assert await cache.erase("acme", "00000002-b") == len(old)
+    monkeypatch.undo()
+    assert len(new) == 3
+    assert not any([await cache.kv.client.exists(cache.prefix + e) for e in old])
+    assert all([await cache.get(e) == ANSWER for e in new])
+    assert await cache.erase("acme", "00000003-c") == len(new)
 
 
 async def test_an_erasure_runs_whole_while_redis_is_out_of_memory() -> None:
