@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,7 +58,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local life = tonumber(ARGV[2]) * 1000
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[5]))
 if #gone > 0 then redis.call('ZREM', KEYS[4], unpack(gone)) end
 redis.call('ZADD', KEYS[4], now + life, ARGV[4])
 if redis.call('PTTL', KEYS[4]) < life then redis.call('PEXPIRE', KEYS[4], life) end
@@ -91,13 +90,16 @@ if mark and mark > below then below = mark end
 redis.call('SET', KEYS[1], string.format('%d', below), 'EX', ARGV[1])
 return below
 """
-# KEYS: the tenant's entries (as ``_PUT`` names them), the name the sweep takes them under.
-# What the tenant had named when the sweep began, renamed: answers stored later are named anew,
-# and the sweep ends however fast they come. How many names it took.
+# KEYS: the tenant's entries (as ``_PUT`` names them), the name a sweep takes them under (one
+# per tenant). What the tenant had named when the sweep began, renamed: answers stored later are
+# named anew, and the sweep ends however fast they come. Nothing is renamed while names are
+# still there from a sweep that failed part way, or one another replica is running: those are
+# swept first, then the take is made again. {renamed: 1 or 0, how many names are to sweep}.
 _TAKE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {0, redis.call('ZCARD', KEYS[2])} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {1, 0} end
 redis.call('RENAME', KEYS[1], KEYS[2])
-return redis.call('ZCARD', KEYS[2])
+return {1, redis.call('ZCARD', KEYS[2])}
 """
 # KEYS: the names a sweep took (``_TAKE``). ARGV: the prefix of the entries' names (the
 # tenant's), how many to drop. The first entries named there go, each with its copies and their
@@ -286,17 +288,21 @@ class ResponseCache:
             await self.kv.run_script(
                 "cache_erase_below", self._erase_below, mark, [lifetime, int(number.group())]
             )
-        # What the tenant's puts have named so far, under a name of the sweep's own: answers
-        # stored from now on were made from the new version (or refused), and are left.
-        taken = f"{self._base}-erasing:{tag}:{uuid.uuid4().hex}"
+        # What the tenant's puts have named so far, taken under the sweep's name: answers
+        # stored from then on were made from the new version (or refused), and are left. One
+        # name per tenant: what a sweep that failed part way left (or one still running on
+        # another replica has yet to drop) is swept first, so a later erasure finishes it.
+        taken = f"{self._base}-erasing:{tag}"
         keys = [self._entries_key(tag), taken]
-        left = int(await self.kv.run_script("cache_take", self._take, keys, []))
-        dropped, prefix = 0, f"{self.prefix}{tag}:"
-        while left:
-            found = await self.kv.run_script(
-                "cache_drop", self._drop, [taken], [prefix, DROP_BATCH]
-            )
-            dropped, left = dropped + int(found[0]), int(found[1])
+        dropped, prefix, took = 0, f"{self.prefix}{tag}:", 0
+        while not took:
+            reply = await self.kv.run_script("cache_take", self._take, keys, [])
+            took, left = int(reply[0]), int(reply[1])
+            while left:
+                found = await self.kv.run_script(
+                    "cache_drop", self._drop, [taken], [prefix, DROP_BATCH]
+                )
+                dropped, left = dropped + int(found[0]), int(found[1])
         return dropped
 
     async def copy(self, key: str, name: str) -> bool:

@@ -107,8 +107,8 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "cached answers being erased",
-        "cache-erasing:<tenant>:<rest>",
-        "cache-erasing:{<tenant>}:<rest>",
+        "cache-erasing:<tenant>",
+        "cache-erasing:{<tenant>}",
         copied=False,
     ),
     Group("cache aliases", "cache-alias:<any>", "cache-alias:<any>", copied=False),

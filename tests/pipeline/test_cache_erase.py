@@ -195,6 +195,58 @@ async def test_answers_stored_while_the_sweep_runs_are_left_and_it_ends(
     assert await cache.erase("acme", "00000003-c") == len(new)
 
 
+async def test_a_sweep_that_failed_part_way_is_finished_by_the_next_erasure(
+    cache: ResponseCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A review's reproducer: the names left under a sweep's own random name were read by no
+    # later erasure, and their answers stayed for their TTL.
+    entries = [key("acme") for _ in range(DROP_BATCH * 3)]
+    await asyncio.gather(*(cache.put(e, ANSWER, version="00000001-a") for e in entries))
+    run_script, drops = cache.kv.run_script, 0
+
+    async def second_drop_fails(name: str, *args: Any) -> Any:
+        nonlocal drops
+        if name == "cache_drop":
+            drops += 1
+            if drops == 2:  # a timeout, a dropped connection, a failover
+                raise StoreUnavailable("redis EVALSHA cache_drop: TimeoutError")
+        return await run_script(name, *args)
+
+    monkeypatch.setattr(cache.kv, "run_script", second_drop_fails)
+    with pytest.raises(StoreUnavailable):
+        await cache.erase("acme", "00000002-b")
+    monkeypatch.undo()
+    later = key("acme")
+    assert await cache.put(later, ANSWER, version="00000002-b")
+    assert await cache.erase("acme", "00000003-c") == len(entries) - DROP_BATCH + 1
+    assert await names(cache, "acme") == set()
+
+
+async def test_a_second_erasure_returns_once_the_first_ones_answers_are_gone(
+    cache: ResponseCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two deletes at once (two replicas): the second found the names taken and answered 0 at
+    # once, while the first had yet to drop them (a review's reproducer).
+    entries = [key("acme") for _ in range(DROP_BATCH * 3)]
+    await asyncio.gather(*(cache.put(e, ANSWER, version="00000001-a") for e in entries))
+    run_script, paused, go = cache.kv.run_script, asyncio.Event(), asyncio.Event()
+
+    async def first_sweep_held(name: str, *args: Any) -> Any:
+        if name == "cache_drop" and not go.is_set():
+            paused.set()
+            await go.wait()
+        return await run_script(name, *args)
+
+    monkeypatch.setattr(cache.kv, "run_script", first_sweep_held)
+    first = asyncio.create_task(cache.erase("acme", "00000002-b"))
+    await paused.wait()
+    monkeypatch.setattr(cache.kv, "run_script", run_script)
+    assert await cache.erase("acme", "00000003-c") == len(entries)
+    assert await names(cache, "acme") == set()
+    go.set()
+    assert await first == 0
+
+
 async def test_an_erasure_runs_whole_while_redis_is_out_of_memory() -> None:
     # The marks are a write Redis would refuse at its limit (noeviction), and the sweep only
     # deletes: both run, so a delete made while Redis is full still erases (and frees room).
