@@ -14,6 +14,8 @@ from pathlib import Path
 import redis
 from opentelemetry import trace
 
+from pipeline.answer.completion import Completion
+from pipeline.stages.cache import ResponseCache
 from pipeline.store.keys import ApiKeyStore
 from pipeline.store.kv import KeyValueStore
 from retrieval import Document, HybridRetriever, IndexStore
@@ -27,6 +29,19 @@ def own_redis(redis_server) -> dict[str, str]:
         "RAG_REDIS__URL": redis_server.url,
         "RAG_REDIS__KEY_PREFIX": f"cli{uuid.uuid4().hex[:6]}:",
     }
+
+
+async def store_answers(url: str, prefix: str, names: list[str]) -> None:
+    """Cached answers under ``names``, stored as the service stores them (named in their
+    tenant's entries, which a delete's erasure reads)."""
+    kv = KeyValueStore.from_url(url, trace.NoOpTracer(), timeout=5.0)
+    try:
+        cache = ResponseCache(kv, prefix=prefix)
+        answer = Completion(model="smollm2", content="Tides.", finish_reason="stop")
+        for name in names:
+            assert await cache.put(name.removeprefix(prefix), answer)
+    finally:
+        await kv.aclose()
 
 
 def test_keys_create_prints_a_key_that_resolves_to_the_principal(redis_server) -> None:
@@ -208,9 +223,8 @@ def test_delete_of_a_document_the_tenant_does_not_have_is_not_found_with_exit_co
     redis_env = own_redis(redis_server)
     env = {"RAG_RETRIEVAL__INDEX_DIR": str(index_dir), **redis_env}
     cache = f"{redis_env['RAG_REDIS__KEY_PREFIX']}cache:"
-    answers = {f"{cache}{tenant}:{n:064x}": b"{}" for tenant in ("ours", "theirs") for n in (1, 2)}
-    with redis.Redis.from_url(redis_server.url) as client:
-        client.mset(answers)
+    answers = [f"{cache}{tenant}:{n:064x}" for tenant in ("ours", "theirs") for n in (1, 2)]
+    asyncio.run(store_answers(redis_server.url, cache, answers))
 
     other = rag("delete", "--tenant", "ours", "c", env=env)
     assert other.returncode == 1
