@@ -24,7 +24,6 @@ operator's edit), ``restore`` publishes the newest kept one that can (``rag rest
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
 import functools
@@ -423,8 +422,7 @@ class IndexStore:
         with self._writer(tenant) as old:
             present = {d for d in document_ids if old is not None and d in old.rows_by_document}
             if old is None or not present:
-                unchanged = self._unchanged(tenant, started)
-                return dataclasses.replace(unchanged, absent=absent_from(document_ids, present))
+                return self._unchanged(tenant, started, absent_from(document_ids, present))
             removed = sum(len(old.rows_by_document[d]) for d in present)
             try:
                 index = self._publish(tenant, old, present, [], [], None, keep_previous=False)
@@ -467,8 +465,9 @@ class IndexStore:
             len(index),
         )
 
-    def _unchanged(self, tenant: str, started: float) -> IngestResult:
-        """The result of a call that changed nothing (no version is published)."""
+    def _unchanged(self, tenant: str, started: float, absent: tuple[str, ...] = ()) -> IngestResult:
+        """The result of a call that changed nothing (no version is published); ``absent``: a
+        delete's ids the tenant does not have."""
         index = self.current(tenant)
         return IngestResult(
             index.version if index else NO_VERSION,
@@ -477,6 +476,7 @@ class IndexStore:
             time.perf_counter() - started,
             index.documents if index else 0,
             len(index) if index else 0,
+            absent,
         )
 
     def _embed_missing(

@@ -235,11 +235,10 @@ class ResponseCache:
         self._take = kv.script(_TAKE)
         self._drop = kv.script(_DROP)
 
-    def _erased_key(self, tag: str) -> str:
-        return f"{self._base}-erased:{tag}"
-
-    def _entries_key(self, tag: str) -> str:
-        return f"{self._base}-entries:{tag}"
+    def _tenants(self, kind: str, tag: str) -> str:
+        """The name of a tenant's ``kind`` of cache record: its erasure mark ("erased"), the
+        names of its entries ("entries"), those a sweep took ("erasing")."""
+        return f"{self._base}-{kind}:{tag}"
 
     async def get(self, key: str) -> Completion | None:
         """The stored answer; None where there is none, or where what is stored cannot be read
@@ -262,7 +261,8 @@ class ResponseCache:
         entry = self.prefix + key
         answer = orjson.dumps(completion.to_dict())
         tag, _, digest = key.rpartition(":")  # the key's tenant part (tagged), its digest
-        keys = [entry, entry + ":copies", self._erased_key(tag), self._entries_key(tag)]
+        tenants = [self._tenants("erased", tag), self._tenants("entries", tag)]
+        keys = [entry, entry + ":copies", *tenants]
         done = await self.kv.run_script(
             "cache_put", self._put, keys, [answer, lifetime, version, digest, PRUNE_STEP]
         )
@@ -284,7 +284,7 @@ class ResponseCache:
         number = _VERSION_NUMBER.match(version)
         if number is not None:
             lifetime = max(self.ttl, ERASED_AT_LEAST_S)
-            mark = [self._erased_key(tag)]
+            mark = [self._tenants("erased", tag)]
             await self.kv.run_script(
                 "cache_erase_below", self._erase_below, mark, [lifetime, int(number.group())]
             )
@@ -292,8 +292,8 @@ class ResponseCache:
         # stored from then on were made from the new version (or refused), and are left. One
         # name per tenant: what a sweep that failed part way left (or one still running on
         # another replica has yet to drop) is swept first, so a later erasure finishes it.
-        taken = f"{self._base}-erasing:{tag}"
-        keys = [self._entries_key(tag), taken]
+        taken = self._tenants("erasing", tag)
+        keys = [self._tenants("entries", tag), taken]
         dropped, prefix, took = 0, f"{self.prefix}{tag}:", 0
         while not took:
             reply = await self.kv.run_script("cache_take", self._take, keys, [])

@@ -34,7 +34,6 @@ Milvus calls block: PassageSearch runs them in its search and ingest thread pool
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -799,8 +798,7 @@ class MilvusBackend:
             present = self._present(tenant, wanted)
             absent = absent_from(document_ids, present)
             if not present:
-                unchanged = self._result(tenant, started, 0, 0, self.version(tenant))
-                return dataclasses.replace(unchanged, absent=absent)
+                return self._result(tenant, started, 0, 0, self.version(tenant), absent)
             self.versions.check()  # as a write: refused whole while Redis cannot version it
             try:
                 removed = self._delete_documents(tenant, present)
@@ -811,8 +809,7 @@ class MilvusBackend:
                     self.versions.bump(tenant)
                 raise
             version = self.versions.bump(tenant)
-        result = self._result(tenant, started, len(present), removed, version)
-        return dataclasses.replace(result, absent=absent)
+        return self._result(tenant, started, len(present), removed, version, absent)
 
     def _present(self, tenant: str, document_ids: set[str]) -> set[str]:
         """Which of ``document_ids`` the tenant has: one row a document (its first chunk's),
@@ -845,7 +842,13 @@ class MilvusBackend:
         return removed
 
     def _result(
-        self, tenant: str, started: float, documents: int, chunks: int, version: str
+        self,
+        tenant: str,
+        started: float,
+        documents: int,
+        chunks: int,
+        version: str,
+        absent: tuple[str, ...] = (),
     ) -> IngestResult:
         total = self._count(tenant, f'tenant == "{tenant}"')
         return IngestResult(
@@ -855,6 +858,7 @@ class MilvusBackend:
             time.perf_counter() - started,
             self._documents(tenant) if total else 0,
             total,
+            absent,
         )
 
     def close(self) -> None:
