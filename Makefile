@@ -110,6 +110,7 @@ bench-redis-copy: install redis
 bench-memo: install model
 	$(PY) -m bench.memo_memory --entries 1024 --memos pii injection
 	$(PY) -m bench.memo_memory --entries 4096 --memos passages pieces stems patterns bpe
+	$(PY) -m bench.memo_timing --rounds 21
 
 # What a loaded index snapshot holds against what the loaded-snapshot budget counts (its size
 # on disk before, `resident_bytes` now), and a replica of metadata-dense tenants under the

@@ -226,7 +226,9 @@ def quality_part(args: argparse.Namespace) -> None:
         for top_k, budget in zip((default, reduced), budgets, strict=True):
             shown = passages[:top_k]
             ndcg[top_k] += ndcg_at_k([p.document_id for p in shown], qrels)
-            done = compress(query, shown, budget_tokens=budget, counter=counter, idf=idf)
+            done = compress(
+                query, shown, budget_tokens=budget, counter=counter, idf=idf, tenant="bench"
+            )
             reached[top_k] += sum(
                 1 for d in {p.document_id for p in done.passages} if qrels.get(d, 0) > 0
             )

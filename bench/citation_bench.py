@@ -21,6 +21,7 @@ mixed with the lexical score, tuned and reported the same way, with its cost per
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -97,7 +98,9 @@ def score(
 
 def lexical(threshold: float, near_best: float) -> Predict:
     def predict(row: dict[str, Any], passages: list[Passage]) -> list[tuple[CitedSource, ...]]:
-        tracker = CitationTracker(Attributor(passages, threshold=threshold, near_best=near_best))
+        tracker = CitationTracker(
+            Attributor(passages, threshold=threshold, near_best=near_best, tenant="bench")
+        )
         return [c.sources for c in [*tracker.feed(row["answer"]), *tracker.end()]]
 
     return predict
@@ -131,7 +134,7 @@ def timed(
 
 
 def streamed(answer: str, passages: list[Passage]) -> None:
-    tracker = CitationTracker(Attributor(passages))
+    tracker = CitationTracker(Attributor(passages, tenant="bench"))
     for i in range(0, len(answer), 4):
         tracker.feed(answer[i : i + 4])
     tracker.end()
@@ -160,7 +163,7 @@ class EmbeddingScorer:
     def cite(
         self, answer: str, passages: list[Passage], threshold: float, near_best: float, mix: float
     ) -> list[tuple[CitedSource, ...]]:
-        attributor = Attributor(passages, threshold=threshold, near_best=near_best)
+        attributor = Attributor(passages, threshold=threshold, near_best=near_best, tenant="bench")
         sentences = [answer[a:b] for a, b in segments(answer)]
         key = (answer, tuple(p.chunk_id for p in passages))
         cosines = self._memo.get(key) if self.memo else None
@@ -212,13 +215,13 @@ def main() -> None:
     )
     flags: dict[str, list[bool]] = {}
     for row in test_rows:
-        found_row = cite(row["answer"], passages_of(row, corpus))
+        found_row = cite(row["answer"], passages_of(row, corpus), tenant="bench")
         for label, found in zip(row["sentences"], found_row, strict=True):
             flags.setdefault(label["kind"], []).append(found.supported == label["supported"])
     for kind, right in flags.items():
         print(f"  {kind:14s} {len(right):4d} sentences, supported flag right {mean(right):.3f}")
-    cold = timed(test_rows, corpus, cite, cold=True)
-    warm = timed(test_rows, corpus, cite, cold=False)
+    cold = timed(test_rows, corpus, functools.partial(cite, tenant="bench"), cold=True)
+    warm = timed(test_rows, corpus, functools.partial(cite, tenant="bench"), cold=False)
     stream_cold = timed(test_rows, corpus, streamed, cold=True)
     print(
         f"cost per answer, lexical: median {cold[0]:.2f} ms (p95 {cold[1]:.2f}) passages first "

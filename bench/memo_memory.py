@@ -218,8 +218,8 @@ def passages(entries: int, budget: bool) -> dict[str, Any]:
             cache.kept.budget = None
 
     def analyse(text: str) -> None:
-        compress._analyse(counter, text)
-        citations._analyse(text)
+        compress._analyse("bench", counter, text)
+        citations._analyse("bench", text)
 
     texts = [dense_passage(n) for n in range(entries)]
 

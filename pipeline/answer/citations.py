@@ -150,16 +150,19 @@ def source_text(source: Source) -> str:
 
 
 class Attributor:
-    """Finds the sources of one answer's sentences among one request's passages."""
+    """Finds the sources of one answer's sentences among one request's passages, which are
+    ``tenant``'s (their analyses are kept for that tenant alone)."""
 
     def __init__(
         self,
         sources: Sequence[Source],
         *,
+        tenant: str,
         threshold: float = THRESHOLD,
         near_best: float = NEAR_BEST,
     ) -> None:
         self.sources = tuple(sources)
+        self.tenant = tenant
         self.threshold = threshold
         self.near_best = near_best
         self._owner: list[int] = []
@@ -176,7 +179,7 @@ class Attributor:
             return
         for position, source in enumerate(self.sources):
             full = source_text(source)
-            analysis = _analyse(full)
+            analysis = _analyse(self.tenant, full)
             # Only what the prompt held of it (the extract compression kept, cut at
             # SOURCE_CHARS): a sentence the model never saw supports nothing it wrote.
             shown = source.text[:SOURCE_CHARS]
@@ -335,7 +338,9 @@ class CitationTracker:
         return len(self._pending)
 
 
-def cite(answer: str, sources: Sequence[Source], *, threshold: float = THRESHOLD) -> list[Citation]:
+def cite(
+    answer: str, sources: Sequence[Source], *, tenant: str, threshold: float = THRESHOLD
+) -> list[Citation]:
     """The citations of a whole answer: the same as its stream gets, sentence by sentence."""
-    tracker = CitationTracker(Attributor(sources, threshold=threshold))
+    tracker = CitationTracker(Attributor(sources, tenant=tenant, threshold=threshold))
     return [*tracker.feed(answer), *tracker.end()]

@@ -143,7 +143,11 @@ class _KeptIfShort(Generic[P, R]):
     """``fn``, its results kept (4,096, least recently used out; ``KEPT_ITEMS`` of their
     ``weight`` in all) for a text (its last argument) up to ``LONGEST_KEPT_TEXT`` characters,
     and worked out each time for a longer one (a chunk of one 200,000-character "word" kept
-    1 MB in compression's cache, 0.5 MB in citations')."""
+    1 MB in compression's cache, 0.5 MB in citations').
+
+    Called with the tenant first: each tenant's results are kept apart, so a tenant's request
+    never finds an analysis another tenant's request left (how fast a passage is analysed
+    would say whether another tenant holds the same text)."""
 
     def __init__(self, fn: Callable[P, R], weight: Callable[[R], int]) -> None:
         self._fn = fn
@@ -151,11 +155,11 @@ class _KeptIfShort(Generic[P, R]):
         self.kept: Kept[Hashable, R] = Kept(4096, budget=KEPT_ITEMS)
         update_wrapper(self, fn)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, tenant: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
         text = args[-1]
         if not isinstance(text, str) or len(text) > LONGEST_KEPT_TEXT:
             return self._fn(*args, **kwargs)
-        key = (args, tuple(sorted(kwargs.items())))
+        key = (tenant, args, tuple(sorted(kwargs.items())))
         return self.kept.remembered(key, lambda: self._fn(*args, **kwargs), self._weight)
 
     def cache_clear(self) -> None:
@@ -286,6 +290,7 @@ def compress(
     query: str,
     passages: Sequence[Passage],
     *,
+    tenant: str,
     budget_tokens: int = DEFAULT_BUDGET_TOKENS,
     counter: TokenCounter | None = None,
     idf: Mapping[str, float] | None = None,
@@ -293,13 +298,14 @@ def compress(
 ) -> Compressed:
     """Keep the sentences of `passages` most relevant to `query` within `budget_tokens`.
 
+    `tenant`: whose passages these are (their analyses are kept for that tenant alone).
     `idf`: the index's IDF of the query's stems (`BM25Index.idf_of`), if at hand.
     `represent_all`: first keep the best sentence of each passage (while they fit), so every
     source stays cited; then fill by score. Sentences with no query term are only kept as a
     passage's representative. A piece longer than the remaining budget is skipped, never cut.
     """
     counter = counter if counter is not None else default_counter()
-    units, before = _units(query, passages, counter, idf)
+    units, before = _units(tenant, query, passages, counter, idf)
     chosen = _select(units, len(passages), budget_tokens, represent_all=represent_all)
     texts = _render(units, chosen, len(passages))
     after_each = counter.count_many([t for t in texts if t])
@@ -329,7 +335,7 @@ def _items(analysis: _Analysis) -> int:
 
 
 # Retrieval hands the same chunks over again and again; their analysis does not depend on the
-# query. Keyed by (counter, text).
+# query. Keyed by (tenant, counter, text).
 @kept_if_short(_items)
 def _analyse(counter: TokenCounter, text: str) -> _Analysis:
     """Each token is credited to the unit its first character falls in (a boundary token, the
@@ -361,13 +367,14 @@ def clear_passage_cache() -> None:
 
 
 def _units(
+    tenant: str,
     query: str,
     passages: Sequence[Passage],
     counter: TokenCounter,
     idf: Mapping[str, float] | None,
 ) -> tuple[list[_Unit], int]:
     """The units of all passages, scored against the query; and the passages' total tokens."""
-    analyses = [_analyse(counter, p.text) for p in passages]
+    analyses = [_analyse(tenant, counter, p.text) for p in passages]
     owners = [(i, pos) for i, a in enumerate(analyses) for pos in range(len(a.texts))]
     scores = _overlap_scores(set(tokenize(query)), [s for a in analyses for s in a.stems], idf)
     units = [

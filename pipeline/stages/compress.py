@@ -49,7 +49,14 @@ class CompressSources:
         budget = options.budget_tokens or self.budget_tokens
         idf = self.idf(ctx.caller, query) if self.idf is not None else None
         # A few milliseconds of pure Python: run here rather than pay a thread hand-off for it.
-        result = compress(query, ctx.passages, budget_tokens=budget, counter=self.counter, idf=idf)
+        result = compress(
+            query,
+            ctx.passages,
+            tenant=ctx.caller.tenant,
+            budget_tokens=budget,
+            counter=self.counter,
+            idf=idf,
+        )
         ctx.passages = list(result.passages)
         ctx.annotate(
             **{

@@ -121,7 +121,7 @@ class Generate:
         # answer with no sources in its prompt has nothing to be cited against: no citations
         # (not one "unsupported" per sentence, and no extra chunk per sentence on its stream).
         if ctx.passages:
-            answer.cite(CitationTracker(Attributor(ctx.passages)))
+            answer.cite(CitationTracker(Attributor(ctx.passages, tenant=ctx.caller.tenant)))
         if leader is not None:
             answer.tap(leader)  # what this request's reader gets, its followers get
         started = time.perf_counter()

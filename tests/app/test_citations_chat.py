@@ -169,3 +169,55 @@ async def test_the_openapi_document_declares_the_citations(harness) -> None:
         "span",
         "score",
     }
+
+
+async def test_a_tenants_passages_are_analysed_for_it_alone(harness, monkeypatch) -> None:
+    # Compression and citations keep each passage's analysis for texts seen again. Kept for all
+    # tenants at once, a tenant's request would be answered faster for a passage another tenant
+    # holds: the service would tell whether another tenant has the same text.
+    from pipeline.answer import citations
+    from pipeline.sources import compress
+
+    compress.clear_passage_cache()
+    citations._analyse.cache_clear()
+    analysed: list[tuple[str, str]] = []
+    spans, segments = compress.sentence_spans, citations.segments
+
+    def counted_spans(text: str) -> Any:
+        analysed.append(("compress", text))
+        return spans(text)
+
+    def counted_segments(text: str, start: int = 0) -> Any:
+        analysed.append(("cite", text))
+        return segments(text, start)
+
+    monkeypatch.setattr(compress, "sentence_spans", counted_spans)
+    monkeypatch.setattr(citations, "segments", counted_segments)
+    keys = {}
+    for tenant in ("acme", "globex"):
+        keys[tenant] = await harness.key(tenant=tenant, scopes="chat,retrieve,ingest")
+        ingested = await harness.client.post(
+            "/v1/documents",
+            json={"documents": DOCS},
+            headers={"Authorization": f"Bearer {keys[tenant]}"},
+        )
+        assert ingested.status_code == 200, ingested.text
+    seen = []
+    for tenant, question in (
+        ("acme", "Where do kiwi birds live?"),
+        ("acme", "How large is the egg of a kiwi bird?"),  # not a cache hit: another question
+        ("globex", "Where do kiwi birds live?"),
+    ):
+        analysed.clear()
+        response = await harness.chat(keys[tenant], body(question, max_tokens=16, rag={
+            "top_k": 1, "compress": True
+        }))  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert response.headers["x-cache"] != "hit"
+        (source,) = response.json()["rag"]["sources"]
+        assert source["document_id"] == "kiwi-1", source
+        seen.append({kind for kind, text in analysed if text == KIWI})
+    assert seen == [{"compress", "cite"}, set(), {"compress", "cite"}], (
+        "each tenant analyses the passage the first time it is retrieved for it; later requests "
+        "find the analyses its own requests left, and only those"
+    )

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.answer.citations import cite
 from pipeline.context import Passage
 from pipeline.model.tokens import (
     ApproximateTokenCounter,
@@ -91,7 +92,7 @@ def test_sentences_in_other_scripts_split_at_their_own_stops() -> None:
 def test_kept_sentences_come_out_in_their_original_order(counter: ModelTokenCounter) -> None:
     # The query matches the last sentence best and the second next: they still come out 2, 4.
     done = compress("bleeding risk with age and heart attack", [ASPIRIN], budget_tokens=45,
-                    counter=counter)  # fmt: skip
+                    counter=counter, tenant="t")  # fmt: skip
     positions = [s.position for s in done.sentences]
     assert positions == sorted(positions) and len(positions) >= 2
     assert done.passages[0].text == " ".join(s.text for s in done.sentences)
@@ -104,7 +105,7 @@ def test_the_budget_holds_counted_with_the_real_tokenizer(
     counter: ModelTokenCounter, budget: int
 ) -> None:
     done = compress("heart attack risk and ocean tides", [ASPIRIN, TIDES], budget_tokens=budget,
-                    counter=counter)  # fmt: skip
+                    counter=counter, tenant="t")  # fmt: skip
     assert done.tokens_after == _tokens(counter, done) <= budget
     assert done.tokens_before == counter.count(ASPIRIN.text) + counter.count(TIDES.text)
     if budget >= 1000:  # every sentence holding a query term fits; the others are left out
@@ -118,7 +119,9 @@ def test_the_budget_holds_counted_with_the_real_tokenizer(
 
 
 def test_every_kept_sentence_keeps_its_source_ids(counter: ModelTokenCounter) -> None:
-    done = compress("aspirin heart tides moon", [ASPIRIN, TIDES], budget_tokens=60, counter=counter)
+    done = compress(
+        "aspirin heart tides moon", [ASPIRIN, TIDES], budget_tokens=60, counter=counter, tenant="t"
+    )
     sources = {(s.document_id, s.chunk_id) for s in done.sentences}
     assert sources == {("aspirin", "aspirin#0"), ("tides", "tides#0")}
     for s in done.sentences:
@@ -137,18 +140,18 @@ def test_each_passage_keeps_its_best_sentence_before_any_gets_a_second(
     # the rule the 35 tokens go to two sentences of the first passage.
     query = "aspirin heart attack risk bleeding moon"
     tight = 35
-    done = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter)
+    done = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter, tenant="t")
     assert {p.document_id for p in done.passages} == {"aspirin", "tides"}
     greedy = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter,
-                      represent_all=False)  # fmt: skip
+                      represent_all=False, tenant="t")  # fmt: skip
     assert {p.document_id for p in greedy.passages} == {"aspirin"}
 
 
 def test_no_passages_and_empty_passages(counter: ModelTokenCounter) -> None:
-    done = compress("anything", [], budget_tokens=100, counter=counter)
+    done = compress("anything", [], budget_tokens=100, counter=counter, tenant="t")
     assert done.passages == [] and done.tokens_before == done.tokens_after == 0
     empty = Passage("empty", "empty#0", "", "   ", 0.1)
-    done = compress("aspirin", [empty, ASPIRIN], budget_tokens=100, counter=counter)
+    done = compress("aspirin", [empty, ASPIRIN], budget_tokens=100, counter=counter, tenant="t")
     assert [p.document_id for p in done.passages] == ["aspirin"]
     assert done.dropped == [empty]
 
@@ -158,17 +161,17 @@ def test_a_sentence_longer_than_the_budget_is_cut_into_pieces(counter: ModelToke
     # cut at whitespace into pieces; those with the query's words that fit are kept.
     words = [f"cell{i}" if i % 50 else "aspirin" for i in range(500)]
     huge = Passage("table", "table#0", "", " ".join(words), 0.5)
-    done = compress("aspirin", [huge], budget_tokens=120, counter=counter)
+    done = compress("aspirin", [huge], budget_tokens=120, counter=counter, tenant="t")
     assert 0 < done.tokens_after <= 120
     assert all("aspirin" in s.text for s in done.sentences)
     # A piece alone bigger than the budget is skipped, never cut mid-piece.
-    assert compress("aspirin", [huge], budget_tokens=3, counter=counter).passages == []
+    assert compress("aspirin", [huge], budget_tokens=3, counter=counter, tenant="t").passages == []
 
 
 def test_text_in_other_scripts_is_budgeted_exactly(counter: ModelTokenCounter) -> None:
     cjk = Passage("zh", "zh#0", "", "人工智能是什么？它很有用。阿司匹林降低心脏病风险。", 1.0)
     ru = Passage("ru", "ru#0", "", "Аспирин снижает риск. Луна вызывает приливы.", 1.0)
-    done = compress("аспирин 阿司匹林", [cjk, ru], budget_tokens=30, counter=counter)
+    done = compress("аспирин 阿司匹林", [cjk, ru], budget_tokens=30, counter=counter, tenant="t")
     assert done.tokens_after == _tokens(counter, done) <= 30
     assert {p.document_id for p in done.passages} == {"zh", "ru"}
 
@@ -206,7 +209,7 @@ def test_arbitrary_text_never_raises_nor_exceeds_the_budget(
     counter: ModelTokenCounter, query: str, texts: list[str], budget: int
 ) -> None:
     passages = [Passage(f"d{i}", f"d{i}#0", "", t, 1.0) for i, t in enumerate(texts)]
-    done = compress(query, passages, budget_tokens=budget, counter=counter)
+    done = compress(query, passages, budget_tokens=budget, counter=counter, tenant="t")
     assert done.tokens_after <= budget
     assert done.tokens_after == sum(counter.count(p.text) for p in done.passages)
     for s in done.sentences:
@@ -236,9 +239,48 @@ def test_piece_counts_equal_the_tokenizer_on_any_text(
 
 def test_a_cached_passage_gives_the_same_result(counter: ModelTokenCounter) -> None:
     clear_passage_cache()
-    first = compress("aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter)
-    again = compress("aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter)
+    first = compress(
+        "aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter, tenant="t"
+    )
+    again = compress(
+        "aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter, tenant="t"
+    )
     assert first == again
+
+
+def test_a_tenant_never_finds_a_passage_analysis_another_tenant_left(
+    counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A memo shared by tenants would answer the second tenant's request faster for a passage
+    # the first one holds: how long compression takes would say what another tenant has.
+    from pipeline.answer import citations
+    from pipeline.sources import compress as compress_module
+
+    clear_passage_cache()
+    citations._analyse.cache_clear()
+    analysed: list[str] = []  # each analysis of the passage: compression's and citations'
+    spans, segments = compress_module.sentence_spans, citations.segments
+
+    def counted_spans(text: str) -> Any:
+        analysed.extend(["compress"] if text == TIDES.text else [])
+        return spans(text)
+
+    def counted_segments(text: str, start: int = 0) -> Any:
+        analysed.extend(["cite"] if text == TIDES.text else [])
+        return segments(text, start)
+
+    monkeypatch.setattr(compress_module, "sentence_spans", counted_spans)
+    monkeypatch.setattr(citations, "segments", counted_segments)
+    answer = "The Moon pulls the tides."
+    results = []
+    for tenant in ("acme", "acme", "globex", "acme", "globex"):
+        done = compress("what pulls the tides", [TIDES], budget_tokens=60, counter=counter,
+                        tenant=tenant)  # fmt: skip
+        results.append((done, cite(answer, done.passages, tenant=tenant)))
+    assert analysed == ["compress", "cite"] * 2, (
+        "each tenant's first request analyses the passage; its later ones find their own"
+    )
+    assert all(result == results[0] for result in results), "the same result for each tenant"
 
 
 # Found by a review of what a replica keeps (2026-12-06, sixth session): caches bounded by their
@@ -266,11 +308,11 @@ def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
     citations._analyse.cache_clear()
     junk = "q" * 200_000  # one chunk of one "word": chunking cuts by words
     passages = [Passage("d0", "d0#0", "", f"Tides rise. {junk}. The Moon pulls.", 1.0), TIDES]
-    done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter)
+    done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter, tenant="t")
     assert done.tokens_after <= 60
     assert len(compress_module._analyse.kept) == 1, "only the ordinary passage"
     assert max(map(len, compress_module._STEM_CACHE)) <= 64
-    source = citations._analyse(passages[0].text)
+    source = citations._analyse("t", passages[0].text)
     assert source.spans and len(citations._analyse.kept) == 0
 
 
@@ -288,20 +330,24 @@ def test_the_passage_analyses_kept_stay_within_their_items(
     caches = (compress_module._analyse, citations._analyse)
     for kept in caches:
         kept.cache_clear()
-    compress_module._analyse(counter, passages[0].text)
-    citations._analyse(passages[0].text)
+    compress_module._analyse("t", counter, passages[0].text)
+    citations._analyse("t", passages[0].text)
     for kept in caches:
         one = kept.kept.weight
         assert one > 64, "a sentence and its stems are items"
         kept.cache_clear()
         monkeypatch.setattr(kept.kept, "budget", one * 5 // 2)
-    first = compress("what pulls the tides", passages, budget_tokens=120, counter=counter)
+    first = compress(
+        "what pulls the tides", passages, budget_tokens=120, counter=counter, tenant="t"
+    )
     for passage in passages:
-        citations._analyse(passage.text)
+        citations._analyse("t", passage.text)
     for kept in caches:
         assert 0 < kept.kept.weight <= kept.kept.budget, "what is kept stays within its items"
         assert len(kept.kept) == 2, "the two most recent"
-    again = compress("what pulls the tides", passages, budget_tokens=120, counter=counter)
+    again = compress(
+        "what pulls the tides", passages, budget_tokens=120, counter=counter, tenant="t"
+    )
     assert again == first, "an analysis let go is worked out again, to the same result"
 
 

@@ -1,0 +1,165 @@
+"""What a replica's memos tell a caller who times its requests: how much sooner a passage or a
+word is handled when a memo holds it, and whether another tenant's request can leave it there.
+
+    .venv/bin/python -m bench.memo_timing [--passages 8] [--rounds 15]
+
+- ``passages``: SciFact chunks (the first ``--passages`` of 300 to 1,500 characters, as a
+  request's sources) handled as a chat request handles its sources: compression's analysis
+  (``compress``, the model's tokenizer) and citations' (``cite``). "first seen" empties both
+  memos before each round; "kept, same tenant" finds the round before's; "kept by another
+  tenant" has another tenant's request handle the same chunks first (what a shared memo gave:
+  the figure to compare with "first seen").
+- ``key``: the memo's lookup, keyed by tenant (as shipped) against keyed by text alone (the
+  memo before), on kept analyses: what keeping tenants apart costs a request.
+- ``words``: the word-level memos, shared by tenants on purpose (SECURITY.md): a new word's
+  stem and token pieces against a word seen before, per word.
+
+Medians of ``--rounds`` rounds; the arms alternate within each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import string
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from pipeline.answer import citations
+from pipeline.context import Passage
+from pipeline.model.tokens import ModelTokenCounter, load_token_counter
+from pipeline.sources import compress as compress_module
+from tests.support.data import open_scifact
+
+ANSWER = "The treatment reduced the risk. Patients improved within weeks."
+
+
+def chunks(count: int) -> list[Passage]:
+    found = []
+    with open_scifact("corpus.jsonl") as handle:
+        for line in handle:
+            row = json.loads(line)
+            if 300 <= len(row["text"]) <= 1500:
+                found.append(Passage(str(row["_id"]), f"{row['_id']}#0", "", row["text"], 1.0))
+            if len(found) == count:
+                return found
+    raise SystemExit("SciFact holds too few chunks")
+
+
+def clock(fn: Callable[..., Any], *args: Any) -> float:
+    started = time.perf_counter()
+    fn(*args)
+    return (time.perf_counter() - started) * 1e6
+
+
+def handle(tenant: str, passages: list[Passage], counter: ModelTokenCounter) -> None:
+    """What a chat request does with its sources' texts: compression, then citations."""
+    done = compress_module.compress(
+        "what reduced the risk", passages, tenant=tenant, counter=counter, budget_tokens=384
+    )
+    citations.cite(ANSWER, done.passages, tenant=tenant)
+
+
+def clear() -> None:
+    compress_module.clear_passage_cache()
+    citations._analyse.cache_clear()
+
+
+def passages_part(passages: list[Passage], counter: ModelTokenCounter, rounds: int) -> None:
+    times: dict[str, list[float]] = {
+        "first seen": [],
+        "kept, same tenant": [],
+        "kept by another tenant": [],
+    }
+    for _ in range(rounds):
+        clear()
+        times["first seen"].append(clock(handle, "acme", passages, counter))
+        times["kept, same tenant"].append(clock(handle, "acme", passages, counter))
+        times["kept by another tenant"].append(clock(handle, "globex", passages, counter))
+    first = statistics.median(times["first seen"])
+    print(f"\n### {len(passages)} passages a request (compression and citations)\n")
+    print("| the passages' analyses | p50 us | / first seen |")
+    print("| --- | --- | --- |")
+    for label, values in times.items():
+        p50 = statistics.median(values)
+        print(f"| {label} | {p50:,.0f} | {p50 / first:.2f} |")
+
+
+class _TextKeyed(compress_module._KeptIfShort[Any, Any]):
+    """The memo before: kept by its arguments alone, whichever tenant asked."""
+
+    def __call__(self, tenant: str, /, *args: Any, **kwargs: Any) -> Any:
+        text = args[-1]
+        if not isinstance(text, str) or len(text) > compress_module.LONGEST_KEPT_TEXT:
+            return self._fn(*args, **kwargs)
+        key: Hashable = (args, tuple(sorted(kwargs.items())))
+        return self.kept.remembered(key, lambda: self._fn(*args, **kwargs), self._weight)
+
+
+def find_all(memo: Callable[..., Any], counter: ModelTokenCounter, texts: list[str]) -> None:
+    for text in texts:
+        memo("acme", counter, text)
+
+
+def key_part(passages: list[Passage], counter: ModelTokenCounter, rounds: int) -> None:
+    shipped = compress_module._analyse
+    before = _TextKeyed(shipped._fn, compress_module._items)
+    texts = [p.text for p in passages]
+    for memo in (shipped, before):
+        for text in texts:
+            memo("acme", counter, text)
+    arms: dict[str, list[float]] = {"by tenant and text": [], "by text": []}
+    for _ in range(rounds):
+        for label, memo in (("by tenant and text", shipped), ("by text", before)):
+            runs = [clock(find_all, memo, counter, texts) for _ in range(200)]
+            arms[label].append(min(runs))
+    ratios = [a / b for a, b in zip(arms["by tenant and text"], arms["by text"], strict=True)]
+    print(f"\n### finding {len(texts)} kept analyses\n")
+    print("| kept | p50 us |")
+    print("| --- | --- |")
+    for label, values in arms.items():
+        print(f"| {label} | {statistics.median(values):.2f} |")
+    print(f"\nby tenant / by text: {statistics.median(ratios):.3f} (median of {rounds} ratios)")
+
+
+def words_part(counter: ModelTokenCounter, rounds: int) -> None:
+    rng = random.Random(7)
+    stems: dict[str, list[float]] = {"new": [], "seen": []}
+    pieces: dict[str, list[float]] = {"new": [], "seen": []}
+    for _ in range(rounds):
+        for arm, fn in ((stems, compress_module._stems), (pieces, counter.count)):
+            words = " ".join(
+                "".join(rng.choice(string.ascii_lowercase) for _ in range(9)) for _ in range(200)
+            )
+            arm["new"].append(clock(fn, words) / 200)
+            arm["seen"].append(clock(fn, words) / 200)
+    print("\n### one word (200 new words of 9 letters a round)\n")
+    print("| memo | new word us | seen word us |")
+    print("| --- | --- | --- |")
+    for label, arm in (("stems (compression)", stems), ("token pieces (counter)", pieces)):
+        print(
+            f"| {label} | {statistics.median(arm['new']):.2f} | "
+            f"{statistics.median(arm['seen']):.2f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    counter = load_token_counter()
+    if not isinstance(counter, ModelTokenCounter):
+        raise SystemExit("the model's tokenizer is missing: run `make model`")
+    passages = chunks(args.passages)
+    handle("warm", passages, counter)  # the tokenizer's pieces and the stems: warm, as served
+    passages_part(passages, counter, args.rounds)
+    key_part(passages, counter, args.rounds)
+    words_part(counter, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
