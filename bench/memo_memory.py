@@ -247,9 +247,10 @@ def pieces(entries: int, budget: bool) -> dict[str, Any]:
 
     def empty() -> None:
         counter._pieces = {}
+        counter._piece_count = counter._piece_chars = 0
 
     def look() -> tuple[int, int]:
-        kept = counter._pieces or {}
+        kept = counter.kept_pieces(None)
         return len(kept), sum(map(len, kept))
 
     mb, seconds, (count, weight) = held(lambda: [counter.count(t) for t in texts], look, empty)
@@ -266,13 +267,15 @@ def stems(entries: int, budget: bool) -> dict[str, Any]:
     texts = [astral_text(n) for n in range(min(entries, 195))]  # 200,000 words at most
 
     def look() -> tuple[int, int]:
-        kept = compress._STEM_CACHE
+        kept = compress._STEM_CACHE.get("bench", {})
         return len(kept), sum(len(w) + len(s) for w, s in kept.items())
 
     mb, seconds, (count, weight) = held(
-        lambda: [compress._stems(t) for t in texts], look, compress._STEM_CACHE.clear
+        lambda: [compress.word_stems("bench", t) for t in texts], look, compress._STEM_CACHE.clear
     )
-    first, again = twice(lambda: compress._stems("The Moon pulls the tides twice a day."))
+    first, again = twice(
+        lambda: compress.word_stems("bench", "The Moon pulls the tides twice a day.")
+    )
     limit = compress._STEM_CACHE_CHARS if budget else None
     return _row(limit, len(texts), mb, seconds, first, again, count, weight)
 

@@ -11,8 +11,12 @@ word is handled when a memo holds it, and whether another tenant's request can l
   the figure to compare with "first seen").
 - ``key``: the memo's lookup, keyed by tenant (as shipped) against keyed by text alone (the
   memo before), on kept analyses: what keeping tenants apart costs a request.
-- ``words``: the word-level memos, shared by tenants on purpose (SECURITY.md): a new word's
-  stem and token pieces against a word seen before, per word.
+- ``words``: the word-level memos (compression's stems, the token counter's pieces), per
+  word: words seen by the same tenant's request, against new words and the same words for
+  another tenant, these two timed at the same point of a round (after other texts).
+- ``stemmer``: what PyStemmer's own cache (10,000 words a stemmer, which the service no longer
+  uses: it was shared by a thread's tenants) spared: SciFact's first 2,000 abstracts stemmed
+  with it and without, per word.
 
 Medians of ``--rounds`` rounds; the arms alternate within each round.
 """
@@ -20,13 +24,17 @@ Medians of ``--rounds`` rounds; the arms alternate within each round.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
+import re
 import statistics
 import string
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
+
+import Stemmer
 
 from pipeline.answer import citations
 from pipeline.context import Passage
@@ -94,9 +102,9 @@ class _TextKeyed(compress_module._KeptIfShort[Any, Any]):
     def __call__(self, tenant: str, /, *args: Any, **kwargs: Any) -> Any:
         text = args[-1]
         if not isinstance(text, str) or len(text) > compress_module.LONGEST_KEPT_TEXT:
-            return self._fn(*args, **kwargs)
+            return self._fn(tenant, *args, **kwargs)
         key: Hashable = (args, tuple(sorted(kwargs.items())))
-        return self.kept.remembered(key, lambda: self._fn(*args, **kwargs), self._weight)
+        return self.kept.remembered(key, lambda: self._fn(tenant, *args, **kwargs), self._weight)
 
 
 def find_all(memo: Callable[..., Any], counter: ModelTokenCounter, texts: list[str]) -> None:
@@ -127,23 +135,54 @@ def key_part(passages: list[Passage], counter: ModelTokenCounter, rounds: int) -
 
 def words_part(counter: ModelTokenCounter, rounds: int) -> None:
     rng = random.Random(7)
-    stems: dict[str, list[float]] = {"new": [], "seen": []}
-    pieces: dict[str, list[float]] = {"new": [], "seen": []}
-    for _ in range(rounds):
-        for arm, fn in ((stems, compress_module._stems), (pieces, counter.count)):
-            words = " ".join(
-                "".join(rng.choice(string.ascii_lowercase) for _ in range(9)) for _ in range(200)
-            )
-            arm["new"].append(clock(fn, words) / 200)
-            arm["seen"].append(clock(fn, words) / 200)
-    print("\n### one word (200 new words of 9 letters a round)\n")
-    print("| memo | new word us | seen word us |")
-    print("| --- | --- | --- |")
-    for label, arm in (("stems (compression)", stems), ("token pieces (counter)", pieces)):
-        print(
-            f"| {label} | {statistics.median(arm['new']):.2f} | "
-            f"{statistics.median(arm['seen']):.2f} |"
+    arms = ("seen by the same tenant", "new (control)", "seen by another tenant")
+    stems: dict[str, list[float]] = {arm: [] for arm in arms}
+    pieces: dict[str, list[float]] = {arm: [] for arm in arms}
+
+    def words() -> str:
+        return " ".join(
+            "".join(rng.choice(string.ascii_lowercase) for _ in range(9)) for _ in range(200)
         )
+
+    def count(tenant: str, text: str) -> int:
+        return counter.for_tenant(tenant).count(text)
+
+    for n in range(rounds * 2):
+        for times, fn in ((stems, compress_module.word_stems), (pieces, count)):
+            text = words()
+            fn(f"a{n}", text)
+            times["seen by the same tenant"].append(clock(fn, f"a{n}", text) / 200)
+            for _ in range(20):  # other requests' words in between, as a server has
+                fn(f"z{n}", words())
+            # New words for a new tenant, and then the first tenant's words for another one:
+            # the same place in the round, the same fresh tenant's first count.
+            times["new (control)"].append(clock(fn, f"c{n}", words()) / 200)
+            times["seen by another tenant"].append(clock(fn, f"b{n}", "".join(text)) / 200)
+    print("\n### one word (200 words of 9 random letters a text, tenants fresh each round)\n")
+    print(f"| memo | {' us | '.join(arms)} us |")
+    print("| --- | --- | --- | --- |")
+    for label, times in (("stems (compression)", stems), ("token pieces (counter)", pieces)):
+        print(
+            f"| {label} | " + " | ".join(f"{statistics.median(times[a]):.2f}" for a in arms) + " |"
+        )
+
+
+def stemmer_part(rounds: int) -> None:
+    words: list[str] = []
+    with open_scifact("corpus.jsonl") as handle:
+        for line in itertools.islice(handle, 2000):
+            words += [w for w in re.findall(r"\b\w\w+\b", json.loads(line)["text"].lower())]
+    arms: dict[str, list[float]] = {"cache of 10,000": [], "none": []}
+    for _ in range(rounds):
+        for label, size in (("cache of 10,000", 10_000), ("none", 0)):
+            stemmer = Stemmer.Stemmer("english", size)
+            stemmer.stemWords(words)  # what a running thread's stemmer has seen
+            arms[label].append(clock(stemmer.stemWords, words) * 1000 / len(words))
+    print(f"\n### PyStemmer, {len(words):,} words of SciFact ({len(set(words)):,} distinct)\n")
+    print("| its cache | ns a word, p50 |")
+    print("| --- | --- |")
+    for label, values in arms.items():
+        print(f"| {label} | {statistics.median(values):.0f} |")
 
 
 def main() -> None:
@@ -159,6 +198,7 @@ def main() -> None:
     passages_part(passages, counter, args.rounds)
     key_part(passages, counter, args.rounds)
     words_part(counter, args.rounds)
+    stemmer_part(args.rounds)
 
 
 if __name__ == "__main__":

@@ -24,28 +24,27 @@ STOP_WORDS = frozenset(
 )
 
 _TOKEN = re.compile(r"\b\w\w+\b")
-# Longer words go to a stemmer that keeps nothing: PyStemmer caches every word it stems (10,000
-# per stemmer, one stemmer per thread), so a caller's 35,000-letter "word" in a query kept 70 KiB
-# a query, up to 0.7 GiB a thread. Stemmed all the same, as the indexes already built were.
+# The stemmers keep nothing. PyStemmer can cache every word it stems (10,000 per stemmer, one
+# stemmer per thread), shared by whatever the thread serves: a word stemmed sooner would tell a
+# caller that another tenant's text held it, and a caller's 35,000-letter "word" in a query
+# kept 70 KiB a query, up to 0.7 GiB a thread. The cache spared about 0.15 µs a word
+# (BENCHMARKS.md); compression and citations keep each tenant's stems themselves, words of up
+# to LONGEST_CACHED characters.
 LONGEST_CACHED = 64
 # PyStemmer objects are not thread-safe; one per thread.
 _local = threading.local()
 
 
-def _stemmer(name: str = "stemmer", cache: int = 10_000) -> Stemmer.Stemmer:
-    stemmer: Stemmer.Stemmer | None = getattr(_local, name, None)
+def _stemmer() -> Stemmer.Stemmer:
+    stemmer: Stemmer.Stemmer | None = getattr(_local, "stemmer", None)
     if stemmer is None:
-        stemmer = Stemmer.Stemmer("english", cache)
-        setattr(_local, name, stemmer)
+        stemmer = Stemmer.Stemmer("english", 0)
+        _local.stemmer = stemmer
     return stemmer
 
 
 def tokenize(text: str) -> list[str]:
     """Return the stemmed, stop-word-free tokens of `text`, in order, duplicates kept."""
     words = [w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS]
-    if all(len(w) <= LONGEST_CACHED for w in words):
-        result: list[str] = _stemmer().stemWords(words)
-        return result
-    short = iter(_stemmer().stemWords([w for w in words if len(w) <= LONGEST_CACHED]))
-    long = iter(_stemmer("uncached", 0).stemWords([w for w in words if len(w) > LONGEST_CACHED]))
-    return [next(long) if len(w) > LONGEST_CACHED else next(short) for w in words]
+    result: list[str] = _stemmer().stemWords(words)
+    return result

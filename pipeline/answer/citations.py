@@ -39,7 +39,7 @@ from typing import Protocol
 
 from pipeline.answer.events import Citation, CitedSource
 from pipeline.model.prompt import SOURCE_CHARS
-from pipeline.sources.compress import kept_if_short, sentence_spans, stripped
+from pipeline.sources.compress import kept_if_short, sentence_spans, stripped, word_stems
 from retrieval.tokenize import tokenize
 
 # Tuned on half of bench/data/citations.jsonl (python -m bench.citation_bench).
@@ -137,11 +137,12 @@ def _items(analysis: _Analysis) -> int:
     return len(analysis.spans) + sum(map(len, analysis.terms))
 
 
-# Retrieval hands the same chunks over again and again: each text is cut and stemmed once.
+# Retrieval hands the same chunks over again and again: each text is cut and stemmed once for
+# each tenant that holds it.
 @kept_if_short(_items)
-def _analyse(text: str) -> _Analysis:
+def _analyse(tenant: str, text: str) -> _Analysis:
     spans = tuple(segments(text))
-    return _Analysis(spans, tuple(frozenset(tokenize(text[a:b])) for a, b in spans))
+    return _Analysis(spans, tuple(word_stems(tenant, text[a:b]) for a, b in spans))
 
 
 def source_text(source: Source) -> str:

@@ -198,7 +198,8 @@ class TracedChat:
             watchdog.close()
             span.end()
             if spend is not None:
-                spend.add(record.spent(payload, self.counter))
+                counter = self.counter.for_tenant(tenant) if self.counter is not None else None
+                spend.add(record.spent(payload, counter))
 
 
 async def _read(

@@ -14,6 +14,7 @@ import os
 import re
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -29,10 +30,16 @@ COMPLETE_MARKER = ".rag-complete"
 
 
 class TokenCounter(Protocol):
-    """Counts tokens of text; `exact` says whether the counts are the model's own. Hashable by
-    identity (compress caches per-passage work per counter)."""
+    """Counts tokens of text; `exact` says whether the counts are the model's own. Hashable
+    (compress caches per-passage work per counter).
+
+    `for_tenant(tenant)` is the counter a request of that tenant counts with: what a counter
+    keeps to count faster (pieces seen before) is kept for each tenant apart, since a text
+    counted sooner would say that another tenant's text held its words (SECURITY.md)."""
 
     def __hash__(self) -> int: ...
+
+    def for_tenant(self, tenant: str) -> TokenCounter: ...
 
     @property
     def exact(self) -> bool: ...
@@ -102,8 +109,12 @@ class ModelTokenCounter:
         resize = getattr(tokenizer.model, "_resize_cache", None)
         if resize is not None:
             resize(0)
-        self._pieces: dict[str, int] | None = {} if _is_gpt2_byte_level(tokenizer) else None
-        self._piece_chars = 0  # the characters of the pieces in self._pieces
+        self.piecewise = _is_gpt2_byte_level(tokenizer)
+        # Each tenant's pieces (None: counts made for no tenant, by tools and benchmarks), with
+        # one bound for all: PIECE_CACHE_SIZE pieces, PIECE_CACHE_CHARS characters.
+        self._pieces: dict[str | None, dict[str, int]] = {}
+        self._piece_count = 0
+        self._piece_chars = 0
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
@@ -111,6 +122,9 @@ class ModelTokenCounter:
     def from_file(cls, path: Path) -> ModelTokenCounter:
         """Load a `tokenizer.json`."""
         return cls(Tokenizer.from_file(str(path)), str(path))
+
+    def for_tenant(self, tenant: str) -> TenantTokenCounter:
+        return TenantTokenCounter(self, tenant)
 
     def count(self, text: str) -> int:
         return self.count_many([text])[0]
@@ -125,9 +139,12 @@ class ModelTokenCounter:
         )
         return [len(e.ids) for e in encoded]
 
-    def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+    def token_runs(
+        self, texts: Sequence[str], *, scope: str | None = None
+    ) -> list[tuple[list[int], list[int]]]:
+        """``scope``: whose pieces to read and keep (a tenant's; see `for_tenant`)."""
         cleaned = [_encodable(t) for t in texts]
-        piecewise = self._pieces is not None
+        piecewise = self.piecewise
         added = self._added
         whole = [i for i, t in enumerate(cleaned) if not piecewise or (added and added.search(t))]
         runs: dict[int, tuple[list[int], list[int]]] = {}
@@ -138,17 +155,18 @@ class ModelTokenCounter:
             for i, e in zip(whole, encoded, strict=True):
                 runs[i] = ([start for start, _ in e.offsets], [1] * len(e.ids))
         pieces = {i: _GPT2_PIECES.findall(t) for i, t in enumerate(cleaned) if i not in runs}
-        counts = self._piece_counts({p for ps in pieces.values() for p in ps})
+        counts = self._piece_counts({p for ps in pieces.values() for p in ps}, scope)
         for i, ps in pieces.items():
             starts = list(itertools.accumulate(map(len, ps[:-1]), initial=0)) if ps else []
             runs[i] = (starts, list(map(counts.__getitem__, ps)))
         return [runs[i] for i in range(len(cleaned))]
 
-    def _piece_counts(self, pieces: set[str]) -> Mapping[str, int]:
-        """A count for every piece in `pieces`: the shared dict, which keeps those up to
-        `LONGEST_CACHED_PIECE` characters (when it is full a new one is started for later
-        calls; callers holding the old one are not disturbed), before the longer ones."""
-        cache = self._pieces if self._pieces is not None else {}
+    def _piece_counts(self, pieces: set[str], scope: str | None) -> Mapping[str, int]:
+        """A count for every piece in `pieces`: the scope's dict, which keeps those up to
+        `LONGEST_CACHED_PIECE` characters (when all the scopes' dicts hold their bound, they
+        are let go and a new one started for later calls; callers holding an old one are not
+        disturbed), before the longer ones."""
+        cache = self._pieces.setdefault(scope, {})
         missing = [p for p in pieces if p not in cache]
         if not missing:
             return cache
@@ -162,16 +180,51 @@ class ModelTokenCounter:
                 long[piece] = n
         chars = sum(len(piece) for piece, _ in kept)
         if (
-            len(cache) + len(kept) > PIECE_CACHE_SIZE
+            self._piece_count + len(kept) > PIECE_CACHE_SIZE
             or self._piece_chars + chars > PIECE_CACHE_CHARS
         ):
             # A new dict, with this call's pieces the old one had (its callers read them all).
             cache = {p: cache[p] for p in pieces if p in cache}
-            self._pieces = cache
+            self._pieces = {scope: cache}
+            self._piece_count = len(cache)
             self._piece_chars = sum(map(len, cache))
+        before = len(cache)
         cache.update(kept)
+        self._piece_count += len(cache) - before  # another thread may have added some
         self._piece_chars += chars
         return ChainMap(long, cache) if long else cache
+
+    def kept_pieces(self, scope: str | None) -> dict[str, int]:
+        """The pieces kept for ``scope`` (a copy)."""
+        return dict(self._pieces.get(scope, {}))
+
+
+@dataclass(frozen=True)
+class TenantTokenCounter:
+    """A `ModelTokenCounter` as one tenant's requests count with it: the same counts, from the
+    pieces kept for that tenant. Equal to another for the same counter and tenant (compress's
+    per-passage cache is keyed by counter)."""
+
+    counter: ModelTokenCounter
+    tenant: str
+
+    exact = True
+
+    @property
+    def source(self) -> str:
+        return self.counter.source
+
+    def for_tenant(self, tenant: str) -> TokenCounter:
+        return self if tenant == self.tenant else self.counter.for_tenant(tenant)
+
+    def count(self, text: str) -> int:
+        return self.count_many([text])[0]
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        return [sum(counts) for _, counts in self.token_runs(texts)]
+
+    def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        return self.counter.token_runs(texts, scope=self.tenant)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -205,6 +258,9 @@ class ApproximateTokenCounter:
 
     exact = False
     source = "approximate"
+
+    def for_tenant(self, tenant: str) -> ApproximateTokenCounter:
+        return self  # it keeps nothing
 
     def count(self, text: str) -> int:
         return len(self._starts(text))

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, update_wrapper
-from typing import Generic, ParamSpec, TypeVar
+from typing import Concatenate, Generic, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -145,11 +145,11 @@ class _KeptIfShort(Generic[P, R]):
     and worked out each time for a longer one (a chunk of one 200,000-character "word" kept
     1 MB in compression's cache, 0.5 MB in citations').
 
-    Called with the tenant first: each tenant's results are kept apart, so a tenant's request
-    never finds an analysis another tenant's request left (how fast a passage is analysed
-    would say whether another tenant holds the same text)."""
+    ``fn``'s first argument is the tenant whose text it is: each tenant's results are kept
+    apart, so a tenant's request never finds an analysis another tenant's request left (how
+    fast a passage is analysed would say whether another tenant holds the same text)."""
 
-    def __init__(self, fn: Callable[P, R], weight: Callable[[R], int]) -> None:
+    def __init__(self, fn: Callable[Concatenate[str, P], R], weight: Callable[[R], int]) -> None:
         self._fn = fn
         self._weight = weight
         self.kept: Kept[Hashable, R] = Kept(4096, budget=KEPT_ITEMS)
@@ -158,9 +158,9 @@ class _KeptIfShort(Generic[P, R]):
     def __call__(self, tenant: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
         text = args[-1]
         if not isinstance(text, str) or len(text) > LONGEST_KEPT_TEXT:
-            return self._fn(*args, **kwargs)
+            return self._fn(tenant, *args, **kwargs)
         key = (tenant, args, tuple(sorted(kwargs.items())))
-        return self.kept.remembered(key, lambda: self._fn(*args, **kwargs), self._weight)
+        return self.kept.remembered(key, lambda: self._fn(tenant, *args, **kwargs), self._weight)
 
     def cache_clear(self) -> None:
         self.kept.clear()
@@ -168,25 +168,29 @@ class _KeptIfShort(Generic[P, R]):
 
 def kept_if_short(
     weight: Callable[[R], int],
-) -> Callable[[Callable[P, R]], _KeptIfShort[P, R]]:
+) -> Callable[[Callable[Concatenate[str, P], R]], _KeptIfShort[P, R]]:
     """Keep ``fn``'s results for texts of ordinary length, by ``weight`` (see
     ``_KeptIfShort``)."""
     return lambda fn: _KeptIfShort(fn, weight)
 
 
-_STEM_CACHE: dict[str, str] = {}
+# Each tenant's words apart (a word stemmed sooner would say that another tenant's text held
+# it: SECURITY.md), within one bound for all: _STEM_CACHE_SIZE words and _STEM_CACHE_CHARS
+# characters of words and stems (200,000 words of 64 astral letters, an ingest key's chunks
+# analysed when retrieved, held 135 MB; ordinary words are far shorter). Past it all start anew.
+_STEM_CACHE: dict[str, dict[str, str]] = {}
 _STEM_CACHE_SIZE = 200_000
-# And at most this many characters of words: 200,000 words of 64 astral letters (an ingest
-# key's chunks, analysed when retrieved) held 135 MB; ordinary words are far shorter.
 _STEM_CACHE_CHARS = 2_000_000
+_stem_cache_words = 0
 _stem_cache_chars = 0
 
 
-def _stems(text: str) -> frozenset[str]:
-    """`set(tokenize(text))`, stemming each distinct word once per process: a request's
+def word_stems(tenant: str, text: str) -> frozenset[str]:
+    """`set(tokenize(text))`, stemming each distinct word once for each tenant: a request's
     sentences are mostly words seen before, and a dict lookup is far cheaper than the stemmer."""
     words = set(_WORD.findall(text.lower()))
-    found = {word: _STEM_CACHE.get(word) for word in words}
+    kept = _STEM_CACHE.get(tenant, {})
+    found = {word: kept.get(word) for word in words}
     stems = {stem for stem in found.values() if stem is not None}
     # The words this read did not find, whatever another thread has added since (a word it
     # added between the read and a second look was skipped, and its stem lost: a review's find).
@@ -195,18 +199,19 @@ def _stems(text: str) -> frozenset[str]:
         stem = stemmed[0] if stemmed else ""
         stems.add(stem)
         if len(word) <= LONGEST_CACHED:  # longer: not kept (a "word" of any length)
-            _keep_stem(word, stem)
+            _keep_stem(tenant, word, stem)
     stems.discard("")
     return frozenset(stems)
 
 
-def _keep_stem(word: str, stem: str) -> None:
-    global _stem_cache_chars
+def _keep_stem(tenant: str, word: str, stem: str) -> None:
+    global _stem_cache_words, _stem_cache_chars
     chars = len(word) + len(stem)
-    if len(_STEM_CACHE) >= _STEM_CACHE_SIZE or _stem_cache_chars + chars > _STEM_CACHE_CHARS:
+    if _stem_cache_words >= _STEM_CACHE_SIZE or _stem_cache_chars + chars > _STEM_CACHE_CHARS:
         _STEM_CACHE.clear()
-        _stem_cache_chars = 0
-    _STEM_CACHE[word] = stem
+        _stem_cache_words = _stem_cache_chars = 0
+    _STEM_CACHE.setdefault(tenant, {})[word] = stem
+    _stem_cache_words += 1
     _stem_cache_chars += chars
 
 
@@ -230,14 +235,15 @@ def _overlap_scores(
 
 
 def lexical_scores(
-    query: str, sentences: Sequence[str], idf: Mapping[str, float] | None = None
+    query: str, sentences: Sequence[str], idf: Mapping[str, float] | None = None, *, tenant: str
 ) -> list[float]:
     """Share of the query's IDF mass found in each sentence, in [0, 1].
 
     `idf` maps stems to IDF (the index's); None (or a term it lacks) uses an IDF computed over
-    `sentences` themselves, `ln(1 + n / df)`.
+    `sentences` themselves, `ln(1 + n / df)`. `tenant`: whose sentences (their words' stems are
+    kept for that tenant alone).
     """
-    return _overlap_scores(set(tokenize(query)), [_stems(s) for s in sentences], idf)
+    return _overlap_scores(set(tokenize(query)), [word_stems(tenant, s) for s in sentences], idf)
 
 
 @dataclass(frozen=True)
@@ -298,13 +304,14 @@ def compress(
 ) -> Compressed:
     """Keep the sentences of `passages` most relevant to `query` within `budget_tokens`.
 
-    `tenant`: whose passages these are (their analyses are kept for that tenant alone).
+    `tenant`: whose passages these are (their analyses, and the counter's pieces, are kept for
+    that tenant alone).
     `idf`: the index's IDF of the query's stems (`BM25Index.idf_of`), if at hand.
     `represent_all`: first keep the best sentence of each passage (while they fit), so every
     source stays cited; then fill by score. Sentences with no query term are only kept as a
     passage's representative. A piece longer than the remaining budget is skipped, never cut.
     """
-    counter = counter if counter is not None else default_counter()
+    counter = (counter if counter is not None else default_counter()).for_tenant(tenant)
     units, before = _units(tenant, query, passages, counter, idf)
     chosen = _select(units, len(passages), budget_tokens, represent_all=represent_all)
     texts = _render(units, chosen, len(passages))
@@ -337,7 +344,7 @@ def _items(analysis: _Analysis) -> int:
 # Retrieval hands the same chunks over again and again; their analysis does not depend on the
 # query. Keyed by (tenant, counter, text).
 @kept_if_short(_items)
-def _analyse(counter: TokenCounter, text: str) -> _Analysis:
+def _analyse(tenant: str, counter: TokenCounter, text: str) -> _Analysis:
     """Each token is credited to the unit its first character falls in (a boundary token, the
     space before a sentence, goes to the sentence)."""
     ((starts, sizes),) = counter.token_runs([text])
@@ -358,7 +365,8 @@ def _analyse(counter: TokenCounter, text: str) -> _Analysis:
                    for _ in range(k)]  # fmt: skip
             pieces.extend(_pieces(text, span, own, MAX_SENTENCE_TOKENS))
     texts = tuple(text[a:b] for a, b, _ in pieces)
-    return _Analysis(texts, tuple(n for *_, n in pieces), tuple(map(_stems, texts)), sum(sizes))
+    stems = tuple(word_stems(tenant, t) for t in texts)
+    return _Analysis(texts, tuple(n for *_, n in pieces), stems, sum(sizes))
 
 
 def clear_passage_cache() -> None:

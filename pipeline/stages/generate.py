@@ -167,7 +167,7 @@ class Generate:
         fit = fit_sources(
             ctx.params.messages,
             ctx.passages,
-            counter=self.counter,
+            counter=self.counter.for_tenant(ctx.caller.tenant),
             context_length=self.context_length,
             max_tokens=ctx.params.sampling.get("max_tokens"),
             personal=personal,

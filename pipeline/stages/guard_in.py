@@ -211,11 +211,12 @@ class TextMemo(Generic[T]):
     and a worker thread at once.
 
     Entries are per tenant: a tenant's request never finds another's, so how fast it is
-    judged says nothing of what other tenants sent."""
+    judged says nothing of what other tenants sent. ``compute`` is given the text and its
+    tenant."""
 
     def __init__(
         self,
-        compute: Callable[[str], T],
+        compute: Callable[[str, str], T],
         size: int = 4096,
         *,
         weight: Callable[[T], int] | None = None,
@@ -230,7 +231,7 @@ class TextMemo(Generic[T]):
         if len(text) > MEMO_CHARS:
             raw = text.encode("utf-8", "surrogatepass")  # a JSON string may hold lone surrogates
             key = (tenant, hashlib.blake2b(raw, digest_size=16).digest())
-        return self.kept.remembered(key, lambda: self.compute(text), self.weight)
+        return self.kept.remembered(key, lambda: self.compute(text, tenant), self.weight)
 
 
 class GuardInput:
@@ -247,14 +248,18 @@ class GuardInput:
         # a text seen again (an application's system prompt on every request, a conversation's
         # earlier turns, a question asked again) is judged once.
         self._judged: TextMemo[InjectionDecision] = TextMemo(
-            detector.check, weight=lambda decision: len(decision.signals), budget=MEMO_SIGNALS
+            lambda text, _: detector.check(text),
+            weight=lambda decision: len(decision.signals),
+            budget=MEMO_SIGNALS,
         )
         self._pii: TextMemo[tuple[PiiFinding, ...]] = TextMemo(
-            lambda t: tuple(find_pii(t)), weight=len, budget=MEMO_FINDINGS
+            lambda text, _: tuple(find_pii(text)), weight=len, budget=MEMO_FINDINGS
         )
         # The length check's token counts too: the biggest share of a request's own CPU in a
         # profile once the verdicts were kept (a regex pass over every prompt's text).
-        self._tokens: TextMemo[int] = TextMemo(counter.count)
+        self._tokens: TextMemo[int] = TextMemo(
+            lambda text, tenant: counter.for_tenant(tenant).count(text)
+        )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         policy = self.policies.for_tenant(ctx.caller.tenant)

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from pipeline.model.tokens import ModelTokenCounter
 from tests.conftest import make_settings
 
 KIWI = (
@@ -221,3 +222,9 @@ async def test_a_tenants_passages_are_analysed_for_it_alone(harness, monkeypatch
         "each tenant analyses the passage the first time it is retrieved for it; later requests "
         "find the analyses its own requests left, and only those"
     )
+    # The words' token pieces and stems too: each request counts and stems for its tenant.
+    counter = harness.services.tokens
+    assert isinstance(counter, ModelTokenCounter), "make model: the model's tokenizer"
+    assert counter.kept_pieces(None) == {}, "no text of a request is counted for no tenant"
+    assert " flightless" in counter.kept_pieces("acme").keys() & counter.kept_pieces("globex")
+    assert all("flightless" in compress._STEM_CACHE[t] for t in ("acme", "globex"))

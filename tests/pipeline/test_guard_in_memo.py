@@ -17,7 +17,7 @@ from pipeline.stages.guard_in import MEMO_CHARS, Blocked, GuardInput, TextMemo
 def test_guard_in_judges_a_text_seen_again_from_its_memo_and_keeps_no_long_text() -> None:
     calls: list[str] = []
 
-    def compute(text: str) -> int:
+    def compute(text: str, tenant: str) -> int:
         calls.append(text)
         return len(text)
 
@@ -78,7 +78,7 @@ async def test_guard_in_counts_a_text_seen_again_once_and_still_refuses_it_when_
 def test_the_memo_keeps_its_values_weight_within_the_budget() -> None:
     calls: list[str] = []
 
-    def compute(text: str) -> tuple[int, ...]:
+    def compute(text: str, tenant: str) -> tuple[int, ...]:
         calls.append(text)
         return tuple(range(int(text.split(":")[0])))  # "4:a" weighs 4
 
