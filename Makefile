@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 .PHONY: help install vllm model embedder redis run test fuzz lint typecheck pytest bench bench-cache \
 	bench-retrieval bench-jobs bench-group bench-stages bench-ttft bench-hostile bench-structured \
 	bench-load bench-citations bench-conversation bench-files bench-access compose-check clean \
-	bench-all bench-redis-copy bench-memo bench-snapshots bench-erase bench-delete bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
+	bench-all bench-redis-copy bench-memo bench-snapshots bench-erase bench-delete bench-grammar bench-e2e bench-miss bench-throughput bench-stack bench-spec bench-plots bench-small bench-ingest
 
 help:
 	@echo "make run        serve the API on :8000 with Redis and vLLM (installs everything first)"
@@ -127,6 +127,9 @@ bench-erase: install redis
 # "Deleting many documents"). About 3 minutes.
 bench-delete: install redis
 	$(PY) -m bench.delete_batch
+
+bench-grammar: install vllm model
+	$(PY) -m bench.grammar_salt --rounds 15
 
 bench-retrieval: install
 	$(PY) -m bench.retrieval_quality
@@ -272,7 +275,7 @@ bench: bench-e2e bench-small
 bench-all: bench-cache bench-retrieval bench-jobs bench-group bench-stages bench-ttft \
 	bench-hostile bench-structured bench-load bench-citations bench-conversation bench-files \
 	bench-access bench-e2e bench-stream-cost bench-idle bench-pool bench-cli bench-redis-copy bench-memo \
-	bench-snapshots bench-erase bench-delete
+	bench-snapshots bench-erase bench-delete bench-grammar
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Request
 
 from pipeline.errors import StoreBusy, StoreUnavailable
-from pipeline.model.salt import PrefixCacheSalt
+from pipeline.model.salt import MemoScope, PrefixCacheSalt
 from pipeline.routing.load import LoadPolicy
 from pipeline.runner import INPUTS, Concurrent, Runner, Stage, Step
 from pipeline.stages.adapt import AdaptToLoad
@@ -109,12 +109,20 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
             context_length=settings.llm.context_length,
             flights=single_flight(settings, services),
             salt=prefix_cache_salt(settings, services),
+            memo_scope=memo_scope(services),
         )
     )
     steps.extend(optional(guard_out_stage(services)))
     if settings.cache.enabled:
         steps.append(CacheStore(response_cache(settings, services.kv)))
     return steps
+
+
+def memo_scope(services: Services) -> MemoScope:
+    """Whose memos a request's texts are kept in: its tenant's, and its access scope's where the
+    tenant's index has access lists (as the prompt's salt, but never off)."""
+    search = services.retrieval
+    return MemoScope(search.access_scope if search is not None else None)
 
 
 def prefix_cache_salt(settings: Settings, services: Services) -> PrefixCacheSalt | None:
@@ -230,7 +238,11 @@ def compress_stage(settings: Settings, services: Services) -> Stage | None:
         return None
     config = settings.compress
     return CompressSources(
-        services.tokens, budget_tokens=config.budget_tokens, enabled=config.enabled, idf=search.idf
+        services.tokens,
+        budget_tokens=config.budget_tokens,
+        enabled=config.enabled,
+        idf=search.idf,
+        memo_scope=memo_scope(services),
     )
 
 
@@ -238,7 +250,7 @@ def guard_in_stage(services: Services) -> Stage | None:
     guards = services.guards
     if guards is None:
         return None
-    return GuardInput(guards.policies, guards.rules_only, services.tokens)
+    return GuardInput(guards.policies, guards.rules_only, services.tokens, memo_scope(services))
 
 
 def guard_similarity_stage(services: Services, *, beside_retrieval: bool) -> Stage | None:

@@ -149,8 +149,9 @@ class LLMSettings(BaseModel):
     prefix_cache_salt: Literal["tenant", "off"] = Field(
         "tenant",
         description="Salt the model server's prefix cache per tenant and access scope (vLLM's "
-        "cache_salt), so no caller can time the prompts of a caller who may see what it may "
-        "not; off: one cache for all (a single tenant, or a server that refuses the field).",
+        "cache_salt), and the grammars of JSON schemas with it (the schema's $comment), so no "
+        "caller can time the prompts or schemas of a caller who may see what it may not; off: "
+        "one cache for all (a single tenant, or a server that refuses the field).",
     )
     prefix_cache_secret: SecretStr | None = Field(
         None,

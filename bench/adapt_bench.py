@@ -227,7 +227,7 @@ def quality_part(args: argparse.Namespace) -> None:
             shown = passages[:top_k]
             ndcg[top_k] += ndcg_at_k([p.document_id for p in shown], qrels)
             done = compress(
-                query, shown, budget_tokens=budget, counter=counter, idf=idf, tenant="bench"
+                query, shown, budget_tokens=budget, counter=counter, idf=idf, scope="bench"
             )
             reached[top_k] += sum(
                 1 for d in {p.document_id for p in done.passages} if qrels.get(d, 0) > 0

@@ -99,7 +99,7 @@ def score(
 def lexical(threshold: float, near_best: float) -> Predict:
     def predict(row: dict[str, Any], passages: list[Passage]) -> list[tuple[CitedSource, ...]]:
         tracker = CitationTracker(
-            Attributor(passages, threshold=threshold, near_best=near_best, tenant="bench")
+            Attributor(passages, threshold=threshold, near_best=near_best, scope="bench")
         )
         return [c.sources for c in [*tracker.feed(row["answer"]), *tracker.end()]]
 
@@ -134,7 +134,7 @@ def timed(
 
 
 def streamed(answer: str, passages: list[Passage]) -> None:
-    tracker = CitationTracker(Attributor(passages, tenant="bench"))
+    tracker = CitationTracker(Attributor(passages, scope="bench"))
     for i in range(0, len(answer), 4):
         tracker.feed(answer[i : i + 4])
     tracker.end()
@@ -163,7 +163,7 @@ class EmbeddingScorer:
     def cite(
         self, answer: str, passages: list[Passage], threshold: float, near_best: float, mix: float
     ) -> list[tuple[CitedSource, ...]]:
-        attributor = Attributor(passages, threshold=threshold, near_best=near_best, tenant="bench")
+        attributor = Attributor(passages, threshold=threshold, near_best=near_best, scope="bench")
         sentences = [answer[a:b] for a, b in segments(answer)]
         key = (answer, tuple(p.chunk_id for p in passages))
         cosines = self._memo.get(key) if self.memo else None
@@ -215,13 +215,13 @@ def main() -> None:
     )
     flags: dict[str, list[bool]] = {}
     for row in test_rows:
-        found_row = cite(row["answer"], passages_of(row, corpus), tenant="bench")
+        found_row = cite(row["answer"], passages_of(row, corpus), scope="bench")
         for label, found in zip(row["sentences"], found_row, strict=True):
             flags.setdefault(label["kind"], []).append(found.supported == label["supported"])
     for kind, right in flags.items():
         print(f"  {kind:14s} {len(right):4d} sentences, supported flag right {mean(right):.3f}")
-    cold = timed(test_rows, corpus, functools.partial(cite, tenant="bench"), cold=True)
-    warm = timed(test_rows, corpus, functools.partial(cite, tenant="bench"), cold=False)
+    cold = timed(test_rows, corpus, functools.partial(cite, scope="bench"), cold=True)
+    warm = timed(test_rows, corpus, functools.partial(cite, scope="bench"), cold=False)
     stream_cold = timed(test_rows, corpus, streamed, cold=True)
     print(
         f"cost per answer, lexical: median {cold[0]:.2f} ms (p95 {cold[1]:.2f}) passages first "

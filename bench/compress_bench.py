@@ -102,7 +102,7 @@ def token_counts(
             counter=counter,
             idf=idf,
             represent_all=represent_all,
-            tenant="bench",
+            scope="bench",
         )
         before, after = counter.count_many(
             [
@@ -138,7 +138,7 @@ def cost(rows: list[QueryCount], counter: TokenCounter, rounds: int) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, c in (("SmolLM2 tokenizer", counter), ("approximate", ApproximateTokenCounter())):
         for row in rows:  # the vocabulary: every piece and word seen once
-            compress(row.query, row.passages, counter=c, tenant="bench")
+            compress(row.query, row.passages, counter=c, scope="bench")
         for label, clear in (("first seen", True), ("seen before", False)):
             times = []
             for _ in range(rounds):
@@ -146,7 +146,7 @@ def cost(rows: list[QueryCount], counter: TokenCounter, rounds: int) -> None:
                     if clear:
                         clear_passage_cache()
                     started = time.perf_counter()
-                    compress(row.query, row.passages, counter=c, tenant="bench")
+                    compress(row.query, row.passages, counter=c, scope="bench")
                     times.append((time.perf_counter() - started) * 1000)
             n = statistics.mean(len(r.passages) for r in rows)
             tokens = statistics.mean(r.compressed.tokens_before for r in rows)

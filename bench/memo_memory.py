@@ -19,9 +19,10 @@ memo is emptied (resident memory would hide it: the heap reuses what earlier wor
   and every chat request that retrieves them has them analysed. Budget: ``KEPT_ITEMS`` each.
 - ``pieces``: the model's token counter given 65,536-character texts of 63-letter words from
   beyond the Basic Multilingual Plane (inputs are counted even when refused). Budget:
-  ``PIECE_CACHE_CHARS``; ``--entries`` is capped so the cache's 200,000 pieces are reached.
+  ``PIECE_CACHE_CHARS`` (the counter's ``pieces.chars``); ``--entries`` is capped so the
+  cache's 200,000 pieces are reached.
 - ``stems``: compression's stem cache given the same kind of words. Budget:
-  ``_STEM_CACHE_CHARS``.
+  ``STEMS.chars``.
 - ``patterns``: distinct tool-schema patterns ``x<n>\\pL{400}`` (a Unicode class repeated: a
   4-8 MB program each): before, compiled by ``re2.compile`` (the re2 module's cache of 128
   keeps them); now by ``check_patterns`` (each accepted, its verdict kept, the program not).
@@ -242,12 +243,11 @@ def pieces(entries: int, budget: bool) -> dict[str, Any]:
     counter = tokens.load_token_counter()
     assert isinstance(counter, tokens.ModelTokenCounter), "make model: the tokenizer file"
     if not budget:
-        tokens.PIECE_CACHE_CHARS = 1 << 62
+        counter.pieces.chars = 1 << 62
     texts = [astral_text(n) for n in range(min(entries, 195))]  # 200,000 pieces at most
 
     def empty() -> None:
-        counter._pieces = {}
-        counter._piece_count = counter._piece_chars = 0
+        counter.pieces.clear()
 
     def look() -> tuple[int, int]:
         kept = counter.kept_pieces(None)
@@ -255,7 +255,7 @@ def pieces(entries: int, budget: bool) -> dict[str, Any]:
 
     mb, seconds, (count, weight) = held(lambda: [counter.count(t) for t in texts], look, empty)
     first, again = twice(lambda: counter.count("What pulls the tides twice a day?"))
-    limit = tokens.PIECE_CACHE_CHARS if budget else None
+    limit = counter.pieces.chars if budget else None
     return _row(limit, len(texts), mb, seconds, first, again, count, weight)
 
 
@@ -263,20 +263,20 @@ def stems(entries: int, budget: bool) -> dict[str, Any]:
     from pipeline.sources import compress
 
     if not budget:
-        compress._STEM_CACHE_CHARS = 1 << 62
+        compress.STEMS.chars = 1 << 62
     texts = [astral_text(n) for n in range(min(entries, 195))]  # 200,000 words at most
 
     def look() -> tuple[int, int]:
-        kept = compress._STEM_CACHE.get("bench", {})
+        kept = compress.STEMS.kept("bench")
         return len(kept), sum(len(w) + len(s) for w, s in kept.items())
 
     mb, seconds, (count, weight) = held(
-        lambda: [compress.word_stems("bench", t) for t in texts], look, compress._STEM_CACHE.clear
+        lambda: [compress.word_stems("bench", t) for t in texts], look, compress.STEMS.clear
     )
     first, again = twice(
         lambda: compress.word_stems("bench", "The Moon pulls the tides twice a day.")
     )
-    limit = compress._STEM_CACHE_CHARS if budget else None
+    limit = compress.STEMS.chars if budget else None
     return _row(limit, len(texts), mb, seconds, first, again, count, weight)
 
 

@@ -66,9 +66,9 @@ def clock(fn: Callable[..., Any], *args: Any) -> float:
 def handle(tenant: str, passages: list[Passage], counter: ModelTokenCounter) -> None:
     """What a chat request does with its sources' texts: compression, then citations."""
     done = compress_module.compress(
-        "what reduced the risk", passages, tenant=tenant, counter=counter, budget_tokens=384
+        "what reduced the risk", passages, scope=tenant, counter=counter, budget_tokens=384
     )
-    citations.cite(ANSWER, done.passages, tenant=tenant)
+    citations.cite(ANSWER, done.passages, scope=tenant)
 
 
 def clear() -> None:
@@ -145,7 +145,7 @@ def words_part(counter: ModelTokenCounter, rounds: int) -> None:
         )
 
     def count(tenant: str, text: str) -> int:
-        return counter.for_tenant(tenant).count(text)
+        return counter.for_scope(tenant).count(text)
 
     for n in range(rounds * 2):
         for times, fn in ((stems, compress_module.word_stems), (pieces, count)):

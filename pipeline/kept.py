@@ -9,6 +9,7 @@ replica's memos keep"). A value that weighs more than the whole budget is not ke
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -70,3 +71,96 @@ class Kept(Generic[K, V]):
         with self._lock:
             self._values.clear()
             self.weight = 0
+
+
+class KeptByScope(Generic[V]):
+    """One dict of words (a word's stem, a piece's token count) for each memo scope
+    (``pipeline.model.salt.MemoScope``), bounded in all by ``size`` entries and ``chars``
+    characters (each entry's ``weight``: its word's, and its value's where that is text).
+    Past the bound the least recently used scopes' dicts are let go, so the scopes in use keep
+    theirs (clearing all at once, ten busy tenants of a SciFact's vocabulary each found none of
+    their words kept: a review's find); a scope that alone holds the bound starts a new dict.
+
+    A caller reads words from ``words(scope)`` without a lock (a dict let go is never emptied:
+    it stays whole for whoever holds it) and adds those it worked out with ``add``. Safe from
+    the event loop and worker threads at once."""
+
+    def __init__(
+        self,
+        size: int,
+        chars: int,
+        weight: Callable[[str, V], int] = lambda word, _: len(word),
+        scopes: int = 10_000,
+    ) -> None:
+        self.size = size
+        self.chars = chars
+        self.weight = weight
+        self.most_scopes = scopes  # and at most this many dicts, empty ones too
+        self._scopes: OrderedDict[str | None, tuple[dict[str, V], list[int]]] = OrderedDict()
+        self._count = 0  # entries, all scopes
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def words(self, scope: str | None) -> dict[str, V]:
+        """The scope's dict (a new one when it has none), now its most recently used."""
+        with self._lock:
+            return self._entry(scope)[0]
+
+    def add(self, scope: str | None, items: list[tuple[str, V]]) -> None:
+        """Keep ``items`` for ``scope`` (as many as the bound holds)."""
+        weights = [self.weight(word, value) for word, value in items]
+        chars = sum(weights)
+        with self._lock:
+            while self._count + len(items) > self.size or self._chars + chars > self.chars:
+                oldest = next(iter(self._scopes), None)
+                if oldest is None or oldest == scope:
+                    break
+                self._let_go(oldest)
+            if self._count + len(items) > self.size or self._chars + chars > self.chars:
+                self._let_go(scope)  # the scope alone holds the bound: it starts anew
+                fit = sum(1 for total in itertools.accumulate(weights) if total <= self.chars)
+                items, chars = items[: min(fit, self.size)], sum(weights[: min(fit, self.size)])
+            kept, counts = self._entry(scope)
+            before = len(kept)
+            kept.update(items)
+            added = len(kept) - before  # another thread may have added some of them
+            counts[0] += added
+            counts[1] += chars
+            self._count += added
+            self._chars += chars
+
+    def _entry(self, scope: str | None) -> tuple[dict[str, V], list[int]]:
+        found = self._scopes.get(scope)
+        if found is None:
+            while len(self._scopes) >= self.most_scopes:
+                self._let_go(next(iter(self._scopes)))
+            found = self._scopes[scope] = ({}, [0, 0])
+        else:
+            self._scopes.move_to_end(scope)
+        return found
+
+    def _let_go(self, scope: str | None) -> None:
+        found = self._scopes.pop(scope, None)
+        if found is None:
+            return
+        _, (count, chars) = found
+        self._count -= count
+        self._chars -= chars
+
+    def kept(self, scope: str | None) -> dict[str, V]:
+        """What is kept for ``scope`` (a copy; nothing is made for a scope that has none)."""
+        with self._lock:
+            found = self._scopes.get(scope)
+            return dict(found[0]) if found is not None else {}
+
+    def scopes(self) -> list[str | None]:
+        with self._lock:
+            return list(self._scopes)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._scopes.clear()
+            self._count = self._chars = 0

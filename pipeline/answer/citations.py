@@ -138,11 +138,11 @@ def _items(analysis: _Analysis) -> int:
 
 
 # Retrieval hands the same chunks over again and again: each text is cut and stemmed once for
-# each tenant that holds it.
+# each memo scope that holds it.
 @kept_if_short(_items)
-def _analyse(tenant: str, text: str) -> _Analysis:
+def _analyse(scope: str, text: str) -> _Analysis:
     spans = tuple(segments(text))
-    return _Analysis(spans, tuple(word_stems(tenant, text[a:b]) for a, b in spans))
+    return _Analysis(spans, tuple(word_stems(scope, text[a:b]) for a, b in spans))
 
 
 def source_text(source: Source) -> str:
@@ -152,18 +152,19 @@ def source_text(source: Source) -> str:
 
 class Attributor:
     """Finds the sources of one answer's sentences among one request's passages, which are
-    ``tenant``'s (their analyses are kept for that tenant alone)."""
+    ``scope``'s, the request's memo scope (their analyses are kept for it alone:
+    ``pipeline.model.salt.MemoScope``)."""
 
     def __init__(
         self,
         sources: Sequence[Source],
         *,
-        tenant: str,
+        scope: str,
         threshold: float = THRESHOLD,
         near_best: float = NEAR_BEST,
     ) -> None:
         self.sources = tuple(sources)
-        self.tenant = tenant
+        self.scope = scope
         self.threshold = threshold
         self.near_best = near_best
         self._owner: list[int] = []
@@ -180,7 +181,7 @@ class Attributor:
             return
         for position, source in enumerate(self.sources):
             full = source_text(source)
-            analysis = _analyse(self.tenant, full)
+            analysis = _analyse(self.scope, full)
             # Only what the prompt held of it (the extract compression kept, cut at
             # SOURCE_CHARS): a sentence the model never saw supports nothing it wrote.
             shown = source.text[:SOURCE_CHARS]
@@ -340,8 +341,8 @@ class CitationTracker:
 
 
 def cite(
-    answer: str, sources: Sequence[Source], *, tenant: str, threshold: float = THRESHOLD
+    answer: str, sources: Sequence[Source], *, scope: str, threshold: float = THRESHOLD
 ) -> list[Citation]:
     """The citations of a whole answer: the same as its stream gets, sentence by sentence."""
-    tracker = CitationTracker(Attributor(sources, tenant=tenant, threshold=threshold))
+    tracker = CitationTracker(Attributor(sources, scope=scope, threshold=threshold))
     return [*tracker.feed(answer), *tracker.end()]

@@ -140,10 +140,13 @@ class TracedChat:
         *,
         tenant: str = "",
         deadline: float | None = None,
+        memo_scope: str | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
         """The call's events. It holds one of the route's slots for ``tenant`` from the request
         until the stream ends or is closed, and no read of the model server goes past
-        ``deadline`` (event-loop time): a stream too ends there, with ``DeadlineExceeded``."""
+        ``deadline`` (event-loop time): a stream too ends there, with ``DeadlineExceeded``.
+        ``memo_scope``: under which the counter keeps what it counts of a call that ended
+        without usage (``pipeline.model.salt.MemoScope``; the tenant when None)."""
         span = self.tracer.start_span(
             f"chat {route.model}",
             context=parent,
@@ -198,7 +201,8 @@ class TracedChat:
             watchdog.close()
             span.end()
             if spend is not None:
-                counter = self.counter.for_tenant(tenant) if self.counter is not None else None
+                scope = memo_scope if memo_scope is not None else tenant
+                counter = self.counter.for_scope(scope) if self.counter is not None else None
                 spend.add(record.spent(payload, counter))
 
 

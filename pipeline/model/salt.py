@@ -21,16 +21,45 @@ reach the model server itself.
 Users of one tenant with the same scope still share the cache (a second question over the same
 sources reuses their KV: ``pipeline.model.prompt``), so one of them can tell by timing whether
 another sent a given text: within a scope, prompts are not secret from each other.
+
+The model server keeps a second cache keyed by what callers send: the grammar it compiles from
+each JSON schema (``response_format``; xgrammar's cache, keyed by the schema's text), 6 ms for
+an invoice schema of four fields against 0.02 ms once kept. ``salted_schema`` puts the request's
+salt in the schema's ``$comment``, which constrains nothing, so no caller's schema compiles
+sooner for another tenant's or scope's having sent it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Any
 
 import orjson
 
 from pipeline.context import AccessScope, Principal
+
+
+class MemoScope:
+    """The name under which a replica's memos keep what a request's texts gave (each passage's
+    analysis, each word's stem and token count, the input guard's verdicts): the request's
+    tenant, and where the tenant's index has access lists, the caller's access scope in it, as
+    the prompt's salt. A request never finds what a request of another tenant, or of a caller
+    who may see documents it may not, left: its texts would be handled sooner for it, and by
+    timing its own requests (``rag.explain`` gives each stage's time) a caller could learn
+    whether the other's passages or prompts hold a text it guesses. Tenant names hold none of
+    the separator (``[A-Za-z0-9_.-]``)."""
+
+    def __init__(self, access_scope: AccessScope | None = None) -> None:
+        self._access_scope = access_scope
+
+    def __call__(self, principal: Principal) -> str:
+        if self._access_scope is None:
+            return principal.tenant
+        access = self._access_scope(principal)[1]
+        if access is None:  # no access lists: every caller of the tenant sees the same
+            return principal.tenant
+        return f"{principal.tenant}\x1f{orjson.dumps(access, option=orjson.OPT_SORT_KEYS).decode()}"
 
 
 class PrefixCacheSalt:
@@ -46,3 +75,21 @@ class PrefixCacheSalt:
             scope = {"groups": sorted(principal.groups)}
         material = orjson.dumps([principal.tenant, scope], option=orjson.OPT_SORT_KEYS)
         return hmac.new(self._secret, material, hashlib.sha256).hexdigest()
+
+
+def salted_schema(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` with the JSON schema of its ``response_format`` keyed by its ``cache_salt``
+    (the schema's ``$comment``, which JSON Schema leaves to its readers: the answer is held to
+    the same constraints); ``request`` itself where it has no salt or no schema."""
+    salt = request.get("cache_salt")
+    response_format = request.get("response_format")
+    if not isinstance(salt, str) or not isinstance(response_format, dict):
+        return request
+    json_schema = response_format.get("json_schema")
+    if not isinstance(json_schema, dict) or not isinstance(json_schema.get("schema"), dict):
+        return request
+    schema = {**json_schema["schema"], "$comment": f"cache salt {salt}"}
+    return {
+        **request,
+        "response_format": {**response_format, "json_schema": {**json_schema, "schema": schema}},
+    }

@@ -21,6 +21,8 @@ from typing import Protocol
 import regex
 from tokenizers import Tokenizer
 
+from pipeline.kept import KeptByScope
+
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -33,13 +35,15 @@ class TokenCounter(Protocol):
     """Counts tokens of text; `exact` says whether the counts are the model's own. Hashable
     (compress caches per-passage work per counter).
 
-    `for_tenant(tenant)` is the counter a request of that tenant counts with: what a counter
-    keeps to count faster (pieces seen before) is kept for each tenant apart, since a text
-    counted sooner would say that another tenant's text held its words (SECURITY.md)."""
+    `for_scope(scope)` is the counter a request counts with, ``scope`` its memo scope (its
+    tenant, and its access scope where the tenant's index has access lists:
+    ``pipeline.model.salt.MemoScope``): what a counter keeps to count faster (pieces seen
+    before) is kept for each scope apart, since a text counted sooner would say that another
+    scope's text held its words (SECURITY.md)."""
 
     def __hash__(self) -> int: ...
 
-    def for_tenant(self, tenant: str) -> TokenCounter: ...
+    def for_scope(self, scope: str) -> TokenCounter: ...
 
     @property
     def exact(self) -> bool: ...
@@ -110,11 +114,9 @@ class ModelTokenCounter:
         if resize is not None:
             resize(0)
         self.piecewise = _is_gpt2_byte_level(tokenizer)
-        # Each tenant's pieces (None: counts made for no tenant, by tools and benchmarks), with
-        # one bound for all: PIECE_CACHE_SIZE pieces, PIECE_CACHE_CHARS characters.
-        self._pieces: dict[str | None, dict[str, int]] = {}
-        self._piece_count = 0
-        self._piece_chars = 0
+        # Each memo scope's pieces (None: counts made for no request, by tools and benchmarks),
+        # within one bound for all: PIECE_CACHE_SIZE pieces, PIECE_CACHE_CHARS characters.
+        self.pieces: KeptByScope[int] = KeptByScope(PIECE_CACHE_SIZE, PIECE_CACHE_CHARS)
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
@@ -123,8 +125,8 @@ class ModelTokenCounter:
         """Load a `tokenizer.json`."""
         return cls(Tokenizer.from_file(str(path)), str(path))
 
-    def for_tenant(self, tenant: str) -> TenantTokenCounter:
-        return TenantTokenCounter(self, tenant)
+    def for_scope(self, scope: str) -> ScopedTokenCounter:
+        return ScopedTokenCounter(self, scope)
 
     def count(self, text: str) -> int:
         return self.count_many([text])[0]
@@ -142,7 +144,7 @@ class ModelTokenCounter:
     def token_runs(
         self, texts: Sequence[str], *, scope: str | None = None
     ) -> list[tuple[list[int], list[int]]]:
-        """``scope``: whose pieces to read and keep (a tenant's; see `for_tenant`)."""
+        """``scope``: whose pieces to read and keep (a request's memo scope; see `for_scope`)."""
         cleaned = [_encodable(t) for t in texts]
         piecewise = self.piecewise
         added = self._added
@@ -162,11 +164,9 @@ class ModelTokenCounter:
         return [runs[i] for i in range(len(cleaned))]
 
     def _piece_counts(self, pieces: set[str], scope: str | None) -> Mapping[str, int]:
-        """A count for every piece in `pieces`: the scope's dict, which keeps those up to
-        `LONGEST_CACHED_PIECE` characters (when all the scopes' dicts hold their bound, they
-        are let go and a new one started for later calls; callers holding an old one are not
-        disturbed), before the longer ones."""
-        cache = self._pieces.setdefault(scope, {})
+        """A count for every piece in `pieces`: the scope's kept counts (pieces up to
+        `LONGEST_CACHED_PIECE` characters), before those worked out now."""
+        cache = self.pieces.words(scope)
         missing = [p for p in pieces if p not in cache]
         if not missing:
             return cache
@@ -178,35 +178,23 @@ class ModelTokenCounter:
                 kept.append((piece, n))
             else:
                 long[piece] = n
-        chars = sum(len(piece) for piece, _ in kept)
-        if (
-            self._piece_count + len(kept) > PIECE_CACHE_SIZE
-            or self._piece_chars + chars > PIECE_CACHE_CHARS
-        ):
-            # A new dict, with this call's pieces the old one had (its callers read them all).
-            cache = {p: cache[p] for p in pieces if p in cache}
-            self._pieces = {scope: cache}
-            self._piece_count = len(cache)
-            self._piece_chars = sum(map(len, cache))
-        before = len(cache)
-        cache.update(kept)
-        self._piece_count += len(cache) - before  # another thread may have added some
-        self._piece_chars += chars
-        return ChainMap(long, cache) if long else cache
+        self.pieces.add(scope, kept)
+        # What this call read stays in `cache` (a dict let go is never emptied).
+        return ChainMap(long, dict(kept), cache)
 
     def kept_pieces(self, scope: str | None) -> dict[str, int]:
         """The pieces kept for ``scope`` (a copy)."""
-        return dict(self._pieces.get(scope, {}))
+        return self.pieces.kept(scope)
 
 
 @dataclass(frozen=True)
-class TenantTokenCounter:
-    """A `ModelTokenCounter` as one tenant's requests count with it: the same counts, from the
-    pieces kept for that tenant. Equal to another for the same counter and tenant (compress's
+class ScopedTokenCounter:
+    """A `ModelTokenCounter` as the requests of one memo scope count with it: the same counts,
+    from the pieces kept for that scope. Equal to another for the same counter and scope (compress's
     per-passage cache is keyed by counter)."""
 
     counter: ModelTokenCounter
-    tenant: str
+    scope: str
 
     exact = True
 
@@ -214,8 +202,8 @@ class TenantTokenCounter:
     def source(self) -> str:
         return self.counter.source
 
-    def for_tenant(self, tenant: str) -> TokenCounter:
-        return self if tenant == self.tenant else self.counter.for_tenant(tenant)
+    def for_scope(self, scope: str) -> TokenCounter:
+        return self if scope == self.scope else self.counter.for_scope(scope)
 
     def count(self, text: str) -> int:
         return self.count_many([text])[0]
@@ -224,7 +212,7 @@ class TenantTokenCounter:
         return [sum(counts) for _, counts in self.token_runs(texts)]
 
     def token_runs(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
-        return self.counter.token_runs(texts, scope=self.tenant)
+        return self.counter.token_runs(texts, scope=self.scope)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -259,7 +247,7 @@ class ApproximateTokenCounter:
     exact = False
     source = "approximate"
 
-    def for_tenant(self, tenant: str) -> ApproximateTokenCounter:
+    def for_scope(self, scope: str) -> ApproximateTokenCounter:
         return self  # it keeps nothing
 
     def count(self, text: str) -> int:

@@ -21,7 +21,7 @@ from typing import Concatenate, Generic, ParamSpec, TypeVar
 import numpy as np
 
 from pipeline.context import Passage
-from pipeline.kept import Kept
+from pipeline.kept import Kept, KeptByScope
 from pipeline.model.tokens import TokenCounter, load_token_counter
 from retrieval.tokenize import LONGEST_CACHED, tokenize
 
@@ -145,9 +145,11 @@ class _KeptIfShort(Generic[P, R]):
     and worked out each time for a longer one (a chunk of one 200,000-character "word" kept
     1 MB in compression's cache, 0.5 MB in citations').
 
-    ``fn``'s first argument is the tenant whose text it is: each tenant's results are kept
-    apart, so a tenant's request never finds an analysis another tenant's request left (how
-    fast a passage is analysed would say whether another tenant holds the same text)."""
+    ``fn``'s first argument is the memo scope of the request whose text it is (its tenant, and
+    its access scope where the tenant's index has access lists: ``pipeline.model.salt.MemoScope``):
+    each scope's results are kept apart, so a request never finds an analysis that a request of
+    another tenant, or of a caller who may see what it may not, left (how fast a passage is
+    analysed would say whether that caller's text holds it)."""
 
     def __init__(self, fn: Callable[Concatenate[str, P], R], weight: Callable[[R], int]) -> None:
         self._fn = fn
@@ -155,12 +157,12 @@ class _KeptIfShort(Generic[P, R]):
         self.kept: Kept[Hashable, R] = Kept(4096, budget=KEPT_ITEMS)
         update_wrapper(self, fn)
 
-    def __call__(self, tenant: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, scope: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
         text = args[-1]
         if not isinstance(text, str) or len(text) > LONGEST_KEPT_TEXT:
-            return self._fn(tenant, *args, **kwargs)
-        key = (tenant, args, tuple(sorted(kwargs.items())))
-        return self.kept.remembered(key, lambda: self._fn(tenant, *args, **kwargs), self._weight)
+            return self._fn(scope, *args, **kwargs)
+        key = (scope, args, tuple(sorted(kwargs.items())))
+        return self.kept.remembered(key, lambda: self._fn(scope, *args, **kwargs), self._weight)
 
     def cache_clear(self) -> None:
         self.kept.clear()
@@ -174,45 +176,36 @@ def kept_if_short(
     return lambda fn: _KeptIfShort(fn, weight)
 
 
-# Each tenant's words apart (a word stemmed sooner would say that another tenant's text held
-# it: SECURITY.md), within one bound for all: _STEM_CACHE_SIZE words and _STEM_CACHE_CHARS
-# characters of words and stems (200,000 words of 64 astral letters, an ingest key's chunks
-# analysed when retrieved, held 135 MB; ordinary words are far shorter). Past it all start anew.
-_STEM_CACHE: dict[str, dict[str, str]] = {}
-_STEM_CACHE_SIZE = 200_000
-_STEM_CACHE_CHARS = 2_000_000
-_stem_cache_words = 0
-_stem_cache_chars = 0
+# Each memo scope's words apart (a word stemmed sooner would say that another scope's text held
+# it: SECURITY.md), within one bound for all: 200,000 words and 2,000,000 characters of words
+# and stems (200,000 words of 64 astral letters, an ingest key's chunks analysed when
+# retrieved, held 135 MB; ordinary words are far shorter). Past it the least recently used
+# scopes' words are let go (``pipeline.kept.KeptByScope``).
+STEMS: KeptByScope[str] = KeptByScope(
+    200_000, 2_000_000, weight=lambda word, stem: len(word) + len(stem)
+)
 
 
-def word_stems(tenant: str, text: str) -> frozenset[str]:
-    """`set(tokenize(text))`, stemming each distinct word once for each tenant: a request's
+def word_stems(scope: str, text: str) -> frozenset[str]:
+    """`set(tokenize(text))`, stemming each distinct word once for each memo scope: a request's
     sentences are mostly words seen before, and a dict lookup is far cheaper than the stemmer."""
     words = set(_WORD.findall(text.lower()))
-    kept = _STEM_CACHE.get(tenant, {})
+    kept = STEMS.words(scope)
     found = {word: kept.get(word) for word in words}
     stems = {stem for stem in found.values() if stem is not None}
     # The words this read did not find, whatever another thread has added since (a word it
     # added between the read and a second look was skipped, and its stem lost: a review's find).
+    new: list[tuple[str, str]] = []
     for word in (word for word, stem in found.items() if stem is None):
         stemmed = tokenize(word)  # [] for a stop word
         stem = stemmed[0] if stemmed else ""
         stems.add(stem)
         if len(word) <= LONGEST_CACHED:  # longer: not kept (a "word" of any length)
-            _keep_stem(tenant, word, stem)
+            new.append((word, stem))
+    if new:
+        STEMS.add(scope, new)
     stems.discard("")
     return frozenset(stems)
-
-
-def _keep_stem(tenant: str, word: str, stem: str) -> None:
-    global _stem_cache_words, _stem_cache_chars
-    chars = len(word) + len(stem)
-    if _stem_cache_words >= _STEM_CACHE_SIZE or _stem_cache_chars + chars > _STEM_CACHE_CHARS:
-        _STEM_CACHE.clear()
-        _stem_cache_words = _stem_cache_chars = 0
-    _STEM_CACHE.setdefault(tenant, {})[word] = stem
-    _stem_cache_words += 1
-    _stem_cache_chars += chars
 
 
 def _overlap_scores(
@@ -235,15 +228,15 @@ def _overlap_scores(
 
 
 def lexical_scores(
-    query: str, sentences: Sequence[str], idf: Mapping[str, float] | None = None, *, tenant: str
+    query: str, sentences: Sequence[str], idf: Mapping[str, float] | None = None, *, scope: str
 ) -> list[float]:
     """Share of the query's IDF mass found in each sentence, in [0, 1].
 
     `idf` maps stems to IDF (the index's); None (or a term it lacks) uses an IDF computed over
-    `sentences` themselves, `ln(1 + n / df)`. `tenant`: whose sentences (their words' stems are
-    kept for that tenant alone).
+    `sentences` themselves, `ln(1 + n / df)`. `scope`: the memo scope whose sentences these are
+    (their words' stems are kept for it alone).
     """
-    return _overlap_scores(set(tokenize(query)), [word_stems(tenant, s) for s in sentences], idf)
+    return _overlap_scores(set(tokenize(query)), [word_stems(scope, s) for s in sentences], idf)
 
 
 @dataclass(frozen=True)
@@ -296,7 +289,7 @@ def compress(
     query: str,
     passages: Sequence[Passage],
     *,
-    tenant: str,
+    scope: str,
     budget_tokens: int = DEFAULT_BUDGET_TOKENS,
     counter: TokenCounter | None = None,
     idf: Mapping[str, float] | None = None,
@@ -304,15 +297,15 @@ def compress(
 ) -> Compressed:
     """Keep the sentences of `passages` most relevant to `query` within `budget_tokens`.
 
-    `tenant`: whose passages these are (their analyses, and the counter's pieces, are kept for
-    that tenant alone).
+    `scope`: the memo scope of the request whose passages these are (their analyses, and the
+    counter's pieces, are kept for it alone: ``pipeline.model.salt.MemoScope``).
     `idf`: the index's IDF of the query's stems (`BM25Index.idf_of`), if at hand.
     `represent_all`: first keep the best sentence of each passage (while they fit), so every
     source stays cited; then fill by score. Sentences with no query term are only kept as a
     passage's representative. A piece longer than the remaining budget is skipped, never cut.
     """
-    counter = (counter if counter is not None else default_counter()).for_tenant(tenant)
-    units, before = _units(tenant, query, passages, counter, idf)
+    counter = (counter if counter is not None else default_counter()).for_scope(scope)
+    units, before = _units(scope, query, passages, counter, idf)
     chosen = _select(units, len(passages), budget_tokens, represent_all=represent_all)
     texts = _render(units, chosen, len(passages))
     after_each = counter.count_many([t for t in texts if t])
@@ -342,9 +335,9 @@ def _items(analysis: _Analysis) -> int:
 
 
 # Retrieval hands the same chunks over again and again; their analysis does not depend on the
-# query. Keyed by (tenant, counter, text).
+# query. Keyed by (memo scope, counter, text).
 @kept_if_short(_items)
-def _analyse(tenant: str, counter: TokenCounter, text: str) -> _Analysis:
+def _analyse(scope: str, counter: TokenCounter, text: str) -> _Analysis:
     """Each token is credited to the unit its first character falls in (a boundary token, the
     space before a sentence, goes to the sentence)."""
     ((starts, sizes),) = counter.token_runs([text])
@@ -365,7 +358,7 @@ def _analyse(tenant: str, counter: TokenCounter, text: str) -> _Analysis:
                    for _ in range(k)]  # fmt: skip
             pieces.extend(_pieces(text, span, own, MAX_SENTENCE_TOKENS))
     texts = tuple(text[a:b] for a, b, _ in pieces)
-    stems = tuple(word_stems(tenant, t) for t in texts)
+    stems = tuple(word_stems(scope, t) for t in texts)
     return _Analysis(texts, tuple(n for *_, n in pieces), stems, sum(sizes))
 
 
@@ -375,14 +368,14 @@ def clear_passage_cache() -> None:
 
 
 def _units(
-    tenant: str,
+    scope: str,
     query: str,
     passages: Sequence[Passage],
     counter: TokenCounter,
     idf: Mapping[str, float] | None,
 ) -> tuple[list[_Unit], int]:
     """The units of all passages, scored against the query; and the passages' total tokens."""
-    analyses = [_analyse(tenant, counter, p.text) for p in passages]
+    analyses = [_analyse(scope, counter, p.text) for p in passages]
     owners = [(i, pos) for i, a in enumerate(analyses) for pos in range(len(a.texts))]
     scores = _overlap_scores(set(tokenize(query)), [s for a in analyses for s in a.stems], idf)
     units = [

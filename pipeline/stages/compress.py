@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from pipeline.context import Principal, RequestContext
 from pipeline.model.messages import last_user_text
+from pipeline.model.salt import MemoScope
 from pipeline.model.tokens import TokenCounter
 from pipeline.runner import StageSpec
 from pipeline.sources.compress import compress
@@ -33,11 +34,13 @@ class CompressSources:
         budget_tokens: int,
         enabled: bool = True,
         idf: IdfLookup | None = None,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         self.counter = counter
         self.budget_tokens = budget_tokens
         self.enabled = enabled
         self.idf = idf
+        self.memo_scope = memo_scope or MemoScope()  # the passages' analyses kept by it
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         options = ctx.params.rag
@@ -52,7 +55,7 @@ class CompressSources:
         result = compress(
             query,
             ctx.passages,
-            tenant=ctx.caller.tenant,
+            scope=self.memo_scope(ctx.caller),
             budget_tokens=budget,
             counter=self.counter,
             idf=idf,

@@ -28,7 +28,7 @@ from pipeline.model.budget import fit_sources
 from pipeline.model.chat import TracedChat
 from pipeline.model.prompt import build_messages, personalisation
 from pipeline.model.routes import Route, RouteTable
-from pipeline.model.salt import PrefixCacheSalt
+from pipeline.model.salt import MemoScope, PrefixCacheSalt, salted_schema
 from pipeline.model.tokens import TokenCounter
 from pipeline.runner import StageSpec
 from pipeline.stages.cache import degraded, searched_the_keyed_version, storable, unshareable
@@ -74,6 +74,7 @@ class Generate:
         context_length: int | None = None,
         flights: SingleFlight | None = None,
         salt: PrefixCacheSalt | None = None,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         self.routes = routes
         self.chat = chat
@@ -87,6 +88,7 @@ class Generate:
         self.context_length = context_length
         self.flights = flights  # request coalescing, when on
         self.salt = salt  # the model server's prefix cache kept per tenant, when on
+        self.memo_scope = memo_scope or MemoScope()  # what the replica's memos keep, by whom
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
@@ -100,8 +102,9 @@ class Generate:
             return ctx
         tools = offer(params, self.server_tools, tenant=ctx.caller.tenant, access=self.access)
         personal = personalisation(ctx.features)
+        memo_scope = self.memo_scope(ctx.caller)
         if ctx.passages:
-            self._fit_sources(ctx, personal, tools.options.get("tools"))
+            self._fit_sources(ctx, personal, tools.options.get("tools"), memo_scope)
         payload: dict[str, Any] = {
             "model": route.model,
             "messages": build_messages(
@@ -115,13 +118,13 @@ class Generate:
         # The loop's runs are the planned ones and then its own: they go on the completion, and
         # the context keeps what the tools stage wrote (the loop runs on after this returns).
         runs = list(ctx.tool_runs)
-        loop = self._loop(ctx, route, tools.server, runs)
+        loop = self._loop(ctx, route, tools.server, runs, memo_scope)
         answer = AnswerStream(loop.events(payload), lambda: base_completion(ctx, route.model, runs))
         # Against the passages of this prompt only: what the caller was allowed to see. An
         # answer with no sources in its prompt has nothing to be cited against: no citations
         # (not one "unsupported" per sentence, and no extra chunk per sentence on its stream).
         if ctx.passages:
-            answer.cite(CitationTracker(Attributor(ctx.passages, tenant=ctx.caller.tenant)))
+            answer.cite(CitationTracker(Attributor(ctx.passages, scope=memo_scope)))
         if leader is not None:
             answer.tap(leader)  # what this request's reader gets, its followers get
         started = time.perf_counter()
@@ -159,7 +162,7 @@ class Generate:
             )
         return shared.leader
 
-    def _fit_sources(self, ctx: RequestContext, personal: str, tools: Any) -> None:
+    def _fit_sources(self, ctx: RequestContext, personal: str, tools: Any, memo_scope: str) -> None:
         """Keep the sources that fit the window with the rest of the prompt and the answer;
         the passages kept are the request's from here on (its sources, what is cited)."""
         if self.counter is None or self.context_length is None:
@@ -167,7 +170,7 @@ class Generate:
         fit = fit_sources(
             ctx.params.messages,
             ctx.passages,
-            counter=self.counter.for_tenant(ctx.caller.tenant),
+            counter=self.counter.for_scope(memo_scope),
             context_length=self.context_length,
             max_tokens=ctx.params.sampling.get("max_tokens"),
             personal=personal,
@@ -188,15 +191,24 @@ class Generate:
         )
 
     def _loop(
-        self, ctx: RequestContext, route: Route, offered: frozenset[str], runs: list[ToolRun]
+        self,
+        ctx: RequestContext,
+        route: Route,
+        offered: frozenset[str],
+        runs: list[ToolRun],
+        memo_scope: str,
     ) -> ToolLoop:
         parent = otel_context.get_current()
         tenant, deadline = ctx.caller.tenant, ctx.deadline
 
         def model_round(request: dict[str, Any]) -> Any:
             # Each round takes a slot of the route as the tenant, queued fairly among tenants
-            # until the request's deadline, which also bounds the stream's reads.
-            return self.chat.stream(route, request, parent, tenant=tenant, deadline=deadline)
+            # until the request's deadline, which also bounds the stream's reads. A schema the
+            # round is held to (the caller's, or a forced tool call's) is salted as its prompt.
+            request = salted_schema(request)
+            return self.chat.stream(
+                route, request, parent, tenant=tenant, deadline=deadline, memo_scope=memo_scope
+            )
 
         policy = self.policies.for_tenant(tenant) if self.policies is not None else None
         return ToolLoop(

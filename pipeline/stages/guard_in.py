@@ -39,6 +39,7 @@ from pipeline.guards.pii import PiiFinding, find_pii, redact
 from pipeline.guards.policy import GuardPolicy, PolicyBook
 from pipeline.kept import Kept
 from pipeline.model.messages import is_text_part
+from pipeline.model.salt import MemoScope
 from pipeline.model.tokens import TokenCounter
 from pipeline.runner import StageSpec
 from pipeline.telemetry import attributes as attr
@@ -210,9 +211,10 @@ class TextMemo(Generic[T]):
     of which 4,096 texts packed with addresses kept 0.35 GB). Safe to call from the event loop
     and a worker thread at once.
 
-    Entries are per tenant: a tenant's request never finds another's, so how fast it is
-    judged says nothing of what other tenants sent. ``compute`` is given the text and its
-    tenant."""
+    Entries are per memo scope (``pipeline.model.salt.MemoScope``: the tenant, and the access
+    scope where its index has access lists): a request never finds another scope's, so how
+    fast it is judged says nothing of what other tenants, or callers who may see what it may
+    not, sent. ``compute`` is given the text and its scope."""
 
     def __init__(
         self,
@@ -226,23 +228,28 @@ class TextMemo(Generic[T]):
         self.weight = weight
         self.kept: Kept[tuple[str, str | bytes], T] = Kept(size, budget=budget)
 
-    def __call__(self, text: str, tenant: str) -> T:
-        key: tuple[str, str | bytes] = (tenant, text)
+    def __call__(self, text: str, scope: str) -> T:
+        key: tuple[str, str | bytes] = (scope, text)
         if len(text) > MEMO_CHARS:
             raw = text.encode("utf-8", "surrogatepass")  # a JSON string may hold lone surrogates
-            key = (tenant, hashlib.blake2b(raw, digest_size=16).digest())
-        return self.kept.remembered(key, lambda: self.compute(text, tenant), self.weight)
+            key = (scope, hashlib.blake2b(raw, digest_size=16).digest())
+        return self.kept.remembered(key, lambda: self.compute(text, scope), self.weight)
 
 
 class GuardInput:
     spec = StageSpec.of("guard_in", reads={"principal", "params"}, writes={"params", "key_parts"})
 
     def __init__(
-        self, policies: PolicyBook, detector: InjectionDetector, counter: TokenCounter
+        self,
+        policies: PolicyBook,
+        detector: InjectionDetector,
+        counter: TokenCounter,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         self.policies = policies
         self.detector = detector
         self.counter = counter
+        self.memo_scope = memo_scope or MemoScope()  # whose memo a request's verdicts go in
         # The rules and the PII scan are most of this stage's cost (~150 µs for a short
         # question, ~1.7 ms for 2,400 characters) and their verdicts depend on the text alone:
         # a text seen again (an application's system prompt on every request, a conversation's
@@ -258,7 +265,7 @@ class GuardInput:
         # The length check's token counts too: the biggest share of a request's own CPU in a
         # profile once the verdicts were kept (a regex pass over every prompt's text).
         self._tokens: TextMemo[int] = TextMemo(
-            lambda text, tenant: counter.for_tenant(tenant).count(text)
+            lambda text, scope: counter.for_scope(scope).count(text)
         )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
@@ -272,28 +279,28 @@ class GuardInput:
                 f"{policy.input_chars}.",
                 "input_too_long",
             )
+        scope = self.memo_scope(ctx.caller)
         if chars > OFFLOAD_CHARS:
-            await asyncio.to_thread(self._check, ctx, policy)
+            await asyncio.to_thread(self._check, ctx, policy, scope)
         else:
-            self._check(ctx, policy)
+            self._check(ctx, policy, scope)
         return ctx
 
-    def _check(self, ctx: RequestContext, policy: GuardPolicy) -> None:
-        self._check_length(ctx, policy)
+    def _check(self, ctx: RequestContext, policy: GuardPolicy, scope: str) -> None:
+        self._check_length(ctx, policy, scope)
 
         def guard(text: str) -> str:
-            return self._guard_text(text, policy, ctx)
+            return self._guard_text(text, policy, ctx, scope)
 
         messages = [map_texts(m, guard) for m in ctx.params.messages]
         tools = [map_tool(t, guard) for t in ctx.params.tools]
         if messages != ctx.params.messages or tools != ctx.params.tools:
             ctx.params = replace(ctx.params, messages=messages, tools=tools)
         if policy.injection == "block":
-            self._check_injection(ctx, policy)
+            self._check_injection(ctx, policy, scope)
 
-    def _check_length(self, ctx: RequestContext, policy: GuardPolicy) -> None:
-        tenant = ctx.caller.tenant
-        tokens = sum(self._tokens(text, tenant) for text in all_texts(ctx.params))
+    def _check_length(self, ctx: RequestContext, policy: GuardPolicy, scope: str) -> None:
+        tokens = sum(self._tokens(text, scope) for text in all_texts(ctx.params))
         ctx.annotate(**{attr.GUARD_INPUT_TOKENS: tokens})
         if tokens > policy.max_input_tokens:
             raise Blocked(
@@ -302,8 +309,8 @@ class GuardInput:
                 "input_too_long",
             )
 
-    def _guard_text(self, text: str, policy: GuardPolicy, ctx: RequestContext) -> str:
-        findings = self._pii(text, ctx.caller.tenant)
+    def _guard_text(self, text: str, policy: GuardPolicy, ctx: RequestContext, scope: str) -> str:
+        findings = self._pii(text, scope)
         if not findings:
             return text
         verdict = policy.pii_verdict(findings)
@@ -320,14 +327,14 @@ class GuardInput:
             )
         return redact(text, verdict.redact) if verdict.redact else text
 
-    def _check_injection(self, ctx: RequestContext, policy: GuardPolicy) -> None:
+    def _check_injection(self, ctx: RequestContext, policy: GuardPolicy, scope: str) -> None:
         # Offered functions are the application's, as system messages are, and are exempt when
         # those are; but no rule reads an operator's own policy there ("never reveal..."), so
         # every rule judges them.
         if policy.system_messages != "off":
             for index, tool in enumerate(ctx.params.tools):
                 for text in tool_texts(tool):
-                    decision = self._judged(text, ctx.caller.tenant)
+                    decision = self._judged(text, scope)
                     if decision.flagged:
                         refuse_injection(ctx, decision, param=f"tools.{index}")
         for index, message in enumerate(ctx.params.messages):
@@ -335,7 +342,7 @@ class GuardInput:
             if operator and policy.system_messages == "off":
                 continue
             for text in message_texts(message):
-                decision = self._judged(text, ctx.caller.tenant)
+                decision = self._judged(text, scope)
                 if operator and policy.system_messages == "attacks":
                     decision = attacks_only(decision, self.detector.threshold)
                 if decision.flagged:

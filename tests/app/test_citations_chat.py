@@ -172,52 +172,71 @@ async def test_the_openapi_document_declares_the_citations(harness) -> None:
     }
 
 
-async def test_a_tenants_passages_are_analysed_for_it_alone(harness, monkeypatch) -> None:
-    # Compression and citations keep each passage's analysis for texts seen again. Kept for all
-    # tenants at once, a tenant's request would be answered faster for a passage another tenant
-    # holds: the service would tell whether another tenant has the same text.
+@pytest.fixture
+def analysed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Each analysis of a passage's text from here on, compression's and citations', the memos
+    emptied first."""
     from pipeline.answer import citations
     from pipeline.sources import compress
 
     compress.clear_passage_cache()
     citations._analyse.cache_clear()
-    analysed: list[tuple[str, str]] = []
+    found: list[tuple[str, str]] = []
     spans, segments = compress.sentence_spans, citations.segments
 
     def counted_spans(text: str) -> Any:
-        analysed.append(("compress", text))
+        found.append(("compress", text))
         return spans(text)
 
     def counted_segments(text: str, start: int = 0) -> Any:
-        analysed.append(("cite", text))
+        found.append(("cite", text))
         return segments(text, start)
 
     monkeypatch.setattr(compress, "sentence_spans", counted_spans)
     monkeypatch.setattr(citations, "segments", counted_segments)
+    return found
+
+
+async def kiwi_analysed(
+    harness, analysed: list[tuple[str, str]], key: str, question: str
+) -> set[str]:
+    """Which memos analysed the kiwi passage for this request (a miss, its one source)."""
+    analysed.clear()
+    response = await harness.chat(key, body(question, max_tokens=16, rag={
+        "top_k": 1, "compress": True
+    }))  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert response.headers["x-cache"] != "hit"
+    (source,) = response.json()["rag"]["sources"]
+    assert source["document_id"] == "kiwi-1", source
+    return {kind for kind, text in analysed if text == KIWI}
+
+
+async def ingest(harness, key: str, documents: list[dict[str, Any]]) -> None:
+    stored = await harness.client.post(
+        "/v1/documents", json={"documents": documents}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert stored.status_code == 200, stored.text
+
+
+async def test_a_tenants_passages_are_analysed_for_it_alone(harness, analysed) -> None:
+    # Compression and citations keep each passage's analysis for texts seen again. Kept for all
+    # tenants at once, a tenant's request would be answered faster for a passage another tenant
+    # holds: the service would tell whether another tenant has the same text.
+    from pipeline.sources import compress
+
     keys = {}
     for tenant in ("acme", "globex"):
         keys[tenant] = await harness.key(tenant=tenant, scopes="chat,retrieve,ingest")
-        ingested = await harness.client.post(
-            "/v1/documents",
-            json={"documents": DOCS},
-            headers={"Authorization": f"Bearer {keys[tenant]}"},
+        await ingest(harness, keys[tenant], DOCS)
+    seen = [
+        await kiwi_analysed(harness, analysed, keys[tenant], question)
+        for tenant, question in (
+            ("acme", "Where do kiwi birds live?"),
+            ("acme", "How large is the egg of a kiwi bird?"),  # not a cache hit: another question
+            ("globex", "Where do kiwi birds live?"),
         )
-        assert ingested.status_code == 200, ingested.text
-    seen = []
-    for tenant, question in (
-        ("acme", "Where do kiwi birds live?"),
-        ("acme", "How large is the egg of a kiwi bird?"),  # not a cache hit: another question
-        ("globex", "Where do kiwi birds live?"),
-    ):
-        analysed.clear()
-        response = await harness.chat(keys[tenant], body(question, max_tokens=16, rag={
-            "top_k": 1, "compress": True
-        }))  # fmt: skip
-        assert response.status_code == 200, response.text
-        assert response.headers["x-cache"] != "hit"
-        (source,) = response.json()["rag"]["sources"]
-        assert source["document_id"] == "kiwi-1", source
-        seen.append({kind for kind, text in analysed if text == KIWI})
+    ]
     assert seen == [{"compress", "cite"}, set(), {"compress", "cite"}], (
         "each tenant analyses the passage the first time it is retrieved for it; later requests "
         "find the analyses its own requests left, and only those"
@@ -227,4 +246,32 @@ async def test_a_tenants_passages_are_analysed_for_it_alone(harness, monkeypatch
     assert isinstance(counter, ModelTokenCounter), "make model: the model's tokenizer"
     assert counter.kept_pieces(None) == {}, "no text of a request is counted for no tenant"
     assert " flightless" in counter.kept_pieces("acme").keys() & counter.kept_pieces("globex")
-    assert all("flightless" in compress._STEM_CACHE[t] for t in ("acme", "globex"))
+    assert all("flightless" in compress.STEMS.kept(t) for t in ("acme", "globex"))
+
+
+async def test_callers_of_a_tenant_who_may_see_different_documents_keep_apart(
+    harness, analysed
+) -> None:
+    """Within a tenant whose index has access lists, as the prompt's salt: carol, whom a list
+    names, finds nothing dave's requests left (her requests hold text he may not read, and
+    his timings would tell him of it); dave and erin, named by no list, see the same documents
+    and share (a review of the per-tenant memos, 2026-12-07)."""
+    carol = await harness.key(tenant="beta", user="carol", scopes="chat,ingest")
+    dave = await harness.key(tenant="beta", user="dave")
+    erin = await harness.key(tenant="beta", user="erin")
+    listed = {"id": "memo", "text": "The merger closes in May.", "access": {"users": ["carol"]}}
+    await ingest(harness, carol, [*DOCS, listed])
+    seen = [
+        await kiwi_analysed(harness, analysed, key, question)
+        for key, question in (
+            (carol, "Where do kiwi birds live?"),
+            (dave, "Where do kiwi birds live?"),
+            (erin, "How large is the egg of a kiwi bird?"),
+        )
+    ]
+    assert seen == [{"compress", "cite"}, {"compress", "cite"}, set()], (
+        "carol's analyses are not dave's; dave's are erin's"
+    )
+    counter = harness.services.tokens
+    assert isinstance(counter, ModelTokenCounter), "make model: the model's tokenizer"
+    assert counter.kept_pieces("beta") == {}, "no request of the tenant counts for all its callers"

@@ -160,5 +160,5 @@ def test_a_cut_source_is_cited_only_for_what_the_prompt_showed(counter: TokenCou
     assert fit.cut == "doc-1#0"
     (shown,) = fit.passages
     assert tail not in shown.text and tail not in render_source(shown)
-    citations = cite(f"{SENTENCES.split('. ')[0]}. {tail}", fit.passages, tenant="t")
+    citations = cite(f"{SENTENCES.split('. ')[0]}. {tail}", fit.passages, scope="t")
     assert citations[0].supported and not citations[1].supported

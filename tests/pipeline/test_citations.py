@@ -48,7 +48,7 @@ def source_of(citation: Citation, index: int = 0) -> str:
 
 def test_a_copied_sentence_cites_its_passage_and_sentence() -> None:
     answer = "Kiwis forage at night for worms and insects."
-    (citation,) = cite(answer, PASSAGES, tenant="t")
+    (citation,) = cite(answer, PASSAGES, scope="t")
     assert citation.supported and (citation.start, citation.end) == (0, len(answer))
     assert [s.index for s in citation.sources] == [1]
     assert citation.sources[0].document_id == "kiwi" and citation.sources[0].chunk_id == "kiwi#0"
@@ -58,14 +58,14 @@ def test_a_copied_sentence_cites_its_passage_and_sentence() -> None:
 
 def test_a_paraphrase_cites_the_sentence_it_paraphrases() -> None:
     answer = "In Norway, most fjords were carved by glaciers."
-    (citation,) = cite(answer, PASSAGES, tenant="t")
+    (citation,) = cite(answer, PASSAGES, scope="t")
     assert [s.index for s in citation.sources] == [2]
     assert source_of(citation) == "Glaciers carved most fjords in Norway."
 
 
 def test_a_sentence_no_source_makes_is_unsupported() -> None:
     answer = "Paris is the capital of France and hosts the Louvre museum."
-    (citation,) = cite(answer, PASSAGES, tenant="t")
+    (citation,) = cite(answer, PASSAGES, scope="t")
     assert not citation.supported and citation.sources == ()
 
 
@@ -74,7 +74,7 @@ def test_each_sentence_is_cited_on_its_own() -> None:
         "The kiwi is a flightless bird from New Zealand. Paris is the capital of France. "
         "The Moon is covered in craters."
     )
-    found = cite(answer, PASSAGES, tenant="t")
+    found = cite(answer, PASSAGES, scope="t")
     assert [c.sentence for c in found] == [0, 1, 2]
     assert [c.supported for c in found] == [True, False, True]
     assert [answer[c.start : c.end] for c in found] == [
@@ -87,9 +87,9 @@ def test_each_sentence_is_cited_on_its_own() -> None:
 
 
 def test_attribution_needs_no_markers_and_ignores_a_wrong_one() -> None:
-    plain = cite("Glaciers carved the fjords of Norway.", PASSAGES, tenant="t")
-    wrong = cite("Glaciers carved the fjords of Norway [3].", PASSAGES, tenant="t")
-    wrong_id = cite("Glaciers carved the fjords of Norway [moon].", PASSAGES, tenant="t")
+    plain = cite("Glaciers carved the fjords of Norway.", PASSAGES, scope="t")
+    wrong = cite("Glaciers carved the fjords of Norway [3].", PASSAGES, scope="t")
+    wrong_id = cite("Glaciers carved the fjords of Norway [moon].", PASSAGES, scope="t")
     for found in (plain, wrong, wrong_id):
         assert [s.index for s in found[0].sources] == [2]
 
@@ -100,17 +100,17 @@ def test_a_marker_decides_between_two_sources_that_support_a_sentence_alike() ->
         Passage("b", "b#0", "", "Vitamin D is made in the skin under sunlight.", 0.5),
     ]
     assert [
-        s.index for s in cite("Skin makes vitamin D in sunlight.", twins, tenant="t")[0].sources
+        s.index for s in cite("Skin makes vitamin D in sunlight.", twins, scope="t")[0].sources
     ] == [1, 2]
     for marker in ("[2]", "[b]"):
-        marked = cite(f"Skin makes vitamin D in sunlight {marker}.", twins, tenant="t")[0].sources
+        marked = cite(f"Skin makes vitamin D in sunlight {marker}.", twins, scope="t")[0].sources
         assert [s.index for s in marked] == [2, 1], marker
         assert marked[0].score > marked[1].score
 
 
 def test_a_marker_after_the_full_stop_belongs_to_the_sentence_before() -> None:
     answer = "Kiwis lay very large eggs. [1] The Moon has craters. [3]"
-    found = cite(answer, PASSAGES, tenant="t")
+    found = cite(answer, PASSAGES, scope="t")
     assert [answer[c.start : c.end] for c in found] == [
         "Kiwis lay very large eggs. [1]",
         "The Moon has craters. [3]",
@@ -122,7 +122,7 @@ def test_spans_are_code_point_offsets_in_unicode_text() -> None:
     source = "Über 🐦 Vögel: Der Kiwi lebt in Neuseeland und legt große Eier. 鸟类很有趣。"
     passages = [Passage("de", "de#0", "", source, 1.0)]
     answer = "Zuerst 🙂 etwas. Der Kiwi legt große Eier in Neuseeland!\n鸟类很有趣。"
-    found = cite(answer, passages, tenant="t")
+    found = cite(answer, passages, scope="t")
     texts = [answer[c.start : c.end] for c in found]
     assert texts == ["Zuerst 🙂 etwas.", "Der Kiwi legt große Eier in Neuseeland!", "鸟类很有趣。"]
     cited = found[1].sources[0]
@@ -132,24 +132,24 @@ def test_spans_are_code_point_offsets_in_unicode_text() -> None:
 
 
 def test_an_empty_answer_has_no_citations() -> None:
-    assert cite("", PASSAGES, tenant="t") == []
-    assert cite("   \n\n ", PASSAGES, tenant="t") == []
+    assert cite("", PASSAGES, scope="t") == []
+    assert cite("   \n\n ", PASSAGES, scope="t") == []
 
 
 def test_without_passages_every_sentence_is_unsupported() -> None:
-    found = cite("The kiwi is a bird. It lays eggs.", [], tenant="t")
+    found = cite("The kiwi is a bird. It lays eggs.", [], scope="t")
     assert [(c.sentence, c.supported, c.sources) for c in found] == [(0, False, ()), (1, False, ())]
 
 
 def test_a_sentence_of_one_content_word_claims_nothing_checkable() -> None:
-    (citation,) = cite("Kiwi.", PASSAGES, tenant="t")
+    (citation,) = cite("Kiwi.", PASSAGES, scope="t")
     assert not citation.supported
 
 
 def test_spans_index_the_chunks_own_text_when_the_prompt_had_an_extract() -> None:
     extract = "Kiwis forage at night for worms and insects."
     compressed = [Passage("kiwi", "kiwi#0", "Kiwi", extract, 0.9, source_text=KIWI)]
-    (citation,) = cite("At night kiwis forage for worms.", compressed, tenant="t")
+    (citation,) = cite("At night kiwis forage for worms.", compressed, scope="t")
     cited = citation.sources[0]
     assert KIWI[cited.start : cited.end] == extract
     assert cited.start == KIWI.index(extract)
@@ -158,12 +158,12 @@ def test_spans_index_the_chunks_own_text_when_the_prompt_had_an_extract() -> Non
 def test_compression_keeps_the_chunks_own_text_for_the_citations() -> None:
     chunk = KIWI + " " + " ".join(f"Fjord {i} was carved by a glacier long ago." for i in range(60))
     compressed = compress(
-        "how large is the kiwi egg", [Passage("kiwi", "kiwi#0", "", chunk, 1.0)], tenant="t"
+        "how large is the kiwi egg", [Passage("kiwi", "kiwi#0", "", chunk, 1.0)], scope="t"
     )
     (passage,) = compressed.passages
     assert len(passage.text) < len(chunk) and passage.source_text == chunk
     (citation,) = cite(
-        "The kiwi lays an egg that is very large for its body.", [passage], tenant="t"
+        "The kiwi lays an egg that is very large for its body.", [passage], scope="t"
     )
     cited = citation.sources[0]
     assert chunk[cited.start : cited.end] == "It lays an egg that is very large for its body."
@@ -178,16 +178,14 @@ def test_only_what_the_prompt_held_of_a_source_supports_an_answer() -> None:
     (cut,) = cite(
         "Kiwis forage at night for worms and insects.",
         [Passage("k", "k#0", "", long_chunk, 1.0)],
-        tenant="t",
+        scope="t",
     )
     assert not cut.supported
     extract = "Kiwis forage at night for worms and insects."
     compressed = [Passage("kiwi", "kiwi#0", "Kiwi", extract, 0.9, source_text=KIWI)]
-    (unseen,) = cite(
-        "The kiwi is a flightless bird endemic to New Zealand.", compressed, tenant="t"
-    )
+    (unseen,) = cite("The kiwi is a flightless bird endemic to New Zealand.", compressed, scope="t")
     assert not unseen.supported, "that sentence was left out of the extract"
-    (seen,) = cite("Kiwis forage at night for worms and insects.", compressed, tenant="t")
+    (seen,) = cite("Kiwis forage at night for worms and insects.", compressed, scope="t")
     assert seen.supported
 
 
@@ -196,12 +194,12 @@ def test_a_run_on_sentence_is_cut_into_bounded_pieces() -> None:
     spans = segments(answer)
     assert len(spans) > 1
     assert all(0 < end - start <= MAX_SENTENCE_CHARS for start, end in spans)
-    found = cite(answer, PASSAGES, tenant="t")
+    found = cite(answer, PASSAGES, scope="t")
     assert [(c.start, c.end) for c in found] == spans
 
 
 def test_a_stream_cites_a_sentence_as_soon_as_the_next_word_is_complete() -> None:
-    tracker = CitationTracker(Attributor(PASSAGES, tenant="t"))
+    tracker = CitationTracker(Attributor(PASSAGES, scope="t"))
     assert tracker.feed("Kiwis forage at night for worms and insects.") == []
     assert tracker.feed(" The") == []  # "The" may still grow: not yet known to start a sentence
     (first,) = tracker.feed(" Moon")
@@ -217,9 +215,9 @@ def test_a_stream_in_any_pieces_cites_as_the_whole_answer_does() -> None:
         "The kiwi lays a large egg [1]. Fjords have steep sides. [2]\n"
         "- Glaciers carved fjords\n- Paris is in France. The Moon orbits the Earth."
     )
-    whole = cite(answer, PASSAGES, tenant="t")
+    whole = cite(answer, PASSAGES, scope="t")
     for size in (1, 2, 3, 5, 8, 13, len(answer)):
-        tracker = CitationTracker(Attributor(PASSAGES, tenant="t"))
+        tracker = CitationTracker(Attributor(PASSAGES, scope="t"))
         pieces = [answer[i : i + size] for i in range(0, len(answer), size)]
         streamed = [c for piece in pieces for c in tracker.feed(piece)] + tracker.end()
         assert streamed == whole, size
@@ -248,7 +246,7 @@ ANSWER: list[StreamEvent] = [
 
 async def test_the_stream_yields_each_citation_after_the_text_that_completes_it() -> None:
     answer = AnswerStream(play(ANSWER), base)
-    answer.cite(CitationTracker(Attributor(PASSAGES, tenant="t")))
+    answer.cite(CitationTracker(Attributor(PASSAGES, scope="t")))
     out = [event async for event in answer.events()]
     kinds = [type(e).__name__ for e in out]
     assert kinds == [
@@ -286,7 +284,7 @@ class Redact:
 async def test_citations_index_the_text_the_filters_let_out() -> None:
     answer = AnswerStream(play(ANSWER), base)
     answer.add_filter(Redact())
-    answer.cite(CitationTracker(Attributor(PASSAGES, tenant="t")))
+    answer.cite(CitationTracker(Attributor(PASSAGES, scope="t")))
     completion = await answer.drain()
     assert completion.content.startswith("XXXX XXXX XXXX forage")
     spans = [completion.content[c.start : c.end] for c in completion.citations]
@@ -295,7 +293,7 @@ async def test_citations_index_the_text_the_filters_let_out() -> None:
 
 async def test_a_cached_answer_replays_its_citations() -> None:
     answer = AnswerStream(play(ANSWER), base)
-    answer.cite(CitationTracker(Attributor(PASSAGES, tenant="t")))
+    answer.cite(CitationTracker(Attributor(PASSAGES, scope="t")))
     completion = await answer.drain()
     stored = Completion.from_dict(completion.to_dict())
     assert stored.citations == completion.citations
@@ -319,7 +317,7 @@ async def test_an_answer_cut_off_by_a_filter_cites_what_was_let_out() -> None:
 
     answer = AnswerStream(play(ANSWER), base)
     answer.add_filter(Block())
-    answer.cite(CitationTracker(Attributor(PASSAGES, tenant="t")))
+    answer.cite(CitationTracker(Attributor(PASSAGES, scope="t")))
     out = [event async for event in answer.events()]
     assert isinstance(out[-1], Finish) and out[-1].reason == "content_filter"
     assert answer.completion is not None

@@ -54,7 +54,7 @@ def test_attribution_never_raises_and_spans_stay_in_bounds(
     answer: str, sources: list[str], points: list[int]
 ) -> None:
     passages = passages_from(sources)
-    whole = cite(answer, passages, tenant="t")
+    whole = cite(answer, passages, scope="t")
     assert [c.sentence for c in whole] == list(range(len(whole)))
     previous_end = 0
     for citation in whole:
@@ -68,7 +68,7 @@ def test_attribution_never_raises_and_spans_stay_in_bounds(
             assert 0 <= cited.start < cited.end <= len(source_text(passage))
             assert 0.0 <= cited.score <= 1.0
 
-    tracker = CitationTracker(Attributor(passages, tenant="t"))
+    tracker = CitationTracker(Attributor(passages, scope="t"))
     streamed = []
     for piece in cuts(answer, points):
         streamed.extend(tracker.feed(piece))
@@ -80,11 +80,11 @@ def test_attribution_never_raises_and_spans_stay_in_bounds(
 @settings(max_examples=examples(20), deadline=None)
 @given(size=st.integers(1, 64), word=st.sampled_from(["kiwi ", "鸟", " ", ".", "[1]"]))
 def test_a_long_answer_without_sentence_ends_is_held_back_boundedly(size: int, word: str) -> None:
-    tracker = CitationTracker(Attributor(passages_from(["kiwi bird egg"]), tenant="t"))
+    tracker = CitationTracker(Attributor(passages_from(["kiwi bird egg"]), scope="t"))
     text = word * (5_000 // len(word))
     cited = 0
     for start in range(0, len(text), size):
         cited += len(tracker.feed(text[start : start + size]))
         assert tracker.pending_chars <= MAX_HELD + size
     cited += len(tracker.end())
-    assert cited == len(cite(text, passages_from(["kiwi bird egg"]), tenant="t"))
+    assert cited == len(cite(text, passages_from(["kiwi bird egg"]), scope="t"))

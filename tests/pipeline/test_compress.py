@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pipeline.answer.citations import cite
 from pipeline.context import Passage
+from pipeline.kept import KeptByScope
 from pipeline.model.tokens import (
     ApproximateTokenCounter,
     ModelTokenCounter,
@@ -92,7 +93,7 @@ def test_sentences_in_other_scripts_split_at_their_own_stops() -> None:
 def test_kept_sentences_come_out_in_their_original_order(counter: ModelTokenCounter) -> None:
     # The query matches the last sentence best and the second next: they still come out 2, 4.
     done = compress("bleeding risk with age and heart attack", [ASPIRIN], budget_tokens=45,
-                    counter=counter, tenant="t")  # fmt: skip
+                    counter=counter, scope="t")  # fmt: skip
     positions = [s.position for s in done.sentences]
     assert positions == sorted(positions) and len(positions) >= 2
     assert done.passages[0].text == " ".join(s.text for s in done.sentences)
@@ -105,7 +106,7 @@ def test_the_budget_holds_counted_with_the_real_tokenizer(
     counter: ModelTokenCounter, budget: int
 ) -> None:
     done = compress("heart attack risk and ocean tides", [ASPIRIN, TIDES], budget_tokens=budget,
-                    counter=counter, tenant="t")  # fmt: skip
+                    counter=counter, scope="t")  # fmt: skip
     assert done.tokens_after == _tokens(counter, done) <= budget
     assert done.tokens_before == counter.count(ASPIRIN.text) + counter.count(TIDES.text)
     if budget >= 1000:  # every sentence holding a query term fits; the others are left out
@@ -120,7 +121,7 @@ def test_the_budget_holds_counted_with_the_real_tokenizer(
 
 def test_every_kept_sentence_keeps_its_source_ids(counter: ModelTokenCounter) -> None:
     done = compress(
-        "aspirin heart tides moon", [ASPIRIN, TIDES], budget_tokens=60, counter=counter, tenant="t"
+        "aspirin heart tides moon", [ASPIRIN, TIDES], budget_tokens=60, counter=counter, scope="t"
     )
     sources = {(s.document_id, s.chunk_id) for s in done.sentences}
     assert sources == {("aspirin", "aspirin#0"), ("tides", "tides#0")}
@@ -140,18 +141,18 @@ def test_each_passage_keeps_its_best_sentence_before_any_gets_a_second(
     # the rule the 35 tokens go to two sentences of the first passage.
     query = "aspirin heart attack risk bleeding moon"
     tight = 35
-    done = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter, tenant="t")
+    done = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter, scope="t")
     assert {p.document_id for p in done.passages} == {"aspirin", "tides"}
     greedy = compress(query, [ASPIRIN, TIDES], budget_tokens=tight, counter=counter,
-                      represent_all=False, tenant="t")  # fmt: skip
+                      represent_all=False, scope="t")  # fmt: skip
     assert {p.document_id for p in greedy.passages} == {"aspirin"}
 
 
 def test_no_passages_and_empty_passages(counter: ModelTokenCounter) -> None:
-    done = compress("anything", [], budget_tokens=100, counter=counter, tenant="t")
+    done = compress("anything", [], budget_tokens=100, counter=counter, scope="t")
     assert done.passages == [] and done.tokens_before == done.tokens_after == 0
     empty = Passage("empty", "empty#0", "", "   ", 0.1)
-    done = compress("aspirin", [empty, ASPIRIN], budget_tokens=100, counter=counter, tenant="t")
+    done = compress("aspirin", [empty, ASPIRIN], budget_tokens=100, counter=counter, scope="t")
     assert [p.document_id for p in done.passages] == ["aspirin"]
     assert done.dropped == [empty]
 
@@ -161,17 +162,17 @@ def test_a_sentence_longer_than_the_budget_is_cut_into_pieces(counter: ModelToke
     # cut at whitespace into pieces; those with the query's words that fit are kept.
     words = [f"cell{i}" if i % 50 else "aspirin" for i in range(500)]
     huge = Passage("table", "table#0", "", " ".join(words), 0.5)
-    done = compress("aspirin", [huge], budget_tokens=120, counter=counter, tenant="t")
+    done = compress("aspirin", [huge], budget_tokens=120, counter=counter, scope="t")
     assert 0 < done.tokens_after <= 120
     assert all("aspirin" in s.text for s in done.sentences)
     # A piece alone bigger than the budget is skipped, never cut mid-piece.
-    assert compress("aspirin", [huge], budget_tokens=3, counter=counter, tenant="t").passages == []
+    assert compress("aspirin", [huge], budget_tokens=3, counter=counter, scope="t").passages == []
 
 
 def test_text_in_other_scripts_is_budgeted_exactly(counter: ModelTokenCounter) -> None:
     cjk = Passage("zh", "zh#0", "", "人工智能是什么？它很有用。阿司匹林降低心脏病风险。", 1.0)
     ru = Passage("ru", "ru#0", "", "Аспирин снижает риск. Луна вызывает приливы.", 1.0)
-    done = compress("аспирин 阿司匹林", [cjk, ru], budget_tokens=30, counter=counter, tenant="t")
+    done = compress("аспирин 阿司匹林", [cjk, ru], budget_tokens=30, counter=counter, scope="t")
     assert done.tokens_after == _tokens(counter, done) <= 30
     assert {p.document_id for p in done.passages} == {"zh", "ru"}
 
@@ -209,7 +210,7 @@ def test_arbitrary_text_never_raises_nor_exceeds_the_budget(
     counter: ModelTokenCounter, query: str, texts: list[str], budget: int
 ) -> None:
     passages = [Passage(f"d{i}", f"d{i}#0", "", t, 1.0) for i, t in enumerate(texts)]
-    done = compress(query, passages, budget_tokens=budget, counter=counter, tenant="t")
+    done = compress(query, passages, budget_tokens=budget, counter=counter, scope="t")
     assert done.tokens_after <= budget
     assert done.tokens_after == sum(counter.count(p.text) for p in done.passages)
     for s in done.sentences:
@@ -240,10 +241,10 @@ def test_piece_counts_equal_the_tokenizer_on_any_text(
 def test_a_cached_passage_gives_the_same_result(counter: ModelTokenCounter) -> None:
     clear_passage_cache()
     first = compress(
-        "aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter, tenant="t"
+        "aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter, scope="t"
     )
     again = compress(
-        "aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter, tenant="t"
+        "aspirin heart risk", [ASPIRIN, TIDES], budget_tokens=40, counter=counter, scope="t"
     )
     assert first == again
 
@@ -275,8 +276,8 @@ def test_a_tenant_never_finds_a_passage_analysis_another_tenant_left(
     results = []
     for tenant in ("acme", "acme", "globex", "acme", "globex"):
         done = compress("what pulls the tides", [TIDES], budget_tokens=60, counter=counter,
-                        tenant=tenant)  # fmt: skip
-        results.append((done, cite(answer, done.passages, tenant=tenant)))
+                        scope=tenant)  # fmt: skip
+        results.append((done, cite(answer, done.passages, scope=tenant)))
     assert analysed == ["compress", "cite"] * 2, (
         "each tenant's first request analyses the passage; its later ones find their own"
     )
@@ -314,7 +315,7 @@ def test_a_tenant_never_finds_a_word_another_tenant_stemmed_or_counted(
     for tenant in ("acme", "acme", "globex"):
         before = len(stemmed), len(encoded)
         assert compress_module.word_stems(tenant, text) == frozenset(stem_one(text))
-        assert counter.for_tenant(tenant).count(text) == tokens
+        assert counter.for_scope(tenant).count(text) == tokens
         stemmed_now, encoded_now = stemmed[before[0] :], encoded[before[1] :]
         if tenant == "acme" and before == (0, 0):
             assert len(stemmed_now) == 3 and len(encoded_now) == 3, "the first sees each word"
@@ -324,8 +325,8 @@ def test_a_tenant_never_finds_a_word_another_tenant_stemmed_or_counted(
             assert sorted(stemmed_now) == sorted(stemmed[:3]), "another tenant's are not"
             assert sorted(encoded_now) == sorted(encoded[:3])
     assert counter.kept_pieces("globex").keys() == counter.kept_pieces("acme").keys()
-    assert counter.for_tenant("acme") == counter.for_tenant("acme"), "one key for the memos"
-    assert counter.for_tenant("acme") != counter.for_tenant("globex")
+    assert counter.for_scope("acme") == counter.for_scope("acme"), "one key for the memos"
+    assert counter.for_scope("acme") != counter.for_scope("globex")
 
 
 # Found by a review of what a replica keeps (2026-12-06, sixth session): caches bounded by their
@@ -354,10 +355,10 @@ def test_a_long_passage_and_its_long_words_are_analysed_and_not_kept(
     citations._analyse.cache_clear()
     junk = "q" * 200_000  # one chunk of one "word": chunking cuts by words
     passages = [Passage("d0", "d0#0", "", f"Tides rise. {junk}. The Moon pulls.", 1.0), TIDES]
-    done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter, tenant="t")
+    done = compress("what pulls the tides", passages, budget_tokens=60, counter=counter, scope="t")
     assert done.tokens_after <= 60
     assert len(compress_module._analyse.kept) == 1, "only the ordinary passage"
-    assert max(map(len, compress_module._STEM_CACHE["t"])) <= 64
+    assert max(map(len, compress_module.STEMS.kept("t"))) <= 64
     source = citations._analyse("t", passages[0].text)
     assert source.spans and len(citations._analyse.kept) == 0
 
@@ -384,7 +385,7 @@ def test_the_passage_analyses_kept_stay_within_their_items(
         kept.cache_clear()
         monkeypatch.setattr(kept.kept, "budget", one * 5 // 2)
     first = compress(
-        "what pulls the tides", passages, budget_tokens=120, counter=counter, tenant="t"
+        "what pulls the tides", passages, budget_tokens=120, counter=counter, scope="t"
     )
     for passage in passages:
         citations._analyse("t", passage.text)
@@ -392,7 +393,7 @@ def test_the_passage_analyses_kept_stay_within_their_items(
         assert 0 < kept.kept.weight <= kept.kept.budget, "what is kept stays within its items"
         assert len(kept.kept) == 2, "the two most recent"
     again = compress(
-        "what pulls the tides", passages, budget_tokens=120, counter=counter, tenant="t"
+        "what pulls the tides", passages, budget_tokens=120, counter=counter, scope="t"
     )
     assert again == first, "an analysis let go is worked out again, to the same result"
 
@@ -403,9 +404,7 @@ def test_counts_stay_exact_when_the_piece_cache_starts_anew(
     # When the cache was full, a new empty one was started: pieces the call had found in the
     # old one were gone, and the call failed with a KeyError (a review's find, older than the
     # size bound; at 200,000 pieces the request that filled it failed).
-    from pipeline.model import tokens
-
-    monkeypatch.setattr(tokens, "PIECE_CACHE_SIZE", 12)
+    monkeypatch.setattr(counter.pieces, "size", 12)
     texts = [
         "the tides rise with the moon",
         "the moon pulls the oceans and the tides",
@@ -423,14 +422,11 @@ def test_the_piece_and_stem_caches_keep_few_characters_of_long_astral_words(
     # Words of 60 letters from beyond the Basic Multilingual Plane (4 bytes each in a Python
     # string, and a UTF-8 copy beside it): within the 64 characters a cache keeps, 200,000 of
     # them held 125 MB in the piece cache and 135 MB in the stem cache.
-    from pipeline.model import tokens
     from pipeline.sources import compress as compress_module
 
-    monkeypatch.setattr(tokens, "PIECE_CACHE_CHARS", 2_000)
-    monkeypatch.setattr(compress_module, "_STEM_CACHE_CHARS", 2_000)
-    monkeypatch.setattr(compress_module, "_STEM_CACHE", {})
-    monkeypatch.setattr(compress_module, "_stem_cache_chars", 0)
-    monkeypatch.setattr(compress_module, "_stem_cache_words", 0)
+    monkeypatch.setattr(counter.pieces, "chars", 2_000)
+    stems = KeptByScope(200_000, 2_000, weight=lambda word, stem: len(word) + len(stem))
+    monkeypatch.setattr(compress_module, "STEMS", stems)
 
     def word(n: int) -> str:
         return "".join(chr(0x20000 + (n * 60 + i) % 40_000) for i in range(60))
@@ -440,9 +436,9 @@ def test_the_piece_and_stem_caches_keep_few_characters_of_long_astral_words(
         assert counter.count(text) == counter.count_with_tokenizer([text])[0], "still exact"
         assert sum(map(len, counter.kept_pieces(None))) <= 2_000
         compress_module.word_stems("t", text)
-        kept = compress_module._STEM_CACHE.get("t", {})
+        kept = compress_module.STEMS.kept("t")
         assert sum(len(w) + len(s) for w, s in kept.items()) <= 2_000
-    assert counter.kept_pieces(None) and compress_module._STEM_CACHE["t"], "some are still kept"
+    assert counter.kept_pieces(None) and compress_module.STEMS.kept("t"), "some are still kept"
 
 
 def test_a_word_another_thread_stems_meanwhile_keeps_its_stem(
@@ -462,6 +458,6 @@ def test_a_word_another_thread_stems_meanwhile_keeps_its_stem(
                 self[key] = stemmed[0] if stemmed else ""
             return found
 
-    monkeypatch.setattr(compress_module, "_STEM_CACHE", {"t": Racing()})
+    monkeypatch.setattr(compress_module.STEMS, "words", lambda scope: Racing())
     text = "The tides rise and fall with the Moon"
     assert compress_module.word_stems("t", text) == frozenset(tokenize(text))
