@@ -9,7 +9,6 @@ replica's memos keep"). A value that weighs more than the whole budget is not ke
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -110,26 +109,36 @@ class KeptByScope(Generic[V]):
             return self._entry(scope)[0]
 
     def add(self, scope: str | None, items: list[tuple[str, V]]) -> None:
-        """Keep ``items`` for ``scope`` (as many as the bound holds)."""
-        weights = [self.weight(word, value) for word, value in items]
-        chars = sum(weights)
+        """Keep ``items`` for ``scope`` (as many as the bound holds), the scope now its most
+        recently used: other scopes are let go first (another may have been used since this
+        one was read; a review's find: the adding scope was let go while newer ones stayed,
+        and the bound was passed)."""
+        weighed = [(word, value, self.weight(word, value)) for word, value in items]
         with self._lock:
-            while self._count + len(items) > self.size or self._chars + chars > self.chars:
-                oldest = next(iter(self._scopes), None)
-                if oldest is None or oldest == scope:
+            kept, counts = self._entry(scope)
+            fresh = [item for item in dict((w, (w, v, n)) for w, v, n in weighed).values()
+                     if item[0] not in kept]  # fmt: skip
+            need, chars = len(fresh), sum(n for *_, n in fresh)
+            while self._count + need > self.size or self._chars + chars > self.chars:
+                oldest = next(iter(self._scopes))
+                if oldest == scope:  # the scope alone holds the bound: it starts anew
+                    self._let_go(scope)
+                    kept, counts = self._entry(scope)
+                    fresh = list(dict((w, (w, v, n)) for w, v, n in weighed).values())
+                    room, fit = self.chars, 0
+                    for *_, n in fresh[: self.size]:
+                        if n > room:
+                            break
+                        room, fit = room - n, fit + 1
+                    fresh = fresh[:fit]
+                    need, chars = len(fresh), sum(n for *_, n in fresh)
                     break
                 self._let_go(oldest)
-            if self._count + len(items) > self.size or self._chars + chars > self.chars:
-                self._let_go(scope)  # the scope alone holds the bound: it starts anew
-                fit = sum(1 for total in itertools.accumulate(weights) if total <= self.chars)
-                items, chars = items[: min(fit, self.size)], sum(weights[: min(fit, self.size)])
-            kept, counts = self._entry(scope)
-            before = len(kept)
-            kept.update(items)
-            added = len(kept) - before  # another thread may have added some of them
-            counts[0] += added
+            for word, value, _ in fresh:
+                kept[word] = value
+            counts[0] += need
             counts[1] += chars
-            self._count += added
+            self._count += need
             self._chars += chars
 
     def _entry(self, scope: str | None) -> tuple[dict[str, V], list[int]]:

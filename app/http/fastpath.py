@@ -62,7 +62,7 @@ from app.logs import hand_to_log, handed_context
 from app.services import Services
 from pipeline.answer.completion import Completion, UnreadableCompletion
 from pipeline.context import ChatParams, Principal, RequestContext, StageRecord
-from pipeline.errors import StoreUnavailable
+from pipeline.errors import ServiceUnavailable, StoreUnavailable
 from pipeline.guards.policy import GuardPolicy
 from pipeline.model.prompt import PROMPT_VERSION
 from pipeline.stages.auth import MAX_CREDENTIAL_CHARS
@@ -243,8 +243,8 @@ class CacheFastPath:
         """Look the body's alias up and answer it (True), or leave it to the full path."""
         try:
             raw = await book.services.kv.get(book.alias(principal, body).key)
-        except StoreUnavailable:
-            return False
+        except ServiceUnavailable:  # Redis, or the caller's index (its access scope) unread:
+            return False  # the full path says so (a damaged index was a 500 here: a review)
         if raw is None:
             return False
         return await self._answer(scope, send, book, principal, raw, started, headers)

@@ -48,7 +48,13 @@ class MemoScope:
     who may see documents it may not, left: its texts would be handled sooner for it, and by
     timing its own requests (``rag.explain`` gives each stage's time) a caller could learn
     whether the other's passages or prompts hold a text it guesses. Tenant names hold none of
-    the separator (``[A-Za-z0-9_.-]``)."""
+    the separator (``[A-Za-z0-9_.-]``).
+
+    Where the access scope cannot be read (the tenant's snapshot is damaged, its backend does
+    not answer), the scope is the caller's own user and groups: finer than its access scope,
+    so still safe, and the request goes on to whatever it would have met without memos (a
+    request with retrieval off is answered; a review found these failing as a 500). On Milvus
+    the access scope is always the whole viewer, so there every user keeps memos of its own."""
 
     def __init__(self, access_scope: AccessScope | None = None) -> None:
         self._access_scope = access_scope
@@ -56,7 +62,10 @@ class MemoScope:
     def __call__(self, principal: Principal) -> str:
         if self._access_scope is None:
             return principal.tenant
-        access = self._access_scope(principal)[1]
+        try:
+            access = self._access_scope(principal)[1]
+        except Exception:  # a memo's key never fails a request: the finest one instead
+            access = {"viewer": {"user": principal.user, "groups": sorted(principal.groups)}}
         if access is None:  # no access lists: every caller of the tenant sees the same
             return principal.tenant
         return f"{principal.tenant}\x1f{orjson.dumps(access, option=orjson.OPT_SORT_KEYS).decode()}"

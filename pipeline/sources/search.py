@@ -123,9 +123,10 @@ class PassageSearch:
         """The version of the tenant's index and what of the principal decides which of its
         chunks the principal sees (``AccessColumns.scope`` for the embedded index, read from
         the same snapshot; None when the index has no access lists). Both go into the cache
-        key."""
+        key. A snapshot that cannot be read is a 503 ``index_unreadable``, as for a search (it
+        was a 500 from the response cache's lookup: a review's find)."""
         tenant = principal.tenant
-        return self.backend(tenant).access_scope(tenant, viewer_of(principal))
+        return _answered(self.backend(tenant).access_scope, tenant, viewer_of(principal))
 
     async def embed(self, query: str, *, scope: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop; one

@@ -472,4 +472,14 @@ async def test_a_tenants_index_that_cannot_be_read_is_a_503_for_it_alone(
             response = await h.client.post(path, json=body, headers=auth(damaged))
             error = assert_openai_error(response, 503, "service_unavailable")
             assert error["code"] == "index_unreadable" and str(root) not in error["message"]
+        # A chat request reads the caller's access scope first (the response cache's key, the
+        # memos' scope): a 503 too, where it was a 500. A job's submission reads nothing of the
+        # index (the memos then keep the caller's texts under its own user): queued.
+        chat = {"model": "smollm2", "messages": [{"role": "user", "content": QUESTION}]}
+        response = await h.client.post("/v1/chat/completions", json=chat, headers=auth(damaged))
+        assert assert_openai_error(response, 503, "service_unavailable")["code"] == (
+            "index_unreadable"
+        )
+        queued = await h.client.post("/v1/jobs", json=chat, headers=auth(damaged))
+        assert queued.status_code == 202, queued.text
         assert ids(await retrieved(h, other)) >= {"canteen"}
