@@ -113,18 +113,18 @@ class KeptByScope(Generic[V]):
         recently used: other scopes are let go first (another may have been used since this
         one was read; a review's find: the adding scope was let go while newer ones stayed,
         and the bound was passed)."""
-        weighed = [(word, value, self.weight(word, value)) for word, value in items]
+        # Each word once (its last value), with its weight.
+        weighed = [(word, value, self.weight(word, value)) for word, value in dict(items).items()]
         with self._lock:
             kept, counts = self._entry(scope)
-            fresh = [item for item in dict((w, (w, v, n)) for w, v, n in weighed).values()
-                     if item[0] not in kept]  # fmt: skip
+            fresh = [item for item in weighed if item[0] not in kept]
             need, chars = len(fresh), sum(n for *_, n in fresh)
             while self._count + need > self.size or self._chars + chars > self.chars:
                 oldest = next(iter(self._scopes))
                 if oldest == scope:  # the scope alone holds the bound: it starts anew
                     self._let_go(scope)
                     kept, counts = self._entry(scope)
-                    fresh = list(dict((w, (w, v, n)) for w, v, n in weighed).values())
+                    fresh = weighed
                     room, fit = self.chars, 0
                     for *_, n in fresh[: self.size]:
                         if n > room:
