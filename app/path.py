@@ -144,6 +144,7 @@ def validate_stage(settings: Settings, services: Services) -> ValidateRequest:
         context_length=settings.llm.context_length,
         server_tools=services.server_tools,
         tool_access=services.tool_access,
+        memo_scope=memo_scope(services),
     )
 
 
@@ -258,7 +259,11 @@ def guard_similarity_stage(services: Services, *, beside_retrieval: bool) -> Sta
     if guards is None or guards.detector.exemplars is None or search is None:
         return None
     return GuardSimilarity(
-        guards.policies, guards.detector, search.embed, beside_retrieval=beside_retrieval
+        guards.policies,
+        guards.detector,
+        search.embed,
+        beside_retrieval=beside_retrieval,
+        memo_scope=memo_scope(services),
     )
 
 
@@ -272,7 +277,9 @@ def retrieve_stage(settings: Settings, services: Services, *, with_features: boo
         return None
     filters = services.feature_filters() if with_features else None
     gate = RelevanceGate.configured(settings.retrieval.relevance_threshold)
-    return Retrieve(services.retrieval, feature_filters=filters, gate=gate)
+    return Retrieve(
+        services.retrieval, feature_filters=filters, gate=gate, memo_scope=memo_scope(services)
+    )
 
 
 def features_stage(settings: Settings, services: Services) -> Stage | None:
@@ -311,4 +318,5 @@ def route_stage(settings: Settings, services: Services, *, with_features: bool) 
         with_query_vector=search is not None,
         timeout_s=settings.routing.timeout_seconds,
         load=load_policy(settings),
+        memo_scope=memo_scope(services),
     )

@@ -294,7 +294,7 @@ def patterns(entries: int, budget: bool) -> dict[str, Any]:
 
     def now(pattern: str) -> None:
         with contextlib.suppress(SchemaRefused):
-            check_patterns([pattern], limits, "tools.0.function.parameters")
+            check_patterns([pattern], limits, "tools.0.function.parameters", scope="a")
 
     use = now if budget else before
     start = resident_mb()

@@ -155,11 +155,13 @@ class QueryBatcher:
     never blocks, and while it runs the next batch gathers. ``torch_threads`` is how many threads
     torch uses in it (0: its default; see `embedding_executor`).
 
-    Callers of one ``scope`` (the tenant) who ask for the same text while it is queued or being
-    embedded share that one embedding: a burst of identical requests embeds each text once,
-    where it would otherwise fill batch after batch and make the stages that wait on them run
-    past their budgets. Only within a scope, so how fast a text is embedded says nothing of what
-    another tenant asked; nothing is kept once the embedding is handed out.
+    Callers of one ``scope`` (the request's memo scope: the tenant, and the caller's access scope
+    where the tenant's index has access lists) who ask for the same text while it is queued or
+    being embedded share that one embedding: a burst of identical requests embeds each text
+    once, where it would otherwise fill batch after batch and make the stages that wait on them
+    run past their budgets. Only within a scope, so how fast a text is embedded says nothing of
+    what another tenant, or a caller who may see what this one may not, asked; nothing is kept
+    once the embedding is handed out.
     """
 
     def __init__(

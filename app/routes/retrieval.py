@@ -19,7 +19,7 @@ from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.openapi import answers as declared
 from app.http.openapi import link
 from app.http.schemas import Filters
-from app.path import erase_cached_answers
+from app.path import erase_cached_answers, memo_scope
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from pipeline.sources.filters import parse_request_filters
@@ -263,6 +263,7 @@ async def retrieve(
         top_k=body.top_k,
         filters=filters,
         viewer=viewer_of(principal),  # documents with an access list: only those it admits
+        embed_scope=memo_scope(services)(principal),
     )
     gate = RelevanceGate.configured(services.settings.retrieval.relevance_threshold)
     kept, dropped = gate.apply(result.hits, body.min_relevance)

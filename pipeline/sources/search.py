@@ -130,7 +130,8 @@ class PassageSearch:
 
     async def embed(self, query: str, *, scope: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop; one
-        embedding for the callers of ``scope``, the tenant, waiting for the same text).
+        embedding for the callers of ``scope``, the request's memo scope
+        (``pipeline.model.salt.MemoScope``), waiting for the same text).
 
         A failure of the embedding model is converted here: a 503 for the request, never an
         unhandled error."""
@@ -152,19 +153,21 @@ class PassageSearch:
         vector: FloatArray | None = None,
         viewer: Viewer | None = None,
         context_terms: Sequence[tuple[str, float]] = (),
+        embed_scope: str | None = None,
     ) -> SearchResult:
         """The tenant's best passages for ``query``, within the request's ``filters`` and the
         ``defaults`` it did not write (each parsed by ``parse_request_filters``, which names the
         caller's field). ``vector`` is the query's, when the caller has embedded it already.
         ``viewer`` (``viewer_of``) decides which chunks with an access list it may see.
         ``context_terms`` are texts whose words BM25 adds at a lower weight (a conversation's
-        earlier turns: ``pipeline.sources.conversation``)."""
+        earlier turns: ``pipeline.sources.conversation``). ``embed_scope`` is the caller's memo
+        scope, for embedding the query when no ``vector`` is given (the tenant when None)."""
         with current_span(
             self.tracer, f"retrieval {tenant}", attributes={attr.TENANT: tenant}
         ) as span:
             started = time.perf_counter()
             if vector is None:
-                vector = await self.embed(query, scope=tenant)
+                vector = await self.embed(query, scope=embed_scope or tenant)
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await self._off_loop(
                 self._searches,

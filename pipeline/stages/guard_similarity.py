@@ -36,6 +36,7 @@ from pipeline.guards.injection import Closeness, InjectionDetector, decide, rule
 from pipeline.guards.normalize import scrub_surrogates
 from pipeline.guards.policy import PolicyBook
 from pipeline.model.messages import last_user_text
+from pipeline.model.salt import MemoScope
 from pipeline.runner import StageSpec, available
 from pipeline.stages.guard_in import refuse_injection
 from pipeline.telemetry import attributes as attr
@@ -53,8 +54,11 @@ class GuardSimilarity:
         embed: EmbedQuery,
         *,
         beside_retrieval: bool,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         self.policies = policies
+        # Callers of one memo scope waiting for the same text share one embedding.
+        self.memo_scope = memo_scope or MemoScope()
         self.detector = detector
         self.embed = embed
         self.beside_retrieval = beside_retrieval
@@ -74,7 +78,7 @@ class GuardSimilarity:
             await available("query_vector")
         vector = ctx.query_vector
         if vector is None:
-            vector = await self.embed(text, scope=ctx.caller.tenant)
+            vector = await self.embed(text, scope=self.memo_scope(ctx.caller))
         near = await self.closeness(text, vector)
         if near is None:
             return ctx

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.context import Passage, RequestContext
+from pipeline.model.salt import MemoScope
 from pipeline.runner import StageSpec, available
 from pipeline.sources.conversation import build_query
 from pipeline.sources.filters import parse_request_filters
@@ -51,8 +52,11 @@ class Retrieve:
         *,
         feature_filters: Mapping[str, str] | None = None,
         gate: RelevanceGate | None = None,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         self.search = search
+        # Callers of one memo scope waiting for the same text share one embedding.
+        self.memo_scope = memo_scope or MemoScope()
         self.feature_filters = dict(feature_filters or {})
         self.gate = gate or RelevanceGate(enabled=False)
         self.spec = StageSpec.of(
@@ -80,8 +84,9 @@ class Retrieve:
         if skipped is not None:
             ctx.annotate(**{attr.RETRIEVAL_SKIPPED: skipped})
             return ctx
+        scope = self.memo_scope(ctx.caller)
         own, *earlier = await asyncio.gather(
-            *(self.search.embed(text, scope=tenant) for text in (query, *conversation.earlier))
+            *(self.search.embed(text, scope=scope) for text in (query, *conversation.earlier))
         )
         ctx.query_vector = own
         ctx.annotate(

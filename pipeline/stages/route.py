@@ -14,6 +14,7 @@ from dataclasses import replace
 from pipeline.context import RequestContext, RouteChoice
 from pipeline.errors import PipelineError
 from pipeline.model.messages import last_user_text
+from pipeline.model.salt import MemoScope
 from pipeline.routing.load import SMALL_ROUTE, LoadPolicy
 from pipeline.routing.router import Router
 from pipeline.runner import StageSpec
@@ -40,11 +41,14 @@ class ChooseRoute:
         with_query_vector: bool = False,
         timeout_s: float | None = None,
         load: LoadPolicy | None = None,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         if router.centroids is not None and embed is None:
             raise ValueError("a router with centroids needs an embed function")
         self.router = router
         self.embed = embed
+        # Callers of one memo scope waiting for the same text share one embedding.
+        self.memo_scope = memo_scope or MemoScope()
         # Under load, the small route instead of a loaded one (pipeline.routing.load).
         self.load = load
         optional = {"features": with_features, "query_vector": with_query_vector}
@@ -53,7 +57,7 @@ class ChooseRoute:
             reads={
                 "params",
                 *(name for name, on in optional.items() if on),
-                # The tenant: its callers waiting for one text share one embedding.
+                # The memo scope: its callers waiting for one text share one embedding.
                 *(["principal"] if load is not None or embed is not None else []),
             },
             optional=optional.keys(),  # read all the same: their defaults when not on the path
@@ -77,7 +81,7 @@ class ChooseRoute:
             if vector is None:
                 assert self.embed is not None  # checked in __init__
                 text = last_user_text(ctx.params.messages)
-                vector = await self.embed(text, scope=ctx.caller.tenant)
+                vector = await self.embed(text, scope=self.memo_scope(ctx.caller))
             choice = self.router.by_vector(ctx.params, vector)
         self._take(ctx, self._relieve(ctx, choice) if self.load is not None else choice)
         return ctx

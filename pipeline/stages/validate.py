@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pipeline.context import RequestContext
 from pipeline.errors import ContextTooLong, InvalidRequest
 from pipeline.model.routes import RouteTable
+from pipeline.model.salt import MemoScope
 from pipeline.runner import StageSpec
 from pipeline.tools.access import ToolAccess
 from pipeline.tools.base import Tool
@@ -31,12 +32,14 @@ class ValidateRequest:
         server_tools: Mapping[str, Tool] | None = None,
         schema_limits: SchemaLimits | None = None,
         tool_access: ToolAccess | None = None,
+        memo_scope: MemoScope | None = None,
     ) -> None:
         self.routes = routes
         self.context_length = context_length
         self.server_tools = dict(server_tools or {})
         self.schema_limits = schema_limits or SchemaLimits()
         self.tool_access = tool_access
+        self.memo_scope = memo_scope or MemoScope()  # whose memo the patterns' verdicts go in
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params
@@ -50,7 +53,8 @@ class ValidateRequest:
         # 400 for unknown tools, 403 for a tool the caller's tenant may not use.
         offered_tools(params, self.server_tools, tenant=ctx.caller.tenant, access=self.tool_access)
         if params.tools:
-            await check_tool_schemas(params.tools, self.schema_limits, tenant=ctx.caller.tenant)
+            scope = self.memo_scope(ctx.caller)
+            await check_tool_schemas(params.tools, self.schema_limits, scope=scope)
         response_format = params.sampling.get("response_format")
         if response_format is not None:
             self._not_with_tools(ctx)
@@ -62,7 +66,7 @@ class ValidateRequest:
                     self.schema_limits,
                     kind="response",
                     param=param,
-                    tenant=ctx.caller.tenant,
+                    scope=self.memo_scope(ctx.caller),
                 )
         return ctx
 

@@ -137,14 +137,16 @@ def check_lengths(patterns: list[str], limits: SchemaLimits, param: str, kind: s
         )
 
 
-# What a pattern compiled to, by (tenant, pattern, memory budget): its program's size, or why
-# RE2 refused it; never the program itself (up to 8 MB each). Per tenant, as the guard's memos
-# are: how fast a pattern is checked says nothing of what other tenants sent.
+# What a pattern compiled to, by (memo scope, pattern, memory budget): its program's size, or why
+# RE2 refused it; never the program itself (up to 8 MB each). Per memo scope
+# (``pipeline.model.salt.MemoScope``: the tenant, and the caller's access scope where its index
+# has access lists), as the guard's memos are: how fast a pattern is checked says nothing of what
+# another tenant, or a caller who may see what this one may not, sent.
 _VERDICTS: Kept[tuple[str, str, int], int | str] = Kept(4096)
 
 
-def _verdict(pattern: str, max_mem: int, tenant: str) -> int | str:
-    return _VERDICTS.remembered((tenant, pattern, max_mem), lambda: _compiled(pattern, max_mem))
+def _verdict(pattern: str, max_mem: int, scope: str) -> int | str:
+    return _VERDICTS.remembered((scope, pattern, max_mem), lambda: _compiled(pattern, max_mem))
 
 
 def _compiled(pattern: str, max_mem: int) -> int | str:
@@ -163,18 +165,20 @@ def check_patterns(
     param: str,
     kind: str = "tool",
     seen: dict[str, int] | None = None,
-    tenant: str = "",
+    *,
+    scope: str,
 ) -> None:
     """Each regular expression of a schema short enough and one RE2 compiles, the request's
     distinct ones (``seen``: those of its schemas checked before, with their sizes) within
     ``max_patterns_program`` instructions in all, or ``SchemaRefused`` (guided decoding has no
-    lookaround or backreferences either)."""
+    lookaround or backreferences either). The verdicts are kept under ``scope``, the request's
+    memo scope."""
     check_lengths(patterns, limits, param, kind)
     seen = {} if seen is None else seen
     for pattern in patterns:
         if pattern in seen:
             continue
-        verdict = _verdict(pattern, limits.max_pattern_memory, tenant)
+        verdict = _verdict(pattern, limits.max_pattern_memory, scope)
         if isinstance(verdict, str):
             raise SchemaRefused(
                 f"{param}: the pattern {pattern[:60]!r} is not a regular expression this "
@@ -196,15 +200,13 @@ def _local(ref: Any) -> bool:
     return isinstance(ref, str) and ref.startswith("#")
 
 
-def _check(
-    schemas: Sequence[tuple[str, Any]], limits: SchemaLimits, kind: str, tenant: str
-) -> None:
+def _check(schemas: Sequence[tuple[str, Any]], limits: SchemaLimits, kind: str, scope: str) -> None:
     """In the pool: each schema measured and its patterns compiled, in order, then every
     schema against the meta-schema."""
     seen: dict[str, int] = {}
     for param, schema in schemas:
         patterns = measure(schema, limits, param, kind)
-        check_patterns(patterns, limits, param, kind, seen, tenant)
+        check_patterns(patterns, limits, param, kind, seen, scope=scope)
     for param, schema in schemas:
         try:
             error = best_match(_META.iter_errors(schema))
@@ -223,7 +225,7 @@ def _check(
 
 
 async def check_tool_schemas(
-    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None, *, tenant: str = ""
+    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None, *, scope: str = ""
 ) -> None:
     """Every function's parameters schema within the limits and valid, or ``SchemaRefused``."""
     schemas = []
@@ -231,7 +233,7 @@ async def check_tool_schemas(
         schema = (tool.get("function") or {}).get("parameters")
         if schema is not None:
             schemas.append((f"tools.{index}.function.parameters", schema))
-    await check_schemas(schemas, limits, kind="tool", param="tools", tenant=tenant)
+    await check_schemas(schemas, limits, kind="tool", param="tools", scope=scope)
 
 
 async def check_schemas(
@@ -240,17 +242,19 @@ async def check_schemas(
     *,
     kind: str,
     param: str,
-    tenant: str = "",
+    scope: str,
 ) -> None:
     """Each ``(param, schema)`` within the limits and a valid JSON Schema, or ``SchemaRefused``
-    naming its param; codes say `kind` (``tool_schema_too_large``, ``invalid_response_schema``)."""
+    naming its param; codes say `kind` (``tool_schema_too_large``, ``invalid_response_schema``).
+    ``scope`` is the request's memo scope (``pipeline.model.salt.MemoScope``): the patterns'
+    verdicts are kept under it."""
     limits = limits or SchemaLimits()
     if not schemas:
         return
     try:
         async with asyncio.timeout(limits.budget_s):
             await asyncio.get_running_loop().run_in_executor(
-                _POOL, _check, schemas, limits, kind, tenant
+                _POOL, _check, schemas, limits, kind, scope
             )
     except TimeoutError:
         raise SchemaRefused(

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import httpx
@@ -275,3 +276,63 @@ async def test_callers_of_a_tenant_who_may_see_different_documents_keep_apart(
     counter = harness.services.tokens
     assert isinstance(counter, ModelTokenCounter), "make model: the model's tokenizer"
     assert counter.kept_pieces("beta") == {}, "no request of the tenant counts for all its callers"
+
+
+async def test_a_tenants_callers_who_may_see_different_documents_share_no_embedding_or_verdict(
+    harness, monkeypatch
+) -> None:
+    """The query's embedding, shared by callers waiting for the same text at once, and the
+    validate stage's verdicts on a schema's patterns are kept per memo scope as the other memos
+    are: carol, whom a list names, shares neither with dave, who may not read what she may;
+    dave and erin (the same scope) share both. Through chat and /v1/retrieve."""
+    from pipeline.tools import schema_check
+
+    carol = await harness.key(tenant="beta", user="carol", scopes="chat,retrieve,ingest")
+    dave = await harness.key(tenant="beta", user="dave", scopes="chat,retrieve")
+    erin = await harness.key(tenant="beta", user="erin", scopes="chat,retrieve")
+    listed = {"id": "memo", "text": "The merger closes in May.", "access": {"users": ["carol"]}}
+    await ingest(harness, carol, [*DOCS, listed])
+
+    batcher = harness.services.retrieval.queries
+    embedded: list[tuple[str, str]] = []
+    real_embed = batcher.embed
+
+    async def recorded(text: str, *, scope: str) -> Any:
+        embedded.append((scope, text))
+        return await real_embed(text, scope=scope)
+
+    monkeypatch.setattr(batcher, "embed", recorded)
+    compiled: list[str] = []
+    real_compiled = schema_check._compiled
+
+    def counted(pattern: str, max_mem: int) -> int | str:
+        compiled.append(pattern)
+        return real_compiled(pattern, max_mem)
+
+    monkeypatch.setattr(schema_check, "_compiled", counted)
+    pattern = f"^[A-Z]{{2}}-{secrets.token_hex(4)}$"  # new to this replica's verdicts
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"code": {"type": "string", "pattern": pattern}},
+    }}}  # fmt: skip
+    scopes = []
+    for key, question in (
+        (carol, "Where do kiwi birds live?"),
+        (dave, "How large is the egg of a kiwi bird?"),
+        (erin, "Can a kiwi bird fly?"),  # each a miss: erin's would be a hit of dave's
+    ):
+        embedded.clear()
+        response = await harness.chat(
+            key, body(question, max_tokens=4, tools=[tool], tool_choice="none")
+        )
+        assert response.status_code == 200, response.text
+        found = await harness.client.post(
+            "/v1/retrieve", json={"query": "kiwi", "top_k": 1},
+            headers={"Authorization": f"Bearer {key}"},
+        )  # fmt: skip
+        assert found.status_code == 200, found.text
+        (chat_scope, chat_text), (retrieve_scope, retrieve_text) = embedded
+        assert (chat_text, retrieve_text) == (question, "kiwi")
+        assert chat_scope == retrieve_scope != "beta", "the caller's memo scope, not the tenant"
+        scopes.append(chat_scope)
+    assert scopes[0] != scopes[1] == scopes[2], "carol's scope is not dave's; dave's is erin's"
+    assert compiled == [pattern, pattern], "compiled for carol and for dave; erin finds dave's"

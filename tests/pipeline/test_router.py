@@ -25,6 +25,7 @@ from pipeline.context import (
 from pipeline.errors import InvalidRequest
 from pipeline.model.client import LLMClient
 from pipeline.model.routes import Route, RouteTable
+from pipeline.model.salt import MemoScope
 from pipeline.model.slots import SlotPool
 from pipeline.routing.router import ROUTER_VERSION, Centroids, Router, RouterPolicy, load_examples
 from pipeline.routing.rules import Thresholds
@@ -283,6 +284,27 @@ async def test_stage_embeds_only_what_the_rules_leave_open_and_sets_span_attribu
     assert asked == ["A baleia é um mamífero?"]
     assert ctx.route is not None and ctx.route.reason.startswith("centroid:small (")
     assert route_span(tracing[1]).attributes[attr.ROUTE_REASON] == ctx.route.reason
+
+
+async def test_stage_embeds_under_the_callers_memo_scope(
+    router: Router,
+    shared_embedder: Embedder,
+    tracing: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    # Callers waiting for the same text at once share one embedding (QueryBatcher), so the
+    # stage asks under the caller's memo scope: with access lists, its access scope, not only
+    # its tenant (whoever may see what alice may not learns nothing from how soon hers is done).
+    scopes: list[str] = []
+
+    async def embed(text: str, *, scope: str = "") -> Any:
+        scopes.append(scope)
+        return (await asyncio.to_thread(shared_embedder.embed, [text]))[0]
+
+    listed = MemoScope(lambda principal: ("v1", {"user": principal.user}))
+    stage = ChooseRoute(router, embed=embed, memo_scope=listed)
+    await run_route(stage, tracing, "A baleia é um mamífero?")
+    alice = Principal("acme", "alice", frozenset({"chat"}), "k1")
+    assert scopes == [listed(alice)] and scopes != ["acme"]
 
 
 async def test_stage_reuses_the_query_vector_retrieval_computed(

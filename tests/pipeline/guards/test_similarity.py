@@ -14,6 +14,7 @@ from pipeline.context import ChatParams, Principal, RequestContext
 from pipeline.errors import ServiceUnavailable
 from pipeline.guards.injection import DEFAULT_EXEMPLARS, ExemplarIndex, InjectionDetector
 from pipeline.guards.policy import PolicyBook
+from pipeline.model.salt import MemoScope
 from pipeline.stages.guard_in import Blocked
 from pipeline.stages.guard_similarity import GuardSimilarity
 from retrieval import Embedder, QueryBatcher
@@ -223,3 +224,24 @@ def _alone(embedder: Embedder) -> EmbedQuery:
         return embedder.embed([text])[0]
 
     return embed
+
+
+async def test_the_stage_embeds_under_the_callers_memo_scope(
+    exemplars: ExemplarIndex, shared_embedder: Embedder
+) -> None:
+    """Callers waiting for the same text at once share one embedding (QueryBatcher): the stage
+    asks under the caller's memo scope, its access scope where lists decide what it sees, so no
+    caller who may see what alice may not times hers."""
+    scopes: list[str] = []
+
+    async def embed(text: str, *, scope: str = "") -> FloatArray:
+        scopes.append(scope)
+        return shared_embedder.embed([text])[0]
+
+    listed = MemoScope(lambda principal: ("v1", {"user": principal.user}))
+    stage = GuardSimilarity(
+        PolicyBook(), InjectionDetector(exemplars), embed, beside_retrieval=False, memo_scope=listed
+    )
+    assert not await _flagged(stage, "What is the capital of France?")
+    alice = Principal("acme", "alice", frozenset({"chat"}), "k")
+    assert scopes == [listed(alice)] and scopes != ["acme"]
