@@ -14,6 +14,10 @@ word is handled when a memo holds it, and whether another tenant's request can l
 - ``words``: the word-level memos (compression's stems, the token counter's pieces), per
   word: words seen by the same tenant's request, against new words and the same words for
   another tenant, these two timed at the same point of a round (after other texts).
+- ``vocabulary``: a memo scope's first count of SciFact abstracts (what a scope whose words
+  were let go pays again), with the pieces of the model's vocabulary looked up (as shipped)
+  and with the tokenizer run for every piece the scope has not kept; and how many of SciFact's
+  pieces the vocabulary holds.
 - ``stemmer``: what PyStemmer's own cache (10,000 words a stemmer, which the service no longer
   uses: it was shared by a thread's tenants) spared: SciFact's first 2,000 abstracts stemmed
   with it and without, per word.
@@ -38,7 +42,7 @@ import Stemmer
 
 from pipeline.answer import citations
 from pipeline.context import Passage
-from pipeline.model.tokens import ModelTokenCounter, load_token_counter
+from pipeline.model.tokens import _GPT2_PIECES, ModelTokenCounter, load_token_counter
 from pipeline.sources import compress as compress_module
 from tests.support.data import open_scifact
 
@@ -167,6 +171,40 @@ def words_part(counter: ModelTokenCounter, rounds: int) -> None:
         )
 
 
+def vocabulary_part(counter: ModelTokenCounter, rounds: int) -> None:
+    with open_scifact("corpus.jsonl") as handle:
+        texts = [json.loads(line)["text"] for line in itertools.islice(handle, 2000)]
+    occurrences = [piece for text in texts for piece in _GPT2_PIECES.findall(text)]
+    distinct = set(occurrences)
+    held = sum(piece in counter.vocabulary for piece in occurrences) / len(occurrences)
+    held_distinct = sum(piece in counter.vocabulary for piece in distinct) / len(distinct)
+    bare = ModelTokenCounter(counter.tokenizer, counter.source, vocabulary={})
+    arms: dict[str, list[float]] = {"with the vocabulary": [], "tokenizer alone": [], "kept": []}
+    per = 40  # abstracts a round, each round new ones
+    for n in range(rounds):
+        batch = texts[n * per % len(texts) :][:per]
+        pieces = sum(len(_GPT2_PIECES.findall(text)) for text in batch)
+        order = [("with the vocabulary", counter), ("tokenizer alone", bare)]
+        for label, which in order if n % 2 else order[::-1]:
+            scoped = which.for_scope(f"{label}{n}")
+            arms[label].append(clock(scoped.count_many, batch) / pieces)
+            if which is counter:
+                arms["kept"].append(clock(scoped.count_many, batch) / pieces)
+        assert counter.for_scope("check").count_many(batch) == bare.count_many(batch)
+    print(
+        f"\n### a scope's first count, {per} SciFact abstracts a round; the vocabulary's "
+        f"{len(counter.vocabulary):,} pieces hold {held:.0%} of SciFact's first 2,000 "
+        f"abstracts' {len(occurrences):,} pieces ({held_distinct:.0%} of {len(distinct):,} "
+        "distinct)\n"
+    )
+    print("| the scope's pieces | us a piece, p50 | / tokenizer alone |")
+    print("| --- | --- | --- |")
+    alone = statistics.median(arms["tokenizer alone"])
+    for label, values in arms.items():
+        p50 = statistics.median(values)
+        print(f"| {label} | {p50:.2f} | {p50 / alone:.2f} |")
+
+
 def stemmer_part(rounds: int) -> None:
     words: list[str] = []
     with open_scifact("corpus.jsonl") as handle:
@@ -198,6 +236,7 @@ def main() -> None:
     passages_part(passages, counter, args.rounds)
     key_part(passages, counter, args.rounds)
     words_part(counter, args.rounds)
+    vocabulary_part(counter, args.rounds)
     stemmer_part(args.rounds)
 
 

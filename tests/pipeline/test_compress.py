@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from pipeline.answer.citations import cite
 from pipeline.context import Passage
 from pipeline.kept import KeptByScope
 from pipeline.model.tokens import (
+    _GPT2_PIECES,
     ApproximateTokenCounter,
     ModelTokenCounter,
     find_tokenizer,
@@ -327,6 +329,44 @@ def test_a_tenant_never_finds_a_word_another_tenant_stemmed_or_counted(
     assert counter.kept_pieces("globex").keys() == counter.kept_pieces("acme").keys()
     assert counter.for_scope("acme") == counter.for_scope("acme"), "one key for the memos"
     assert counter.for_scope("acme") != counter.for_scope("globex")
+
+
+def test_the_vocabularys_pieces_are_counted_without_the_tokenizer_for_every_scope(
+    counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pieces that are a token of the model's vocabulary hold nothing of any caller: a
+    # scope's first request looks them up there and runs the tokenizer only for the rest, so
+    # a scope whose words were let go (many busy scopes) finds most of them again cheaply.
+    vocabulary = dict(counter.vocabulary)
+    assert len(vocabulary) > 40_000, "the model's vocabulary, whole"
+    sample = sorted(vocabulary)[::25]
+    assert [vocabulary[p] for p in sample] == counter.count_with_tokenizer(sample)
+    assert ModelTokenCounter.from_file(Path(counter.source)).vocabulary is counter.vocabulary, (
+        "worked out once a process"
+    )
+    encoded: list[str] = []
+
+    class Tokenizer:  # the real one, its calls counted
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def encode_batch_fast(self, pieces: list[str], **options: Any) -> Any:
+            encoded.extend(pieces)
+            return self.real.encode_batch_fast(pieces, **options)
+
+    text = "The kiwi is a flightless bird; zorblaxian quintessences perambulate."
+    pieces = set(_GPT2_PIECES.findall(text))
+    tokens = counter.count_with_tokenizer([text])[0]
+    monkeypatch.setattr(counter, "tokenizer", Tokenizer(counter.tokenizer))
+    for scope in ("vocab-acme", "vocab-globex"):
+        assert counter.for_scope(scope).count(text) == tokens
+        assert counter.kept_pieces(scope).keys() == pieces, "all kept: the next, one lookup"
+    unknown = sorted(p for p in pieces if p not in vocabulary)
+    assert " bird" in vocabulary and unknown, "the text holds pieces of both kinds"
+    assert sorted(encoded) == sorted(unknown * 2), "the tokenizer ran for the others alone"
+    assert dict(counter.vocabulary) == vocabulary, "no caller's piece is added to it"
+    with pytest.raises(TypeError):
+        counter.vocabulary[" zorblaxian"] = 3  # type: ignore[index]
 
 
 # Found by a review of what a replica keeps (2026-12-06, sixth session): caches bounded by their
