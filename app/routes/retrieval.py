@@ -19,7 +19,7 @@ from app.http.bodies import BodyLimits, read_body, request_body
 from app.http.openapi import answers as declared
 from app.http.openapi import link
 from app.http.schemas import Filters
-from app.path import erase_cached_answers, memo_scope
+from app.path import erase_cached_answers
 from app.services import ServicesDep
 from pipeline.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from pipeline.sources.filters import parse_request_filters
@@ -257,13 +257,14 @@ async def retrieve(
 ) -> dict[str, Any]:
     body = await read_body(await request.body(), RetrieveRequest, LIMITS)
     filters = parse_request_filters(body.filters, "filters")
-    result = await _search(services).search(
+    search = _search(services)
+    result = await search.search(
         principal.tenant,
         body.query,
         top_k=body.top_k,
         filters=filters,
         viewer=viewer_of(principal),  # documents with an access list: only those it admits
-        embed_scope=memo_scope(services)(principal),
+        embed_scope=await search.memo_scope(principal),  # off the loop: it can load the index
     )
     gate = RelevanceGate.configured(services.settings.retrieval.relevance_threshold)
     kept, dropped = gate.apply(result.hits, body.min_relevance)

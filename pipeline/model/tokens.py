@@ -7,13 +7,14 @@ and `load_token_counter` logs a warning saying so: budgets then hold only approx
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
 import os
 import re
 import threading
-from collections import ChainMap
+from collections import ChainMap, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,17 +128,21 @@ class ModelTokenCounter:
         # 48,817 cover 87% of the pieces in SciFact's text (BENCHMARKS.md).
         if vocabulary is None:
             vocabulary = vocabulary_pieces(tokenizer) if self.piecewise else {}
-        if not isinstance(vocabulary, MappingProxyType):  # never added to
-            vocabulary = MappingProxyType(dict(vocabulary))
-        self.vocabulary: Mapping[str, int] = vocabulary
+        # A copy, read-only: never added to, and no caller holds the dict behind it.
+        self.vocabulary: Mapping[str, int] = MappingProxyType(dict(vocabulary))
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
     @classmethod
     def from_file(cls, path: Path) -> ModelTokenCounter:
-        """Load a `tokenizer.json` (its vocabulary's pieces worked out once a process)."""
-        tokenizer = Tokenizer.from_file(str(path))
-        return cls(tokenizer, str(path), vocabulary=_file_vocabulary(path, tokenizer))
+        """Load a `tokenizer.json`; its vocabulary's pieces are worked out once a process for
+        each file content (`_shared_vocabulary`)."""
+        data = path.read_bytes()
+        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        counter = cls(tokenizer, str(path), vocabulary={})
+        if counter.piecewise:
+            counter.vocabulary = _shared_vocabulary(hashlib.sha256(data).hexdigest(), tokenizer)
+        return counter
 
     def for_scope(self, scope: str) -> ScopedTokenCounter:
         return ScopedTokenCounter(self, scope)
@@ -239,9 +244,10 @@ class ScopedTokenCounter:
 def vocabulary_pieces(tokenizer: Tokenizer) -> dict[str, int]:
     """Each token of ``tokenizer``'s vocabulary that is a whole piece of GPT-2's
     pre-tokenisation (``" the"``, ``" flightless"``, ``"ing"``; up to `LONGEST_CACHED_PIECE`
-    characters), with its count as the tokenizer encodes it alone (1 for all of SmolLM2's;
-    counted all the same, so a count is the tokenizer's whatever the tokenizer). SmolLM2's
-    49,152 tokens give 48,817 pieces, in about 0.3 s."""
+    characters), with its count as the tokenizer encodes it alone: a count is the tokenizer's
+    own, whatever the tokenizer. SmolLM2's 49,152 tokens give 48,817 pieces in about 0.4 s, all
+    of 1 token but two: a token that is one byte of a longer character decodes to U+FFFD, whose
+    text counts what it counts (``" \ufffd"``: 2)."""
     ids = sorted(tokenizer.get_vocab(with_added_tokens=False).values())
     texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=True)
     pieces = sorted(
@@ -251,21 +257,24 @@ def vocabulary_pieces(tokenizer: Tokenizer) -> dict[str, int]:
     return {piece: len(e.ids) for piece, e in zip(pieces, encoded, strict=True)}
 
 
-# Each tokenizer file's vocabulary pieces, by path and version: worked out once a process (the
-# service, and a test run's many apps, load the same file again).
-_VOCABULARIES: dict[tuple[str, int, int], Mapping[str, int]] = {}
+# The vocabulary pieces of the tokenizer files loaded, by their contents' SHA-256 (a file
+# replaced in place, its size and time kept, is never given another's; a review's find), each
+# read-only and shared by the counters of that content: worked out once a process (the service,
+# and a test run's many apps, load the same file again). The last few contents only.
+_VOCABULARIES: OrderedDict[str, Mapping[str, int]] = OrderedDict()
+_VOCABULARIES_KEPT = 4
 _VOCABULARIES_LOCK = threading.Lock()
 
 
-def _file_vocabulary(path: Path, tokenizer: Tokenizer) -> Mapping[str, int]:
-    if not _is_gpt2_byte_level(tokenizer):
-        return {}
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+def _shared_vocabulary(digest: str, tokenizer: Tokenizer) -> Mapping[str, int]:
     with _VOCABULARIES_LOCK:
-        found = _VOCABULARIES.get(key)
+        found = _VOCABULARIES.get(digest)
         if found is None:
-            found = _VOCABULARIES[key] = MappingProxyType(vocabulary_pieces(tokenizer))
+            found = _VOCABULARIES[digest] = MappingProxyType(vocabulary_pieces(tokenizer))
+            while len(_VOCABULARIES) > _VOCABULARIES_KEPT:
+                _VOCABULARIES.popitem(last=False)
+        else:
+            _VOCABULARIES.move_to_end(digest)
         return found
 
 

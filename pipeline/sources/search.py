@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from pipeline.context import Principal
 from pipeline.errors import InvalidRequest, ServiceUnavailable, StorageFull, retry_after
+from pipeline.model.salt import MemoScope
 from pipeline.telemetry import attributes as attr
 from pipeline.telemetry.spans import current_span
 from retrieval import (
@@ -128,6 +129,12 @@ class PassageSearch:
         tenant = principal.tenant
         return _answered(self.backend(tenant).access_scope, tenant, viewer_of(principal))
 
+    async def memo_scope(self, principal: Principal) -> str:
+        """The principal's memo scope (``pipeline.model.salt.MemoScope``), read in the search
+        pool: reading it can load the tenant's snapshot, which must not stall the event loop
+        (a review found ``/v1/retrieve`` doing so)."""
+        return await self._off_loop(self._searches, MemoScope(self.access_scope), principal)
+
     async def embed(self, query: str, *, scope: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop; one
         embedding for the callers of ``scope``, the request's memo scope
@@ -153,7 +160,7 @@ class PassageSearch:
         vector: FloatArray | None = None,
         viewer: Viewer | None = None,
         context_terms: Sequence[tuple[str, float]] = (),
-        embed_scope: str | None = None,
+        embed_scope: str,
     ) -> SearchResult:
         """The tenant's best passages for ``query``, within the request's ``filters`` and the
         ``defaults`` it did not write (each parsed by ``parse_request_filters``, which names the
@@ -161,13 +168,13 @@ class PassageSearch:
         ``viewer`` (``viewer_of``) decides which chunks with an access list it may see.
         ``context_terms`` are texts whose words BM25 adds at a lower weight (a conversation's
         earlier turns: ``pipeline.sources.conversation``). ``embed_scope`` is the caller's memo
-        scope, for embedding the query when no ``vector`` is given (the tenant when None)."""
+        scope (``memo_scope``), under which the query is embedded when no ``vector`` is given."""
         with current_span(
             self.tracer, f"retrieval {tenant}", attributes={attr.TENANT: tenant}
         ) as span:
             started = time.perf_counter()
             if vector is None:
-                vector = await self.embed(query, scope=embed_scope or tenant)
+                vector = await self.embed(query, scope=embed_scope)
             embed_ms = (time.perf_counter() - started) * 1000.0
             result = await self._off_loop(
                 self._searches,

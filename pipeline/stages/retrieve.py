@@ -105,6 +105,7 @@ class Retrieve:
             filters=requested,
             defaults=defaults,
             vector=conversation.blend(own, earlier),
+            embed_scope=scope,
             context_terms=conversation.context_terms,
             viewer=viewer_of(ctx.caller),  # only the chunks the caller may see (access lists)
         )

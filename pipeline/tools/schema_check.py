@@ -225,9 +225,10 @@ def _check(schemas: Sequence[tuple[str, Any]], limits: SchemaLimits, kind: str, 
 
 
 async def check_tool_schemas(
-    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None, *, scope: str = ""
+    tools: Sequence[dict[str, Any]], limits: SchemaLimits | None = None, *, scope: str
 ) -> None:
-    """Every function's parameters schema within the limits and valid, or ``SchemaRefused``."""
+    """Every function's parameters schema within the limits and valid, or ``SchemaRefused``
+    (``scope``: whose memo the patterns' verdicts are kept in, as ``check_schemas``)."""
     schemas = []
     for index, tool in enumerate(tools):
         schema = (tool.get("function") or {}).get("parameters")

@@ -6,6 +6,7 @@ model and the dev vLLM."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -483,3 +484,54 @@ async def test_a_tenants_index_that_cannot_be_read_is_a_503_for_it_alone(
         queued = await h.client.post("/v1/jobs", json=chat, headers=auth(damaged))
         assert queued.status_code == 202, queued.text
         assert ids(await retrieved(h, other)) >= {"canteen"}
+
+
+async def test_the_search_tool_embeds_under_the_callers_memo_scope(offline, monkeypatch) -> None:
+    """Callers waiting for the same query at once share one embedding, within their memo scope:
+    ann (finance, whom a list names) and bob (sales) may see different documents, so the
+    model's searches for them never share one (a review found the tool sharing by tenant)."""
+    ann_key = await key(offline, "acme", "ann", ("finance",))
+    bob_key = await key(offline, "acme", "bob", ("sales",))
+    await ingest(offline, ann_key, [*PUBLIC, SECRET])
+    search = offline.services.retrieval
+    batcher = search.queries
+    scopes: list[str] = []
+    real_embed = batcher.embed
+
+    async def recorded(text: str, *, scope: str) -> Any:
+        scopes.append(scope)
+        return await real_embed(text, scope=scope)
+
+    monkeypatch.setattr(batcher, "embed", recorded)
+    ann = await offline.services.keys.resolve(ann_key)
+    bob = await offline.services.keys.resolve(bob_key)
+    tool = search_tool(search)
+    for principal in (ann, bob):
+        await tool.function({"query": QUESTION}, ToolContext(principal))
+    assert scopes == [await search.memo_scope(ann), await search.memo_scope(bob)]
+    assert scopes[0] != scopes[1] and "acme" not in scopes
+
+
+async def test_a_retrieve_loads_the_tenants_snapshot_off_the_event_loop(
+    offline, monkeypatch
+) -> None:
+    """Reading the caller's memo scope can load the tenant's snapshot (a fresh replica, or one
+    let go by the loaded-snapshot budget): /v1/retrieve reads it in the search pool, as the
+    search itself loads it (a review found it loaded on the event loop, stalling the replica)."""
+    ann_key = await key(offline, "acme", "ann", ("finance",))
+    await ingest(offline, ann_key, [*PUBLIC, SECRET])
+    store = offline.services.retrieval.backend("acme").store
+    store._entry("acme").index = None  # let go: the next read loads it again
+    loads: list[str] = []
+    real_load = type(store)._load
+
+    def recorded(self: Any, tenant: str, pointer: str) -> Any:
+        loads.append(threading.current_thread().name)
+        return real_load(self, tenant, pointer)
+
+    monkeypatch.setattr(type(store), "_load", recorded)
+    found = await offline.client.post(
+        "/v1/retrieve", json={"query": QUESTION, "top_k": 3}, headers=auth(ann_key)
+    )
+    assert found.status_code == 200, found.text
+    assert loads and threading.current_thread().name not in loads, loads

@@ -369,6 +369,31 @@ def test_the_vocabularys_pieces_are_counted_without_the_tokenizer_for_every_scop
         counter.vocabulary[" zorblaxian"] = 3  # type: ignore[index]
 
 
+def test_a_tokenizer_file_replaced_in_place_gets_a_vocabulary_of_its_own(
+    counter: ModelTokenCounter, tmp_path: Path
+) -> None:
+    # The vocabulary is worked out once for each content of the file, not each path: a file
+    # replaced in place, with its size and time kept (`cp -p`, `rsync -t`), was given the
+    # vocabulary of the one before it (a review's find, with a tokenizer whose counts differ).
+    import os
+    import shutil
+
+    copy = tmp_path / "tokenizer.json"
+    shutil.copy2(counter.source, copy)
+    first = ModelTokenCounter.from_file(copy)
+    assert first.vocabulary is counter.vocabulary, "the same content: the same vocabulary"
+    was = copy.stat()
+    text = copy.read_text("utf-8")
+    changed = text.replace('"truncation": null,', '"truncation":null ,', 1)
+    assert changed != text and len(changed) == len(text)
+    copy.write_text(changed, "utf-8")
+    os.utime(copy, ns=(was.st_atime_ns, was.st_mtime_ns))
+    assert (copy.stat().st_size, copy.stat().st_mtime_ns) == (was.st_size, was.st_mtime_ns)
+    again = ModelTokenCounter.from_file(copy)
+    assert again.vocabulary is not first.vocabulary, "another content: worked out anew"
+    assert dict(again.vocabulary) == dict(first.vocabulary)  # (the same tokens, here)
+
+
 # Found by a review of what a replica keeps (2026-12-06, sixth session): caches bounded by their
 # entries, not their size, keyed by text whose length a caller chooses.
 

@@ -80,7 +80,9 @@ def test_a_search_is_answered_while_more_ingests_wait_than_the_loop_has_threads(
                     break
                 await asyncio.sleep(0.01)
             assert gated.inside == 1, "no ingest reached the embedder"
-            found = await asyncio.wait_for(search.search("reader", "capital of Italy", top_k=1), 10)
+            found = await asyncio.wait_for(
+                search.search("reader", "capital of Italy", top_k=1, embed_scope="reader"), 10
+            )
             running = gated.inside
         finally:
             gated.gate.set()
@@ -116,7 +118,9 @@ def test_searches_and_ingests_give_the_same_answers_from_their_own_pools(
         try:
             result = await search.ingest("acme", DOCS)
             vector = await search.embed("capital of France", scope="acme")
-            hits = await search.search("acme", "capital of France", top_k=1, vector=vector)
+            hits = await search.search(
+                "acme", "capital of France", top_k=1, vector=vector, embed_scope="acme"
+            )
             await search.delete("acme", ["rome"])
             names = {
                 t.name.split("_")[0]
