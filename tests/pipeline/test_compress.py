@@ -286,6 +286,18 @@ def test_a_tenant_never_finds_a_passage_analysis_another_tenant_left(
     assert all(result == results[0] for result in results), "the same result for each tenant"
 
 
+class CountedTokenizer:
+    """The real tokenizer, the pieces it is asked to encode recorded in ``encoded``."""
+
+    def __init__(self, real: Any, encoded: list[str]) -> None:
+        self.real = real
+        self.encoded = encoded
+
+    def encode_batch_fast(self, pieces: list[str], **options: Any) -> Any:
+        self.encoded.extend(pieces)
+        return self.real.encode_batch_fast(pieces, **options)
+
+
 def test_a_tenant_never_finds_a_word_another_tenant_stemmed_or_counted(
     counter: ModelTokenCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -302,18 +314,10 @@ def test_a_tenant_never_finds_a_word_another_tenant_stemmed_or_counted(
         stemmed.append(word)
         return stem_one(word)
 
-    class Tokenizer:  # the real one, its calls counted
-        def __init__(self, real: Any) -> None:
-            self.real = real
-
-        def encode_batch_fast(self, pieces: list[str], **options: Any) -> Any:
-            encoded.extend(pieces)
-            return self.real.encode_batch_fast(pieces, **options)
-
     text = "Zorblaxian quintessences perambulate"  # words no other test holds
     tokens = counter.count_with_tokenizer([text])[0]
     monkeypatch.setattr(compress_module, "tokenize", counted_stem)
-    monkeypatch.setattr(counter, "tokenizer", Tokenizer(counter.tokenizer))
+    monkeypatch.setattr(counter, "tokenizer", CountedTokenizer(counter.tokenizer, encoded))
     for tenant in ("acme", "acme", "globex"):
         before = len(stemmed), len(encoded)
         assert compress_module.word_stems(tenant, text) == frozenset(stem_one(text))
@@ -346,18 +350,10 @@ def test_the_vocabularys_pieces_are_counted_without_the_tokenizer_for_every_scop
     )
     encoded: list[str] = []
 
-    class Tokenizer:  # the real one, its calls counted
-        def __init__(self, real: Any) -> None:
-            self.real = real
-
-        def encode_batch_fast(self, pieces: list[str], **options: Any) -> Any:
-            encoded.extend(pieces)
-            return self.real.encode_batch_fast(pieces, **options)
-
     text = "The kiwi is a flightless bird; zorblaxian quintessences perambulate."
     pieces = set(_GPT2_PIECES.findall(text))
     tokens = counter.count_with_tokenizer([text])[0]
-    monkeypatch.setattr(counter, "tokenizer", Tokenizer(counter.tokenizer))
+    monkeypatch.setattr(counter, "tokenizer", CountedTokenizer(counter.tokenizer, encoded))
     for scope in ("vocab-acme", "vocab-globex"):
         assert counter.for_scope(scope).count(text) == tokens
         assert counter.kept_pieces(scope).keys() == pieces, "all kept: the next, one lookup"
