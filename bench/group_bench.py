@@ -28,6 +28,7 @@ from bench.retrieval_data import load_corpus
 from pipeline.answer.events import ToolCall
 from pipeline.context import ChatParams, Principal, RequestContext
 from pipeline.features.store import FeatureStore
+from pipeline.model.salt import MemoScope
 from pipeline.runner import Concurrent, Runner, Stage
 from pipeline.stages.features import LoadFeatures
 from pipeline.stages.retrieve import Retrieve
@@ -138,7 +139,11 @@ async def main(rounds: int, documents: int) -> None:
     search = build_search(settings, tracer, embedder, embedder)
     await search.ingest(ALICE.tenant, load_corpus()[:documents])
     kv = KeyValueStore.from_url(redis.url, tracer)
-    retrieve = Retrieve(search, feature_filters={"department": "department"})
+    retrieve = Retrieve(
+        search,
+        feature_filters={"department": "department"},
+        memo_scope=MemoScope(search.access_scope),
+    )
     registry = ToolRegistry(builtin_tools(search))
     registry.add(delayed_tool("slow_lookup", 0.15))
     invoker = ToolInvoker(registry, tracer)

@@ -170,10 +170,13 @@ def guard_stage(memo: str, entries: int, budget: bool) -> dict[str, Any]:
     from pipeline.context import ChatParams, Principal, RequestContext
     from pipeline.guards.injection import InjectionDetector
     from pipeline.guards.policy import PolicyBook
+    from pipeline.model.salt import MemoScope
     from pipeline.model.tokens import ApproximateTokenCounter
     from pipeline.stages.guard_in import Blocked, GuardInput
 
-    stage = GuardInput(PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter())
+    stage = GuardInput(
+        PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter(), MemoScope()
+    )
     kept = (stage._pii if memo == "pii" else stage._judged).kept
     if not budget:
         kept.budget = None

@@ -34,13 +34,13 @@ class CompressSources:
         budget_tokens: int,
         enabled: bool = True,
         idf: IdfLookup | None = None,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         self.counter = counter
         self.budget_tokens = budget_tokens
         self.enabled = enabled
         self.idf = idf
-        self.memo_scope = memo_scope or MemoScope()  # the passages' analyses kept by it
+        self.memo_scope = memo_scope  # the passages' analyses kept by it
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         options = ctx.params.rag

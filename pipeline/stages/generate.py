@@ -74,7 +74,7 @@ class Generate:
         context_length: int | None = None,
         flights: SingleFlight | None = None,
         salt: PrefixCacheSalt | None = None,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         self.routes = routes
         self.chat = chat
@@ -88,7 +88,7 @@ class Generate:
         self.context_length = context_length
         self.flights = flights  # request coalescing, when on
         self.salt = salt  # the model server's prefix cache kept per tenant, when on
-        self.memo_scope = memo_scope or MemoScope()  # what the replica's memos keep, by whom
+        self.memo_scope = memo_scope  # what the replica's memos keep, by whom
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params

@@ -244,12 +244,12 @@ class GuardInput:
         policies: PolicyBook,
         detector: InjectionDetector,
         counter: TokenCounter,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         self.policies = policies
         self.detector = detector
         self.counter = counter
-        self.memo_scope = memo_scope or MemoScope()  # whose memo a request's verdicts go in
+        self.memo_scope = memo_scope  # whose memo a request's verdicts go in
         # The rules and the PII scan are most of this stage's cost (~150 µs for a short
         # question, ~1.7 ms for 2,400 characters) and their verdicts depend on the text alone:
         # a text seen again (an application's system prompt on every request, a conversation's

@@ -54,11 +54,11 @@ class GuardSimilarity:
         embed: EmbedQuery,
         *,
         beside_retrieval: bool,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         self.policies = policies
         # Callers of one memo scope waiting for the same text share one embedding.
-        self.memo_scope = memo_scope or MemoScope()
+        self.memo_scope = memo_scope
         self.detector = detector
         self.embed = embed
         self.beside_retrieval = beside_retrieval

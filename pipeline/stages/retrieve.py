@@ -52,11 +52,11 @@ class Retrieve:
         *,
         feature_filters: Mapping[str, str] | None = None,
         gate: RelevanceGate | None = None,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         self.search = search
         # Callers of one memo scope waiting for the same text share one embedding.
-        self.memo_scope = memo_scope or MemoScope()
+        self.memo_scope = memo_scope
         self.feature_filters = dict(feature_filters or {})
         self.gate = gate or RelevanceGate(enabled=False)
         self.spec = StageSpec.of(

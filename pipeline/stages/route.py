@@ -41,14 +41,14 @@ class ChooseRoute:
         with_query_vector: bool = False,
         timeout_s: float | None = None,
         load: LoadPolicy | None = None,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         if router.centroids is not None and embed is None:
             raise ValueError("a router with centroids needs an embed function")
         self.router = router
         self.embed = embed
         # Callers of one memo scope waiting for the same text share one embedding.
-        self.memo_scope = memo_scope or MemoScope()
+        self.memo_scope = memo_scope
         # Under load, the small route instead of a loaded one (pipeline.routing.load).
         self.load = load
         optional = {"features": with_features, "query_vector": with_query_vector}

@@ -32,14 +32,14 @@ class ValidateRequest:
         server_tools: Mapping[str, Tool] | None = None,
         schema_limits: SchemaLimits | None = None,
         tool_access: ToolAccess | None = None,
-        memo_scope: MemoScope | None = None,
+        memo_scope: MemoScope,
     ) -> None:
         self.routes = routes
         self.context_length = context_length
         self.server_tools = dict(server_tools or {})
         self.schema_limits = schema_limits or SchemaLimits()
         self.tool_access = tool_access
-        self.memo_scope = memo_scope or MemoScope()  # whose memo the patterns' verdicts go in
+        self.memo_scope = memo_scope  # whose memo the patterns' verdicts go in
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         params = ctx.params

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from app.stores import job_queue
 from pipeline.context import ChatParams, Principal, RequestContext, StageRecord, _current_record
 from pipeline.jobs.model import Job
+from pipeline.model.salt import MemoScope
 from pipeline.sources.search import viewer_of
 from pipeline.stages.cache import cache_key, searched_the_keyed_version
 from pipeline.stages.retrieve import Retrieve
@@ -411,7 +412,7 @@ async def retrieve_as(h: AppHarness, principal: Principal) -> tuple[dict[str, An
     record = StageRecord("retrieve", 0.0)
     token = _current_record.set(record)
     try:
-        await Retrieve(search)(ctx)
+        await Retrieve(search, memo_scope=MemoScope(search.access_scope))(ctx)
     finally:
         _current_record.reset(token)
     said = await search_tool(search).function({"query": QUESTION}, ToolContext(principal))

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Collection
 from typing import Any
 
+from app.path import memo_scope
 from pipeline.answer.events import ToolCall
 from pipeline.context import ChatParams, Features, Principal, RequestContext
 from pipeline.features.store import FeatureStore
@@ -81,7 +82,11 @@ async def test_the_group_costs_its_slowest_member_not_the_sum(make_app, redis_se
         invoker = ToolInvoker(ToolRegistry([SLOW_TOOL]), services.tracer)
         members = (
             LoadFeatures(store, timeout_s=2.0),
-            Retrieve(services.retrieval, feature_filters={"department": "department"}),
+            Retrieve(
+                services.retrieval,
+                feature_filters={"department": "department"},
+                memo_scope=memo_scope(services),
+            ),
             PlannedTools(PlanSlowLookup(), invoker),  # type: ignore[arg-type]
         )
         inputs = frozenset({"params", "principal"})

@@ -9,6 +9,7 @@ import pytest
 from pipeline.context import ChatParams, Principal, RequestContext
 from pipeline.guards.injection import InjectionDetector
 from pipeline.guards.policy import PolicyBook
+from pipeline.model.salt import MemoScope
 from pipeline.model.tokens import ApproximateTokenCounter
 from pipeline.stages import guard_in
 from pipeline.stages.guard_in import MEMO_CHARS, Blocked, GuardInput, TextMemo
@@ -47,7 +48,10 @@ async def test_guard_in_counts_a_text_seen_again_once_and_still_refuses_it_when_
             return super().count(text)
 
     stage = GuardInput(
-        PolicyBook.from_json({"*": {"max_input_tokens": 600}}), InjectionDetector(), Counting()
+        PolicyBook.from_json({"*": {"max_input_tokens": 600}}),
+        InjectionDetector(),
+        Counting(),
+        MemoScope(),
     )
     system = "You answer questions about the sources. " * 12  # ~480 characters, ~100 tokens
 
@@ -102,7 +106,9 @@ async def test_texts_packed_with_pii_cannot_grow_the_guards_memo_past_its_budget
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(guard_in, "MEMO_FINDINGS", 1_500)
-    stage = GuardInput(PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter())
+    stage = GuardInput(
+        PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter(), MemoScope()
+    )
 
     async def ask(text: str) -> str:
         ctx = RequestContext(
@@ -139,7 +145,9 @@ async def test_texts_packed_with_attacks_cannot_grow_the_verdict_memo_past_its_b
     from pathlib import Path
 
     monkeypatch.setattr(guard_in, "MEMO_SIGNALS", 100)
-    stage = GuardInput(PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter())
+    stage = GuardInput(
+        PolicyBook.from_json({}), InjectionDetector(), ApproximateTokenCounter(), MemoScope()
+    )
     exemplars = Path(guard_in.__file__).parents[1] / "guards/data/injection_exemplars.jsonl"
     rows = [json.loads(line) for line in exemplars.read_text("utf-8").splitlines()]
     attacks = "\n".join(row["text"] for row in rows if row["label"] == "injection")[:6000]

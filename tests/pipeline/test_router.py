@@ -271,7 +271,7 @@ async def test_stage_embeds_only_what_the_rules_leave_open_and_sets_span_attribu
         asked.append(text)
         return (await asyncio.to_thread(shared_embedder.embed, [text]))[0]
 
-    stage = ChooseRoute(router, embed=embed)
+    stage = ChooseRoute(router, embed=embed, memo_scope=MemoScope())
     ctx, recorder = await run_route(stage, tracing, "Explain step by step how TLS works.")
     assert asked == [] and recorder.seen == [RouteChoice("large", "smollm2", "rule:step_by_step")]
     span = route_span(tracing[1])
@@ -317,7 +317,9 @@ async def test_stage_reuses_the_query_vector_retrieval_computed(
 
     text = "A baleia é um mamífero?"
     vector = shared_embedder.embed([text])[0]
-    stage = ChooseRoute(router, embed=must_not_embed, with_query_vector=True)
+    stage = ChooseRoute(
+        router, embed=must_not_embed, with_query_vector=True, memo_scope=MemoScope()
+    )
     ctx, _ = await run_route(stage, tracing, text, query_vector=vector)
     assert ctx.route is not None and ctx.route.reason.startswith("centroid:")
     assert ctx.records[0].status == "ok"
@@ -331,7 +333,9 @@ async def test_failed_embedding_degrades_to_the_default_route_and_the_request_go
 
     text = "A baleia é um mamífero?"  # left open by the rules: it needs the embedding
     assert router.decide(params(text), Features()) is None
-    ctx, recorder = await run_route(ChooseRoute(router, embed=broken), tracing, text)
+    ctx, recorder = await run_route(
+        ChooseRoute(router, embed=broken, memo_scope=MemoScope()), tracing, text
+    )
     expected = RouteChoice("small", "smollm2", "fallback:RuntimeError: embedding model unavailable")
     assert recorder.seen == [expected]
     assert ctx.records[0].status == "degraded"
@@ -348,7 +352,7 @@ async def test_an_embedding_past_the_budget_degrades_in_time(
     async def hangs(text: str, *, scope: str = "") -> Any:
         await asyncio.sleep(30)
 
-    stage = ChooseRoute(router, embed=hangs, timeout_s=0.05)
+    stage = ChooseRoute(router, embed=hangs, timeout_s=0.05, memo_scope=MemoScope())
     ctx, recorder = await run_route(stage, tracing, "A baleia é um mamífero?")
     assert ctx.route is not None and ctx.route.name == "small"
     assert ctx.route.reason == "fallback:StageTimeout: route ran past its budget of 50 ms"
@@ -359,10 +363,14 @@ async def test_reads_follow_the_path(router: Router) -> None:
     async def embed(text: str, *, scope: str = "") -> Any:
         return np.zeros(384, dtype=np.float32)
 
-    assert ChooseRoute(router, embed=embed).spec.reads == frozenset({"params", "principal"})
-    both = ChooseRoute(router, embed=embed, with_features=True, with_query_vector=True)
+    assert ChooseRoute(router, embed=embed, memo_scope=MemoScope()).spec.reads == frozenset(
+        {"params", "principal"}
+    )
+    both = ChooseRoute(
+        router, embed=embed, with_features=True, with_query_vector=True, memo_scope=MemoScope()
+    )
     assert both.spec.reads == frozenset({"params", "principal", "features", "query_vector"})
     with pytest.raises(PathError, match="route reads"):
         Runner([both], TracerProvider().get_tracer("test"))
     with pytest.raises(ValueError, match="embed"):
-        ChooseRoute(router)
+        ChooseRoute(router, memo_scope=MemoScope())

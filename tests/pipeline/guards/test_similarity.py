@@ -160,13 +160,14 @@ async def test_a_verdict_is_the_same_idle_and_while_32_other_queries_are_embedde
     batcher = QueryBatcher(shared_embedder, max_batch=32, window_s=0.02)
     try:
         real = GuardSimilarity(PolicyBook(), InjectionDetector(exemplars), batcher.embed,
-                               beside_retrieval=False)  # fmt: skip
+                               beside_retrieval=False, memo_scope=MemoScope())  # fmt: skip
         cases = [(real, text) for text in texts]
         for text in texts[:8]:
             cosine = InjectionDetector(exemplars).similarity(text)[0]
             on_edge = InjectionDetector(exemplars, similarity_threshold=cosine, margin=-1.0)
             cases.append((GuardSimilarity(PolicyBook(), on_edge, batcher.embed,
-                                          beside_retrieval=False), text))  # fmt: skip
+                                          beside_retrieval=False, memo_scope=MemoScope()),
+                          text))  # fmt: skip
         idle = [await _flagged(stage, text) for stage, text in cases]
         others = [f"What is the boiling point of water at altitude {i} metres?" for i in range(32)]
         loaded = await asyncio.gather(
@@ -187,7 +188,7 @@ async def test_when_the_embedding_fails_the_request_is_refused_not_answered_unch
         raise ServiceUnavailable("The embedding model failed.", code="embedding_unavailable")
 
     stage = GuardSimilarity(PolicyBook(), InjectionDetector(exemplars), broken,
-                            beside_retrieval=False)  # fmt: skip
+                            beside_retrieval=False, memo_scope=MemoScope())  # fmt: skip
     assert stage.spec.policy == "fatal"  # the runner ends the request with the stage's error
     with pytest.raises(ServiceUnavailable) as raised:
         await stage(_context(PARAPHRASED))
@@ -213,7 +214,7 @@ async def test_a_borderline_similarity_refuses_only_together_with_a_weak_rule_si
         assert decision.flagged is refused, decision
         assert [s.score for s in decision.signals if s.rule == "injection.similarity"] == [0.36]
         stage = GuardSimilarity(PolicyBook(), borderline, _alone(shared_embedder),
-                                beside_retrieval=False)  # fmt: skip
+                                beside_retrieval=False, memo_scope=MemoScope())  # fmt: skip
         assert await _flagged(stage, text) is refused
         if refused:
             assert decision.rule == "injection.similarity"
