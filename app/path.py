@@ -81,7 +81,11 @@ def build_steps(settings: Settings, services: Services) -> list[Step]:
     features = features_stage(settings, services)
     retrieve = retrieve_stage(settings, services, with_features=features is not None)
     steps: list[Step] = [
-        Authenticate(services.keys, scope="chat"),
+        Authenticate(
+            services.keys,
+            scope="chat",
+            ready=services.retrieval.ready if services.retrieval is not None else None,
+        ),
         validate_stage(settings, services),
         *optional(guard_in_stage(services)),
         *optional(cache_lookup_stage(settings, services, personalised=features is not None)),

@@ -338,6 +338,14 @@ class IndexStore:
         """The published version of `tenant`'s index ("0" when it has none). Cheap."""
         return self._pointer(self._entry(tenant), tenant)
 
+    def loaded(self, tenant: str) -> bool:
+        """Whether ``current`` would answer without loading a snapshot (the tenant's published
+        one is loaded already, or it has none). Never loads."""
+        entry = self._entry(tenant)
+        pointer = self._pointer(entry, tenant)
+        index = entry.index
+        return pointer == NO_VERSION or (index is not None and index.version == pointer)
+
     def current(self, tenant: str) -> TenantIndex | None:
         """The tenant's loaded snapshot, reloaded when a newer one has been published."""
         entry = self._entry(tenant)

@@ -241,6 +241,9 @@ class CacheFastPath:
         headers: list[tuple[bytes, bytes]],
     ) -> bool:
         """Look the body's alias up and answer it (True), or leave it to the full path."""
+        search = book.services.retrieval
+        if search is not None and not search.loaded(principal.tenant):
+            return False  # the full path loads the snapshot, off the event loop
         try:
             raw = await book.services.kv.get(book.alias(principal, body).key)
         except ServiceUnavailable:  # Redis, or the caller's index (its access scope) unread:

@@ -157,6 +157,8 @@ async def _check(
         deadline=asyncio.get_running_loop().time() + settings.server.request_timeout_seconds,
         principal=principal,
     )
+    if services.retrieval is not None:  # its stages read the index on the loop: loaded off it
+        await services.retrieval.ready(principal.tenant)
     await paths.submit.run(ctx)
     if body.webhook_url is not None:
         policy = UrlPolicy(settings.jobs.webhook_allow)

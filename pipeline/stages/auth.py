@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from pipeline.context import Principal, RequestContext
 from pipeline.errors import AuthenticationFailed, PermissionDenied
 from pipeline.runner import StageSpec
@@ -20,9 +22,18 @@ class Authenticate:
         "auth", reads={"credential"}, optional={"principal"}, writes={"principal", "credential"}
     )
 
-    def __init__(self, keys: ApiKeyStore, *, scope: str = "chat") -> None:
+    def __init__(
+        self,
+        keys: ApiKeyStore,
+        *,
+        scope: str = "chat",
+        ready: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         self.keys = keys
         self.scope = scope
+        # The caller's tenant's index made ready off the event loop (``PassageSearch.ready``):
+        # the stages after this one read its version and the caller's access scope on it.
+        self.ready = ready
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         credential, ctx.credential = ctx.credential, None  # the raw key goes no further
@@ -31,6 +42,8 @@ class Authenticate:
         else:
             ctx.principal = await self.authenticate(credential)
         ctx.annotate(**{attr.TENANT: ctx.principal.tenant})
+        if self.ready is not None:
+            await self.ready(ctx.principal.tenant)
         return ctx
 
     async def recheck(self, principal: Principal) -> None:

@@ -125,6 +125,22 @@ def test_another_store_on_the_same_root_sees_new_versions(
     assert second is not None and len(second) == 6 and second.version == store.version("t")
 
 
+def test_loaded_says_whether_current_would_load_a_snapshot_and_never_loads_one(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    # The request path asks on the event loop, and loads in the search pool when it says no.
+    reader = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    assert reader.loaded("t"), "no index: nothing to load"
+    store.upsert("t", CORPUS[:3])
+    assert store.loaded("t"), "the writer holds what it published"
+    assert not reader.loaded("t") and not reader.loaded("t"), "another replica: not yet"
+    assert reader._entry("t").index is None, "asking loads nothing"
+    assert reader.current("t") is not None and reader.loaded("t")
+    store.upsert("t", CORPUS[3:6])
+    assert not reader.loaded("t"), "a newer version published elsewhere"
+    assert reader.current("t") is not None and reader.loaded("t")
+
+
 def test_snapshots_published_during_searches_do_not_disturb_them(
     store: IndexStore, embedder: Embedder
 ) -> None:
