@@ -193,6 +193,15 @@ class AccessColumns:
         }
 
 
+def whole_viewer(viewer: Viewer | None) -> dict[str, Any]:
+    """A scope naming the viewer itself, user and every group: finer than any
+    ``AccessColumns.scope`` (two viewers share it only when they are the same), and of
+    another shape, so never equal to one."""
+    if viewer is None:
+        return {"viewer": None}
+    return {"viewer": {"groups": sorted(viewer.groups), "user": viewer.user}}
+
+
 def access_from_json(value: object) -> AccessList | None:
     """A stored list (a snapshot's column entry) back to an AccessList; None stays None."""
     if value is None:

@@ -242,11 +242,11 @@ class CacheFastPath:
     ) -> bool:
         """Look the body's alias up and answer it (True), or leave it to the full path."""
         search = book.services.retrieval
-        if search is not None and not search.loaded(principal.tenant):
-            return False  # the full path loads the snapshot, off the event loop
         try:
+            if search is not None and not search.loaded(principal.tenant):
+                return False  # the full path loads the snapshot, off the event loop
             raw = await book.services.kv.get(book.alias(principal, body).key)
-        except ServiceUnavailable:  # Redis, or the caller's index (its access scope) unread:
+        except (ServiceUnavailable, OSError):  # Redis, or the caller's index unread:
             return False  # the full path says so (a damaged index was a 500 here: a review)
         if raw is None:
             return False

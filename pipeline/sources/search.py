@@ -11,9 +11,9 @@ viewer sees only the documents without an access list.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -48,6 +48,7 @@ from retrieval.store import IndexBusy, IndexStorageFull
 from retrieval.vectors import FloatArray
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # The wait a write refused with index_busy is told to take before trying again.
 INDEX_BUSY_RETRY_S = 5.0
 
@@ -144,12 +145,15 @@ class PassageSearch:
         go, and every replica once the tenant publishes a new version loaded it on the loop
         at its first read: 75 ms for SciFact, 430 ms for a metadata-dense tenant (BENCHMARKS.md,
         "What a loaded snapshot holds"), during which the replica answered no one."""
-        backend = self.backend(tenant)
-        if not isinstance(backend, EmbeddedBackend) or backend.store.loaded(tenant):
-            return
-        # What cannot be loaded is said by the read that needs it (a 503 index_unreadable).
-        with contextlib.suppress(Exception):
+        try:
+            backend = self.backend(tenant)
+            if not isinstance(backend, EmbeddedBackend) or backend.store.loaded(tenant):
+                return
             await self._off_loop(self._searches, backend.store.current, tenant)
+        except IndexUnreadable:
+            pass  # logged where it was read; the search says so (a 503 index_unreadable)
+        except Exception:  # the reads that follow meet it and say so; this one only readies
+            log.exception("tenant %s's index could not be loaded ahead of its reads", tenant)
 
     async def memo_scope(self, principal: Principal) -> str:
         """The principal's memo scope (``pipeline.model.salt.MemoScope``), read in the search

@@ -179,7 +179,10 @@ def cache_key(
     user only when some list names that user. So two callers share an entry exactly when they
     see the same chunks, and an answer built from a restricted document is never served to a
     caller who may not see it. The index version is in the key too: changing an access list
-    (a re-ingest) publishes a new version, so no entry made under the old list is found."""
+    (a re-ingest) publishes a new version, so no entry made under the old list is found.
+    While a replica has not loaded the index's published snapshot, ``access`` is the whole
+    viewer (``retrieval.access.whole_viewer``): finer than any scope, so that request's answer
+    is keyed apart, never shared wider."""
     rag = params.rag
     material = {
         "versions": {"prompt": PROMPT_VERSION, **(versions or {})},

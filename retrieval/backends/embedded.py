@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.access import Viewer
+from retrieval.access import Viewer, whole_viewer
 from retrieval.backends import BackendStats, ChunkBatch
 from retrieval.documents import Chunk, Document
 from retrieval.filters import Filter
@@ -69,24 +69,33 @@ class EmbeddedBackend:
         return BackendStats(self.name, index.version, index.documents, len(index))
 
     def has_index(self, tenant: str) -> bool:
-        return self.store.current(tenant) is not None
+        return self.store.version(tenant) != NO_VERSION  # the pointer alone: nothing loaded
 
     def document_ids(self, tenant: str) -> set[str]:
         index = self.store.current(tenant)
         return set(index.rows_by_document) if index is not None else set()
 
     def idf(self, tenant: str, viewer: Viewer | None, query: str) -> dict[str, float]:
-        """Hidden chunks weigh nothing: the view is the one the same request's search built."""
-        index = self.store.current(tenant)
+        """Hidden chunks weigh nothing: the view is the one the same request's search built.
+        Read on the event loop, so from the snapshot loaded (``IndexStore.peek``): with none,
+        empty (compression then weighs words over the passages it compresses, as for Milvus)."""
+        index = self.store.peek(tenant)
         if index is None:
             return {}
         return index.visible_to(viewer).bm25.idf_of(tokenize(query))
 
     def access_scope(self, tenant: str, viewer: Viewer | None) -> tuple[str, dict[str, Any] | None]:
-        """Version and scope read from one snapshot (`AccessColumns.scope`)."""
-        index = self.store.current(tenant)
+        """Version and scope read from one snapshot (`AccessColumns.scope`). Read on the event
+        loop, so from the snapshot loaded (``IndexStore.peek``): while the published one is
+        not (loading elsewhere, let go, or never loaded here), the published version and the
+        whole viewer, finer than any access scope (safe to key by; one request's answer then
+        keyed apart), rather than a load here."""
+        index = self.store.peek(tenant)
         if index is None:
-            return self.store.version(tenant), None
+            version = self.store.version(tenant)
+            if version == NO_VERSION:
+                return version, None
+            return version, whole_viewer(viewer)
         return index.version, index.access.scope(viewer)
 
     def export(self, tenant: str, batch: int = 500) -> Iterator[ChunkBatch]:

@@ -23,7 +23,7 @@ import retrieval.store as store_module
 from app.services import build_index_store
 from app.settings import RetrievalSettings
 from bench.snapshot_memory import corpus
-from retrieval.access import Viewer
+from retrieval.access import AccessList, Viewer
 from retrieval.documents import Document
 from retrieval.embeddings import Embedder
 from retrieval.filters import parse_filters
@@ -139,6 +139,44 @@ def test_loaded_says_whether_current_would_load_a_snapshot_and_never_loads_one(
     store.upsert("t", CORPUS[3:6])
     assert not reader.loaded("t"), "a newer version published elsewhere"
     assert reader.current("t") is not None and reader.loaded("t")
+
+
+def test_reads_on_the_event_loop_never_load_a_snapshot_nor_wait_for_one(
+    store: IndexStore, embedder: Embedder
+) -> None:
+    # A review (2026-12-07, sixth session): a request past its auth stage read the access scope
+    # on the event loop while another request's load of a new version held the tenant's lock,
+    # and waited for it there (352 ms). `peek` answers from what is loaded, or not at all.
+    from retrieval.backends.embedded import EmbeddedBackend
+
+    reader = IndexStore(store.root, embedder, reload_interval_s=0.0)
+    backend = EmbeddedBackend(reader, HybridRetriever(reader))
+    store.upsert("t", [*CORPUS[:3], Document("memo", "The merger.", access=AccessList(
+        frozenset({"board"}), frozenset()))])  # fmt: skip
+    viewer = Viewer("ann", frozenset({"board", "staff"}))
+    version = store.version("t")
+    assert backend.access_scope("t", viewer) == (
+        version,
+        {"viewer": {"groups": ["board", "staff"], "user": "ann"}},
+    ), "not loaded here: the whole viewer, and nothing loaded"
+    assert reader._entry("t").index is None and backend.idf("t", viewer, "merger") == {}
+    assert backend.has_index("t") and reader._entry("t").index is None
+    assert reader.current("t") is not None
+    assert backend.access_scope("t", viewer) == (version, {"groups": ["board"], "user": None})
+    store.upsert("t", CORPUS[3:5])  # a new version, published by another replica
+    entry = reader._entry("t")
+    with entry.lock:  # another thread loading it
+        done = threading.Event()
+        answers: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: (answers.append(backend.access_scope("t", viewer)), done.set())
+        )
+        thread.start()
+        assert done.wait(5), "the read waited for the lock"
+    thread.join()
+    assert answers == [(store.version("t"), {"viewer": {"groups": ["board", "staff"],
+                                                         "user": "ann"}})]  # fmt: skip
+    assert entry.index is not None and entry.index.version == version, "and loaded nothing"
 
 
 def test_snapshots_published_during_searches_do_not_disturb_them(
