@@ -264,7 +264,7 @@ async def retrieve(
         top_k=body.top_k,
         filters=filters,
         viewer=viewer_of(principal),  # documents with an access list: only those it admits
-        embed_scope=await search.memo_scope(principal),  # off the loop: it can load the index
+        embed_scope=search.memo_scope(principal),
     )
     gate = RelevanceGate.configured(services.settings.retrieval.relevance_threshold)
     kept, dropped = gate.apply(result.hits, body.min_relevance)

@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from pipeline.context import AccessScope, Principal
+from retrieval.access import Viewer, whole_viewer
 
 
 class MemoScope:
@@ -65,7 +66,7 @@ class MemoScope:
         try:
             access = self._access_scope(principal)[1]
         except Exception:  # a memo's key never fails a request: the finest one instead
-            access = {"viewer": {"user": principal.user, "groups": sorted(principal.groups)}}
+            access = whole_viewer(Viewer(principal.user, principal.groups))
         if access is None:  # no access lists: every caller of the tenant sees the same
             return principal.tenant
         return f"{principal.tenant}\x1f{orjson.dumps(access, option=orjson.OPT_SORT_KEYS).decode()}"

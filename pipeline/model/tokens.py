@@ -13,8 +13,7 @@ import json
 import logging
 import os
 import re
-import threading
-from collections import ChainMap, OrderedDict
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Protocol
 import regex
 from tokenizers import Tokenizer
 
-from pipeline.kept import KeptByScope
+from pipeline.kept import Kept, KeptByScope
 
 log = logging.getLogger(__name__)
 
@@ -260,22 +259,13 @@ def vocabulary_pieces(tokenizer: Tokenizer) -> dict[str, int]:
 # The vocabulary pieces of the tokenizer files loaded, by their contents' SHA-256 (a file
 # replaced in place, its size and time kept, is never given another's; a review's find), each
 # read-only and shared by the counters of that content: worked out once a process (the service,
-# and a test run's many apps, load the same file again). The last few contents only.
-_VOCABULARIES: OrderedDict[str, Mapping[str, int]] = OrderedDict()
-_VOCABULARIES_KEPT = 4
-_VOCABULARIES_LOCK = threading.Lock()
+# and a test run's many apps, load the same file again; two loads at once may each work it
+# out). The last four contents only.
+_VOCABULARIES: Kept[str, Mapping[str, int]] = Kept(4)
 
 
 def _shared_vocabulary(digest: str, tokenizer: Tokenizer) -> Mapping[str, int]:
-    with _VOCABULARIES_LOCK:
-        found = _VOCABULARIES.get(digest)
-        if found is None:
-            found = _VOCABULARIES[digest] = MappingProxyType(vocabulary_pieces(tokenizer))
-            while len(_VOCABULARIES) > _VOCABULARIES_KEPT:
-                _VOCABULARIES.popitem(last=False)
-        else:
-            _VOCABULARIES.move_to_end(digest)
-        return found
+    return _VOCABULARIES.remembered(digest, lambda: MappingProxyType(vocabulary_pieces(tokenizer)))
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -146,20 +146,20 @@ class PassageSearch:
         at its first read: 75 ms for SciFact, 430 ms for a metadata-dense tenant (BENCHMARKS.md,
         "What a loaded snapshot holds"), during which the replica answered no one."""
         try:
-            backend = self.backend(tenant)
-            if not isinstance(backend, EmbeddedBackend) or backend.store.loaded(tenant):
+            if self.loaded(tenant):
                 return
+            backend = self.backend(tenant)
+            assert isinstance(backend, EmbeddedBackend)  # the only one that loads
             await self._off_loop(self._searches, backend.store.current, tenant)
         except IndexUnreadable:
             pass  # logged where it was read; the search says so (a 503 index_unreadable)
         except Exception:  # the reads that follow meet it and say so; this one only readies
             log.exception("tenant %s's index could not be loaded ahead of its reads", tenant)
 
-    async def memo_scope(self, principal: Principal) -> str:
-        """The principal's memo scope (``pipeline.model.salt.MemoScope``), read in the search
-        pool: reading it can load the tenant's snapshot, which must not stall the event loop
-        (a review found ``/v1/retrieve`` doing so)."""
-        return await self._off_loop(self._searches, MemoScope(self.access_scope), principal)
+    def memo_scope(self, principal: Principal) -> str:
+        """The principal's memo scope (``pipeline.model.salt.MemoScope``) over this index: read
+        from the snapshot loaded, never loading one (``IndexStore.peek``)."""
+        return MemoScope(self.access_scope)(principal)
 
     async def embed(self, query: str, *, scope: str) -> FloatArray:
         """The query's vector (batched with other requests' queries, off the event loop; one

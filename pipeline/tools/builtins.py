@@ -79,7 +79,7 @@ def search_tool(
             top_k=int(arguments.get("top_k", 5)),
             viewer=viewer_of(context.principal),  # the caller's access lists, as in retrieve
             # Callers of one memo scope searching for the same text at once share an embedding.
-            embed_scope=await search.memo_scope(context.principal),
+            embed_scope=search.memo_scope(context.principal),
         )
         context.index_versions.add(result.version)  # checked against the cache key's
         if not result.hits:

@@ -509,7 +509,7 @@ async def test_the_search_tool_embeds_under_the_callers_memo_scope(offline, monk
     tool = search_tool(search)
     for principal in (ann, bob):
         await tool.function({"query": QUESTION}, ToolContext(principal))
-    assert scopes == [await search.memo_scope(ann), await search.memo_scope(bob)]
+    assert scopes == [search.memo_scope(ann), search.memo_scope(bob)]
     assert scopes[0] != scopes[1] and "acme" not in scopes
 
 
